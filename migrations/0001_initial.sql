@@ -1,0 +1,1043 @@
+-- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
+-- Until the first release is tagged this file is regenerated from sql/; after it, it is frozen
+-- and every change ships as a new migration (see docs/migrations.md).
+
+-- ==== 00_base.sql ====
+-- 00_base.sql: schemas, roles, the clock, errors and argument checks.
+--
+-- Everything in this directory is the canonical definition of the memory database. The files are
+-- applied in name order. `memory` is the public API (functions and views only); `memory_private`
+-- holds the tables and the helpers, and no role but the owner touches it.
+--
+-- Error codes (SQLSTATE class MB, see docs/errors.md):
+--   MB001 invalid_argument      an argument is missing, malformed or out of range
+--   MB002 not_found             the named workspace, chat, request, message, record or job is unknown
+--   MB003 conflict              the call contradicts stored facts (a chat changing kind, ...)
+--   MB004 too_large             a text or list is over its byte or count limit
+--   MB005 no_scope              the request has no memory scope (scheduled, or not interactive)
+--   MB010 not_allowed           the caller may not do this (role, membership, scope)
+--   MB020 job_lost              the job's ownership token is not current or its lease expired
+--   MB021 job_stale             the job's input changed since it was claimed
+--   MB022 job_config_changed    the workspace's model/provider configuration changed
+--   MB023 bad_model_output      the model output fails validation
+--   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
+--   MB025 job_state             the job is not in a state that allows this
+--   MB026 job_stopped           the job is stopped and will not be replayed automatically
+
+create schema memory;
+create schema memory_private;
+
+comment on schema memory is 'Long-term conversation memory: the public API (functions and views).';
+comment on schema memory_private is 'Tables and internal helpers of the memory. No grants to anyone.';
+
+revoke all on schema memory_private from public;
+revoke all on schema memory from public;
+
+-- Roles are cluster-wide, so they may exist already (another database, an earlier install).
+do $roles$
+declare
+  r text;
+begin
+  foreach r in array array['memory_backend', 'memory_worker', 'memory_operator'] loop
+    if not exists (select 1 from pg_catalog.pg_roles where rolname = r) then
+      execute format('create role %I nologin', r);
+    end if;
+  end loop;
+end
+$roles$;
+
+grant usage on schema memory to memory_backend, memory_worker, memory_operator;
+
+-- The clock. Every time-dependent rule reads memory_private.clock_now(), so tests move time by
+-- changing the offset instead of sleeping. In production the offset stays zero.
+create table memory_private.clock (
+  singleton boolean primary key default true check (singleton),
+  time_offset interval not null default interval '0'
+);
+comment on table memory_private.clock is
+  'One row: the offset added to now() by clock_now(). Tests move time here; production keeps 0.';
+insert into memory_private.clock default values;
+
+create function memory_private.clock_now() returns timestamptz
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$ select now() + (select time_offset from memory_private.clock) $$;
+comment on function memory_private.clock_now() is
+  'The time every memory rule reads: transaction start plus the test offset.';
+
+create function memory_private.advance_clock(p_by interval) returns timestamptz
+  language sql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+    update memory_private.clock set time_offset = time_offset + p_by;
+    select memory_private.clock_now();
+  $$;
+comment on function memory_private.advance_clock(interval) is
+  'Moves the memory clock forward (tests only; granted to nobody).';
+
+-- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
+create function memory_private.check_id(p_name text, p_value text) returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null or p_value = '' then
+    raise exception '% is required', p_name using errcode = 'MB001',
+      hint = 'Pass the identifier your application uses for it.';
+  end if;
+  if octet_length(p_value) > 200 then
+    raise exception '% is longer than 200 bytes', p_name using errcode = 'MB001';
+  end if;
+  if p_value ~ '[[:cntrl:]]' or p_value <> btrim(p_value) then
+    raise exception '% must not contain control characters or surrounding blanks', p_name
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_id(text, text) is
+  'Validates an external identifier (non-empty, <= 200 bytes, printable); raises MB001.';
+
+create function memory_private.check_ids(p_name text, p_values text[]) returns text[]
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v text;
+begin
+  if p_values is null then
+    return '{}';
+  end if;
+  if cardinality(p_values) > 100 then
+    raise exception '% has more than 100 entries', p_name using errcode = 'MB004';
+  end if;
+  foreach v in array p_values loop
+    perform memory_private.check_id(p_name, v);
+  end loop;
+  return array(select distinct x from unnest(p_values) as x order by x);
+end
+$$;
+comment on function memory_private.check_ids(text, text[]) is
+  'Validates a list of identifiers and returns it sorted and de-duplicated; raises MB001/MB004.';
+
+create function memory_private.check_text(p_name text, p_value text, p_max_bytes integer)
+  returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null then
+    raise exception '% is required', p_name using errcode = 'MB001';
+  end if;
+  if octet_length(p_value) > p_max_bytes then
+    raise exception '% is % bytes; the limit is % bytes (UTF-8)',
+      p_name, octet_length(p_value), p_max_bytes using errcode = 'MB004';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_text(text, text, integer) is
+  'Validates a required text against a UTF-8 byte limit; raises MB001/MB004.';
+
+create function memory_private.check_money(p_name text, p_value numeric) returns numeric
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null or p_value < 0 or p_value > 1000000 then
+    raise exception '% must be a dollar amount between 0 and 1000000', p_name
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_money(text, numeric) is
+  'Validates a dollar amount (0 to 1,000,000); raises MB001.';
+
+create function memory_private.content_hash(p_text text) returns text
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$ select encode(sha256(convert_to(p_text, 'UTF8')), 'hex') $$;
+comment on function memory_private.content_hash(text) is
+  'The content hash of a message text: hex SHA-256 of its UTF-8 bytes.';
+
+-- ==== 10_ingest.sql ====
+-- 10_ingest.sql: the facts the host application owns, mirrored into the database.
+--
+-- The bot backend reports workspaces, members, bots, chats, topics, repository grants, requests
+-- and messages through idempotent upserts keyed by its own identifiers. Every upsert validates
+-- every argument (MB001/MB003/MB004) before it writes, and answers 'inserted', 'updated' or
+-- 'unchanged'. Content hashes are computed here, never trusted from the caller.
+--
+-- Locking: memory writes lock a workspace row with FOR NO KEY UPDATE, which does not conflict
+-- with the FOR KEY SHARE locks that foreign-key checks take, so ingest never waits on them (P16).
+
+create table memory_private.workspaces (
+  workspace_id text primary key,
+  config_version integer not null check (config_version >= 0),
+  budget_usd numeric(14, 6) not null check (budget_usd >= 0),
+  spent_usd numeric(14, 6) not null check (spent_usd >= 0),
+  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
+  idle_window interval not null default interval '30 minutes'
+    check (idle_window >= interval '0' and idle_window <= interval '30 days'),
+  paused boolean not null default false,
+  created_at timestamptz not null,
+  updated_at timestamptz not null
+);
+comment on table memory_private.workspaces is
+  'Tenants. config_version is the model/provider configuration version; spent_usd is what the '
+  'backend reports, memory_spent_usd what memory jobs charged.';
+
+create table memory_private.members (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  user_id text not null,
+  role text not null check (role in ('owner', 'admin', 'member')),
+  active boolean not null,
+  updated_at timestamptz not null,
+  primary key (workspace_id, user_id)
+);
+comment on table memory_private.members is 'Workspace members, their role and whether they are active.';
+
+create table memory_private.bots (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  bot_id text not null,
+  identity text not null,
+  active boolean not null,
+  updated_at timestamptz not null,
+  primary key (workspace_id, bot_id)
+);
+comment on table memory_private.bots is
+  'Bots of a workspace. identity is the platform identity (a replaced bot gets a new one, and '
+  'memories made under the old identity stop being recalled).';
+
+create table memory_private.chats (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  chat_id text not null,
+  kind text not null check (kind in ('private', 'group')),
+  private_user_id text,
+  linked boolean not null,
+  updated_at timestamptz not null,
+  primary key (workspace_id, chat_id),
+  check ((kind = 'private') = (private_user_id is not null))
+);
+comment on table memory_private.chats is
+  'Chats: private (with exactly one user) or group (linked to the workspace or not).';
+
+create table memory_private.topics (
+  workspace_id text not null,
+  chat_id text not null,
+  topic_id bigint not null check (topic_id >= 0),
+  title text,
+  primary key (workspace_id, chat_id, topic_id),
+  foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade
+);
+comment on table memory_private.topics is 'Topics of a chat; topic 0 (the general topic) always exists.';
+
+create table memory_private.repository_grants (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  user_id text not null,
+  repository_id text not null,
+  granted_at timestamptz not null,
+  primary key (workspace_id, user_id, repository_id)
+);
+comment on table memory_private.repository_grants is
+  'Current repository read grants: a row means the user may read the repository now.';
+
+create table memory_private.requests (
+  workspace_id text not null,
+  request_id text not null,
+  bot_id text not null,
+  chat_id text not null,
+  topic_id bigint not null,
+  user_id text not null,
+  kind text not null check (kind in ('interactive', 'scheduled')),
+  status text not null
+    check (status in ('queued', 'running', 'awaiting_approval', 'succeeded', 'failed')),
+  model_provider text not null,
+  model_id text not null,
+  budget_usd numeric(14, 6) not null check (budget_usd >= 0),
+  spent_usd numeric(14, 6) not null check (spent_usd >= 0),
+  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
+  thread_id text not null,
+  created_at timestamptz not null,
+  updated_at timestamptz not null,
+  finished_at timestamptz,
+  primary key (workspace_id, request_id),
+  foreign key (workspace_id, bot_id) references memory_private.bots on delete cascade,
+  foreign key (workspace_id, chat_id, topic_id) references memory_private.topics on delete cascade,
+  check ((status in ('succeeded', 'failed')) = (finished_at is not null))
+);
+comment on table memory_private.requests is
+  'Bot requests (one conversation turn or scheduled run) with their pinned model, budget and '
+  'spend. memory_spent_usd is what memory jobs charged to the request.';
+
+create index requests_scope_idx
+  on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id);
+
+create table memory_private.messages (
+  workspace_id text not null,
+  message_id text not null,
+  request_id text not null,
+  role text not null check (role in ('user', 'assistant')),
+  speaker_id text not null,
+  body text check (octet_length(body) <= 64000),
+  content_hash text,
+  directed boolean not null,
+  retain_until timestamptz,
+  repositories text[] not null default '{}',
+  created_at timestamptz not null,
+  edited_at timestamptz,
+  removed_at timestamptz,
+  primary key (workspace_id, message_id),
+  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
+  check ((body is null) = (content_hash is null)),
+  check (removed_at is null or body is null)
+);
+comment on table memory_private.messages is
+  'Messages of requests. body is erased (NULL) when the message is removed or its retention '
+  'ends; content_hash is computed here. Non-directed group messages are never stored (V10).';
+comment on column memory_private.messages.retain_until is
+  'End of the original retention; NULL means retained until removed.';
+
+create index messages_request_idx on memory_private.messages (workspace_id, request_id);
+create index messages_retention_idx on memory_private.messages (retain_until)
+  where body is not null and retain_until is not null;
+
+-- Internal: the statement result of an upsert, as the API reports it.
+create function memory_private.upsert_outcome(p_inserted boolean) returns text
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$ select case when p_inserted is null then 'unchanged'
+                     when p_inserted then 'inserted' else 'updated' end $$;
+comment on function memory_private.upsert_outcome(boolean) is
+  'Maps an upsert''s (xmax = 0) flag to inserted/updated/unchanged.';
+
+create function memory_private.require_workspace(p_workspace_id text) returns void
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  if not exists (select 1 from memory_private.workspaces where workspace_id = p_workspace_id) then
+    raise exception 'workspace % is unknown', p_workspace_id using errcode = 'MB002',
+      hint = 'Report it first with memory.upsert_workspace.';
+  end if;
+end
+$$;
+comment on function memory_private.require_workspace(text) is
+  'Raises MB001/MB002 unless the workspace identifier is valid and known.';
+
+create function memory.upsert_workspace(
+  p_workspace_id text,
+  p_config_version integer,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_idle_minutes integer default 30
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  if p_config_version is null or p_config_version < 0 then
+    raise exception 'config_version must be a non-negative integer' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if p_idle_minutes is null or p_idle_minutes < 0 or p_idle_minutes > 43200 then
+    raise exception 'idle_minutes must be between 0 and 43200' using errcode = 'MB001';
+  end if;
+  insert into memory_private.workspaces as w
+    (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
+  values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
+          make_interval(mins => p_idle_minutes),
+          memory_private.clock_now(), memory_private.clock_now())
+  on conflict (workspace_id) do update
+    set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, idle_window = excluded.idle_window,
+        updated_at = excluded.updated_at
+    where (w.config_version, w.budget_usd, w.spent_usd, w.idle_window)
+          is distinct from (excluded.config_version, excluded.budget_usd, excluded.spent_usd,
+                            excluded.idle_window)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
+  'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
+  'backend reports, and the idle window in minutes before a conversation is extracted.';
+
+create function memory.upsert_member(
+  p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  if p_role is null or p_role not in ('owner', 'admin', 'member') then
+    raise exception 'role must be owner, admin or member' using errcode = 'MB001';
+  end if;
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.members as m (workspace_id, user_id, role, active, updated_at)
+  values (p_workspace_id, p_user_id, p_role, p_active, memory_private.clock_now())
+  on conflict (workspace_id, user_id) do update
+    set role = excluded.role, active = excluded.active, updated_at = excluded.updated_at
+    where (m.role, m.active) is distinct from (excluded.role, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_member(text, text, text, boolean) is
+  'Creates or updates a workspace member with role owner/admin/member and an active flag.';
+
+create function memory.upsert_bot(
+  p_workspace_id text, p_bot_id text, p_identity text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('identity', p_identity);
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.bots as b (workspace_id, bot_id, identity, active, updated_at)
+  values (p_workspace_id, p_bot_id, p_identity, p_active, memory_private.clock_now())
+  on conflict (workspace_id, bot_id) do update
+    set identity = excluded.identity, active = excluded.active, updated_at = excluded.updated_at
+    where (b.identity, b.active) is distinct from (excluded.identity, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_bot(text, text, text, boolean) is
+  'Creates or updates a bot: its platform identity (a new identity means a replaced bot) and '
+  'whether it is active.';
+
+create function memory.upsert_chat(
+  p_workspace_id text, p_chat_id text, p_kind text,
+  p_private_user_id text default null, p_linked boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+  v_old memory_private.chats;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  if p_kind is null or p_kind not in ('private', 'group') then
+    raise exception 'kind must be private or group' using errcode = 'MB001';
+  end if;
+  if p_kind = 'private' then
+    perform memory_private.check_id('private_user_id', p_private_user_id);
+  elsif p_private_user_id is not null then
+    raise exception 'a group chat has no private_user_id' using errcode = 'MB001';
+  end if;
+  if p_linked is null then
+    raise exception 'linked is required' using errcode = 'MB001';
+  end if;
+  select * into v_old from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = p_chat_id;
+  if found and (v_old.kind, v_old.private_user_id)
+               is distinct from (p_kind, p_private_user_id) then
+    raise exception 'chat % is a % chat%; its kind and user cannot change', p_chat_id, v_old.kind,
+      coalesce(' with user ' || v_old.private_user_id, '') using errcode = 'MB003';
+  end if;
+  insert into memory_private.chats as c
+    (workspace_id, chat_id, kind, private_user_id, linked, updated_at)
+  values (p_workspace_id, p_chat_id, p_kind, p_private_user_id, p_linked,
+          memory_private.clock_now())
+  on conflict (workspace_id, chat_id) do update
+    set linked = excluded.linked, updated_at = excluded.updated_at
+    where c.linked is distinct from excluded.linked
+  returning (xmax = 0) into v_inserted;
+  insert into memory_private.topics (workspace_id, chat_id, topic_id)
+  values (p_workspace_id, p_chat_id, 0) on conflict do nothing;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_chat(text, text, text, text, boolean) is
+  'Creates or updates a chat: private (with its user) or group (with its linked flag). Topic 0 '
+  'is created with it. A chat''s kind and private user never change (MB003).';
+
+create function memory.upsert_topic(
+  p_workspace_id text, p_chat_id text, p_topic_id bigint, p_title text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  if p_title is not null then
+    perform memory_private.check_text('title', p_title, 400);
+  end if;
+  if not exists (select 1 from memory_private.chats
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id) then
+    raise exception 'chat % is unknown in workspace %', p_chat_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_chat.';
+  end if;
+  insert into memory_private.topics as t (workspace_id, chat_id, topic_id, title)
+  values (p_workspace_id, p_chat_id, p_topic_id, p_title)
+  on conflict (workspace_id, chat_id, topic_id) do update
+    set title = excluded.title
+    where t.title is distinct from excluded.title
+  returning (xmax = 0) into v_inserted;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_topic(text, text, bigint, text) is
+  'Creates or renames a topic of a chat (topic 0 exists with every chat).';
+
+create function memory.set_repository_grant(
+  p_workspace_id text, p_user_id text, p_repository_id text, p_granted boolean
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('repository_id', p_repository_id);
+  if p_granted is null then
+    raise exception 'granted is required' using errcode = 'MB001';
+  end if;
+  if p_granted then
+    insert into memory_private.repository_grants
+      (workspace_id, user_id, repository_id, granted_at)
+    values (p_workspace_id, p_user_id, p_repository_id, memory_private.clock_now())
+    on conflict do nothing;
+    return case when found then 'inserted' else 'unchanged' end;
+  end if;
+  delete from memory_private.repository_grants
+   where workspace_id = p_workspace_id and user_id = p_user_id
+     and repository_id = p_repository_id;
+  return case when found then 'updated' else 'unchanged' end;
+end
+$$;
+comment on function memory.set_repository_grant(text, text, text, boolean) is
+  'Grants (true) or revokes (false) a user''s read access to a repository. Memories that drew '
+  'on a repository are recalled only for users who can read it now.';
+
+create function memory.upsert_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_bot_id text,
+  p_chat_id text,
+  p_topic_id bigint,
+  p_user_id text,
+  p_kind text,
+  p_status text,
+  p_model_provider text,
+  p_model_id text,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_thread_id text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_old memory_private.requests;
+  v_inserted boolean;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('model_provider', p_model_provider);
+  perform memory_private.check_id('model_id', p_model_id);
+  if p_thread_id is not null then
+    perform memory_private.check_id('thread_id', p_thread_id);
+  end if;
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  if p_kind is null or p_kind not in ('interactive', 'scheduled') then
+    raise exception 'kind must be interactive or scheduled' using errcode = 'MB001';
+  end if;
+  if p_status is null
+     or p_status not in ('queued', 'running', 'awaiting_approval', 'succeeded', 'failed') then
+    raise exception 'status must be queued, running, awaiting_approval, succeeded or failed'
+      using errcode = 'MB001';
+  end if;
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if not exists (select 1 from memory_private.bots
+                  where workspace_id = p_workspace_id and bot_id = p_bot_id) then
+    raise exception 'bot % is unknown in workspace %', p_bot_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_bot.';
+  end if;
+  if not exists (select 1 from memory_private.topics
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id
+                    and topic_id = p_topic_id) then
+    raise exception 'topic % of chat % is unknown in workspace %', p_topic_id, p_chat_id,
+      p_workspace_id using errcode = 'MB002',
+      hint = 'Report the chat with memory.upsert_chat and the topic with memory.upsert_topic.';
+  end if;
+  if exists (select 1 from memory_private.chats
+              where workspace_id = p_workspace_id and chat_id = p_chat_id
+                and kind = 'private' and private_user_id <> p_user_id) then
+    raise exception 'user % is not the user of private chat %', p_user_id, p_chat_id
+      using errcode = 'MB003';
+  end if;
+
+  select * into v_old from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if found then
+    if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
+       is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
+      raise exception 'request % cannot move to another bot, chat, topic, user or kind',
+        p_request_id using errcode = 'MB003';
+    end if;
+    if v_old.status in ('succeeded', 'failed') and p_status <> v_old.status then
+      raise exception 'request % already finished as %; it cannot become %', p_request_id,
+        v_old.status, p_status using errcode = 'MB003';
+    end if;
+  end if;
+
+  insert into memory_private.requests as r
+    (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
+     model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
+     finished_at)
+  values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
+          p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
+          coalesce(p_thread_id, p_request_id), v_now, v_now,
+          case when p_status in ('succeeded', 'failed') then v_now end)
+  on conflict (workspace_id, request_id) do update
+    set status = excluded.status, model_provider = excluded.model_provider,
+        model_id = excluded.model_id, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, thread_id = excluded.thread_id,
+        updated_at = excluded.updated_at,
+        finished_at = coalesce(r.finished_at, excluded.finished_at)
+    where (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
+          is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
+                            excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.upsert_outcome(v_inserted);
+end
+$$;
+comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
+                                          text, numeric, numeric, text) is
+  'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
+  'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
+  'request keeps its status; where it runs never changes (MB003).';
+
+create function memory.upsert_message(
+  p_workspace_id text,
+  p_message_id text,
+  p_request_id text,
+  p_role text,
+  p_speaker_id text,
+  p_text text,
+  p_directed boolean default true,
+  p_retain_until timestamptz default null,
+  p_repositories text[] default '{}'
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_chat_kind text;
+  v_old memory_private.messages;
+  v_repos text[];
+  v_hash text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('message_id', p_message_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  perform memory_private.check_id('speaker_id', p_speaker_id);
+  if p_role is null or p_role not in ('user', 'assistant') then
+    raise exception 'role must be user or assistant' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_text('text', p_text, 64000);
+  if p_directed is null then
+    raise exception 'directed is required' using errcode = 'MB001';
+  end if;
+  v_repos := memory_private.check_ids('repositories', p_repositories);
+
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if not found then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
+  end if;
+  select kind into v_chat_kind from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
+  -- V10: ordinary group traffic is never collected.
+  if v_chat_kind = 'group' and not p_directed then
+    return 'ignored';
+  end if;
+
+  v_hash := memory_private.content_hash(p_text);
+  select * into v_old from memory_private.messages
+   where workspace_id = p_workspace_id and message_id = p_message_id;
+  if found then
+    if (v_old.request_id, v_old.role, v_old.speaker_id)
+       is distinct from (p_request_id, p_role, p_speaker_id) then
+      raise exception 'message % cannot move to another request, role or speaker', p_message_id
+        using errcode = 'MB003';
+    end if;
+    if v_old.removed_at is not null then
+      raise exception 'message % was removed; a removed message cannot be edited', p_message_id
+        using errcode = 'MB003';
+    end if;
+    if v_old.body is null then
+      raise exception 'message % is past its retention; it cannot be edited', p_message_id
+        using errcode = 'MB003';
+    end if;
+    if (v_old.content_hash, v_old.directed, v_old.retain_until, v_old.repositories)
+       is not distinct from (v_hash, p_directed, p_retain_until, v_repos) then
+      return 'unchanged';
+    end if;
+    update memory_private.messages
+       set body = p_text, content_hash = v_hash, directed = p_directed,
+           retain_until = p_retain_until, repositories = v_repos,
+           edited_at = case when content_hash <> v_hash then v_now else edited_at end
+     where workspace_id = p_workspace_id and message_id = p_message_id;
+    return 'updated';
+  end if;
+
+  insert into memory_private.messages
+    (workspace_id, message_id, request_id, role, speaker_id, body, content_hash, directed,
+     retain_until, repositories, created_at)
+  values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
+          p_directed, p_retain_until, v_repos, v_now);
+  return 'inserted';
+end
+$$;
+comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
+                                          timestamptz, text[]) is
+  'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
+  'here; an edit changes it, which invalidates memories built on the old text. A group message '
+  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10).';
+
+create function memory.remove_message(p_workspace_id text, p_message_id text) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('message_id', p_message_id);
+  update memory_private.messages
+     set body = null, content_hash = null, removed_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+  if found then
+    return 'updated';
+  end if;
+  if not exists (select 1 from memory_private.messages
+                  where workspace_id = p_workspace_id and message_id = p_message_id) then
+    raise exception 'message % is unknown in workspace %', p_message_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  return 'unchanged';
+end
+$$;
+comment on function memory.remove_message(text, text) is
+  'Records that a message was removed: its text and hash are erased at once, and every memory '
+  'that depends on it stops being recalled.';
+
+-- Grants: the backend reports facts; nobody else may.
+revoke all on function
+  memory.upsert_workspace(text, integer, numeric, numeric, integer),
+  memory.upsert_member(text, text, text, boolean),
+  memory.upsert_bot(text, text, text, boolean),
+  memory.upsert_chat(text, text, text, text, boolean),
+  memory.upsert_topic(text, text, bigint, text),
+  memory.set_repository_grant(text, text, text, boolean),
+  memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
+                        numeric, text),
+  memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
+  memory.remove_message(text, text)
+from public;
+grant execute on function
+  memory.upsert_workspace(text, integer, numeric, numeric, integer),
+  memory.upsert_member(text, text, text, boolean),
+  memory.upsert_bot(text, text, text, boolean),
+  memory.upsert_chat(text, text, text, text, boolean),
+  memory.upsert_topic(text, text, bigint, text),
+  memory.set_repository_grant(text, text, text, boolean),
+  memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
+                        numeric, text),
+  memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
+  memory.remove_message(text, text)
+to memory_backend;
+
+-- ==== 20_memory_state.sql ====
+-- 20_memory_state.sql: scopes, records, their source dependencies and tombstones, and the one
+-- rule that decides at read time whether a record may be recalled.
+--
+-- A scope is private (workspace, bot, private chat, user) or shared (workspace, bot, group,
+-- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps the
+-- full list of the messages it was made from, each with the content hash it had (V7).
+
+create table memory_private.scopes (
+  workspace_id text not null,
+  scope_id bigint generated always as identity,
+  kind text not null check (kind in ('private', 'shared')),
+  bot_id text not null,
+  chat_id text not null,
+  user_id text,
+  topic_id bigint,
+  recall_enabled boolean not null default true,
+  index_text text check (octet_length(index_text) <= 4500),
+  index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
+  index_built_at timestamptz,
+  consolidation_due_at timestamptz,
+  created_at timestamptz not null,
+  primary key (workspace_id, scope_id),
+  foreign key (workspace_id, bot_id) references memory_private.bots on delete cascade,
+  foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade,
+  check ((kind = 'private' and user_id is not null and topic_id is null)
+      or (kind = 'shared' and user_id is null and topic_id is not null)),
+  check ((index_text is null) = (index_record_ids is null))
+);
+comment on table memory_private.scopes is
+  'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
+  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids) and whether a '
+  'consolidation is due.';
+comment on column memory_private.scopes.consolidation_due_at is
+  'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
+  'forget); NULL when the index is current.';
+
+create unique index scopes_private_key on memory_private.scopes (workspace_id, bot_id, chat_id, user_id)
+  where kind = 'private';
+create unique index scopes_shared_key on memory_private.scopes (workspace_id, bot_id, chat_id, topic_id)
+  where kind = 'shared';
+
+create table memory_private.records (
+  workspace_id text not null,
+  record_id bigint generated always as identity,
+  scope_id bigint not null,
+  kind text not null check (kind in ('extracted', 'note')),
+  title text not null check (octet_length(title) between 1 and 300),
+  summary text not null check (octet_length(summary) between 1 and 4000),
+  speaker_ids text[] not null,
+  thread_ids text[] not null,
+  repositories text[] not null default '{}',
+  bot_identity text not null,
+  origin_request_id text,
+  created_at timestamptz not null,
+  last_used_at timestamptz,
+  usage_count integer not null default 0 check (usage_count >= 0),
+  invalid_at timestamptz,
+  invalid_reason text,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  check ((invalid_at is null) = (invalid_reason is null))
+);
+comment on table memory_private.records is
+  'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
+  'repositories they came from and the bot identity that made them. invalid_at is set by sweeps '
+  'once a record can never be valid again; reads decide validity from current facts anyway.';
+
+create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
+
+create table memory_private.record_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, record_id, message_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.record_sources is
+  'Every source dependency of a record: the message and the content hash it had when used.';
+
+create index record_sources_message_idx on memory_private.record_sources (workspace_id, message_id);
+
+create table memory_private.tombstones (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  created_at timestamptz not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.tombstones is
+  'Content-free marks of forgotten sources. While the original message is retained, no record '
+  'of the scope may depend on it and extraction never takes it again (T8).';
+
+-- Scope resolution -------------------------------------------------------------------------
+
+create function memory_private.scope_of_request(
+  p_workspace_id text, p_request_id text
+) returns memory_private.scopes
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_chat memory_private.chats;
+  v_scope memory_private.scopes;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if not found then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+  select * into v_chat from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
+
+  if v_chat.kind = 'private' then
+    select * into v_scope from memory_private.scopes
+     where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
+      values (p_workspace_id, 'private', v_request.bot_id, v_chat.chat_id,
+              v_chat.private_user_id, memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    end if;
+  else
+    select * into v_scope from memory_private.scopes
+     where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
+      values (p_workspace_id, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
+              memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    end if;
+  end if;
+  return v_scope;
+end
+$$;
+comment on function memory_private.scope_of_request(text, text) is
+  'The one scope of an interactive request, created on first use: private for a private chat, '
+  'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
+
+create function memory.resolve_scope(p_workspace_id text, p_request_id text)
+  returns table (scope_kind text, scope_id bigint, bot_id text, chat_id text, user_id text,
+                 topic_id bigint)
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_scope memory_private.scopes;
+begin
+  begin
+    v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  exception when sqlstate 'MB005' then
+    return query select 'none'::text, null::bigint, null::text, null::text, null::text,
+                        null::bigint;
+    return;
+  end;
+  return query select v_scope.kind, v_scope.scope_id, v_scope.bot_id, v_scope.chat_id,
+                      v_scope.user_id, v_scope.topic_id;
+end
+$$;
+comment on function memory.resolve_scope(text, text) is
+  'The memory scope a request belongs to: private (bot, chat, user), shared (bot, group, topic) '
+  'or none for a scheduled request.';
+
+-- Validity at read time ----------------------------------------------------------------------
+
+create function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(
+    p_record.invalid_reason,
+    (select case
+              when not s.recall_enabled then 'recall_disabled'
+              when b.bot_id is null or not b.active then 'bot_inactive'
+              when b.identity <> p_record.bot_identity then 'bot_replaced'
+              when s.kind = 'shared' and not c.linked then 'group_unlinked'
+              when coalesce(s.user_id, p_requester) is not null
+                   and not exists (select 1 from memory_private.members m
+                                where m.workspace_id = s.workspace_id
+                                  and m.user_id = coalesce(s.user_id, p_requester)
+                                  and m.active) then 'membership'
+              when p_requester is not null and s.kind = 'private'
+                   and p_requester <> s.user_id then 'membership'
+            end
+       from memory_private.scopes s
+       left join memory_private.bots b
+         on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+       join memory_private.chats c
+         on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id),
+    (select case
+              when m.removed_at is not null then 'source_removed'
+              when m.body is null or m.retain_until <= memory_private.clock_now()
+                then 'source_expired'
+              when m.content_hash <> rs.content_hash then 'source_edited'
+              when exists (select 1 from memory_private.tombstones t
+                            where t.workspace_id = rs.workspace_id
+                              and t.scope_id = p_record.scope_id
+                              and t.message_id = rs.message_id) then 'forgotten'
+            end
+       from memory_private.record_sources rs
+       join memory_private.messages m
+         on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+      where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
+        and (m.removed_at is not null or m.body is null
+             or m.retain_until <= memory_private.clock_now()
+             or m.content_hash <> rs.content_hash
+             or exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = rs.workspace_id
+                           and t.scope_id = p_record.scope_id
+                           and t.message_id = rs.message_id))
+      limit 1),
+    (select 'grant_revoked'
+       from memory_private.scopes s
+       cross join lateral unnest(p_record.repositories) as repo(repository_id)
+      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id
+        and coalesce(s.user_id, p_requester) is not null
+        and not exists (select 1 from memory_private.repository_grants g
+                         where g.workspace_id = s.workspace_id
+                           and g.user_id = coalesce(s.user_id, p_requester)
+                           and g.repository_id = repo.repository_id)
+      limit 1)
+  )
+$$;
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'Why a record may not be recalled now for the requesting user, or NULL when it may: a '
+  'permanent invalidation, recall off, bot inactive or replaced, group unlinked, membership, a '
+  'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
+  'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
+  'the requester''s membership and grants are not checked.';
+
+revoke all on function memory.resolve_scope(text, text) from public;
+grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;

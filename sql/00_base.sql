@@ -1,0 +1,157 @@
+-- 00_base.sql: schemas, roles, the clock, errors and argument checks.
+--
+-- Everything in this directory is the canonical definition of the memory database. The files are
+-- applied in name order. `memory` is the public API (functions and views only); `memory_private`
+-- holds the tables and the helpers, and no role but the owner touches it.
+--
+-- Error codes (SQLSTATE class MB, see docs/errors.md):
+--   MB001 invalid_argument      an argument is missing, malformed or out of range
+--   MB002 not_found             the named workspace, chat, request, message, record or job is unknown
+--   MB003 conflict              the call contradicts stored facts (a chat changing kind, ...)
+--   MB004 too_large             a text or list is over its byte or count limit
+--   MB005 no_scope              the request has no memory scope (scheduled, or not interactive)
+--   MB010 not_allowed           the caller may not do this (role, membership, scope)
+--   MB020 job_lost              the job's ownership token is not current or its lease expired
+--   MB021 job_stale             the job's input changed since it was claimed
+--   MB022 job_config_changed    the workspace's model/provider configuration changed
+--   MB023 bad_model_output      the model output fails validation
+--   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
+--   MB025 job_state             the job is not in a state that allows this
+--   MB026 job_stopped           the job is stopped and will not be replayed automatically
+
+create schema memory;
+create schema memory_private;
+
+comment on schema memory is 'Long-term conversation memory: the public API (functions and views).';
+comment on schema memory_private is 'Tables and internal helpers of the memory. No grants to anyone.';
+
+revoke all on schema memory_private from public;
+revoke all on schema memory from public;
+
+-- Roles are cluster-wide, so they may exist already (another database, an earlier install).
+do $roles$
+declare
+  r text;
+begin
+  foreach r in array array['memory_backend', 'memory_worker', 'memory_operator'] loop
+    if not exists (select 1 from pg_catalog.pg_roles where rolname = r) then
+      execute format('create role %I nologin', r);
+    end if;
+  end loop;
+end
+$roles$;
+
+grant usage on schema memory to memory_backend, memory_worker, memory_operator;
+
+-- The clock. Every time-dependent rule reads memory_private.clock_now(), so tests move time by
+-- changing the offset instead of sleeping. In production the offset stays zero.
+create table memory_private.clock (
+  singleton boolean primary key default true check (singleton),
+  time_offset interval not null default interval '0'
+);
+comment on table memory_private.clock is
+  'One row: the offset added to now() by clock_now(). Tests move time here; production keeps 0.';
+insert into memory_private.clock default values;
+
+create function memory_private.clock_now() returns timestamptz
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$ select now() + (select time_offset from memory_private.clock) $$;
+comment on function memory_private.clock_now() is
+  'The time every memory rule reads: transaction start plus the test offset.';
+
+create function memory_private.advance_clock(p_by interval) returns timestamptz
+  language sql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+    update memory_private.clock set time_offset = time_offset + p_by;
+    select memory_private.clock_now();
+  $$;
+comment on function memory_private.advance_clock(interval) is
+  'Moves the memory clock forward (tests only; granted to nobody).';
+
+-- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
+create function memory_private.check_id(p_name text, p_value text) returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null or p_value = '' then
+    raise exception '% is required', p_name using errcode = 'MB001',
+      hint = 'Pass the identifier your application uses for it.';
+  end if;
+  if octet_length(p_value) > 200 then
+    raise exception '% is longer than 200 bytes', p_name using errcode = 'MB001';
+  end if;
+  if p_value ~ '[[:cntrl:]]' or p_value <> btrim(p_value) then
+    raise exception '% must not contain control characters or surrounding blanks', p_name
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_id(text, text) is
+  'Validates an external identifier (non-empty, <= 200 bytes, printable); raises MB001.';
+
+create function memory_private.check_ids(p_name text, p_values text[]) returns text[]
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v text;
+begin
+  if p_values is null then
+    return '{}';
+  end if;
+  if cardinality(p_values) > 100 then
+    raise exception '% has more than 100 entries', p_name using errcode = 'MB004';
+  end if;
+  foreach v in array p_values loop
+    perform memory_private.check_id(p_name, v);
+  end loop;
+  return array(select distinct x from unnest(p_values) as x order by x);
+end
+$$;
+comment on function memory_private.check_ids(text, text[]) is
+  'Validates a list of identifiers and returns it sorted and de-duplicated; raises MB001/MB004.';
+
+create function memory_private.check_text(p_name text, p_value text, p_max_bytes integer)
+  returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null then
+    raise exception '% is required', p_name using errcode = 'MB001';
+  end if;
+  if octet_length(p_value) > p_max_bytes then
+    raise exception '% is % bytes; the limit is % bytes (UTF-8)',
+      p_name, octet_length(p_value), p_max_bytes using errcode = 'MB004';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_text(text, text, integer) is
+  'Validates a required text against a UTF-8 byte limit; raises MB001/MB004.';
+
+create function memory_private.check_money(p_name text, p_value numeric) returns numeric
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_value is null or p_value < 0 or p_value > 1000000 then
+    raise exception '% must be a dollar amount between 0 and 1000000', p_name
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_money(text, numeric) is
+  'Validates a dollar amount (0 to 1,000,000); raises MB001.';
+
+create function memory_private.content_hash(p_text text) returns text
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$ select encode(sha256(convert_to(p_text, 'UTF8')), 'hex') $$;
+comment on function memory_private.content_hash(text) is
+  'The content hash of a message text: hex SHA-256 of its UTF-8 bytes.';

@@ -1,0 +1,254 @@
+-- 20_memory_state.sql: scopes, records, their source dependencies and tombstones, and the one
+-- rule that decides at read time whether a record may be recalled.
+--
+-- A scope is private (workspace, bot, private chat, user) or shared (workspace, bot, group,
+-- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps the
+-- full list of the messages it was made from, each with the content hash it had (V7).
+
+create table memory_private.scopes (
+  workspace_id text not null,
+  scope_id bigint generated always as identity,
+  kind text not null check (kind in ('private', 'shared')),
+  bot_id text not null,
+  chat_id text not null,
+  user_id text,
+  topic_id bigint,
+  recall_enabled boolean not null default true,
+  index_text text check (octet_length(index_text) <= 4500),
+  index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
+  index_built_at timestamptz,
+  consolidation_due_at timestamptz,
+  created_at timestamptz not null,
+  primary key (workspace_id, scope_id),
+  foreign key (workspace_id, bot_id) references memory_private.bots on delete cascade,
+  foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade,
+  check ((kind = 'private' and user_id is not null and topic_id is null)
+      or (kind = 'shared' and user_id is null and topic_id is not null)),
+  check ((index_text is null) = (index_record_ids is null))
+);
+comment on table memory_private.scopes is
+  'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
+  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids) and whether a '
+  'consolidation is due.';
+comment on column memory_private.scopes.consolidation_due_at is
+  'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
+  'forget); NULL when the index is current.';
+
+create unique index scopes_private_key on memory_private.scopes (workspace_id, bot_id, chat_id, user_id)
+  where kind = 'private';
+create unique index scopes_shared_key on memory_private.scopes (workspace_id, bot_id, chat_id, topic_id)
+  where kind = 'shared';
+
+create table memory_private.records (
+  workspace_id text not null,
+  record_id bigint generated always as identity,
+  scope_id bigint not null,
+  kind text not null check (kind in ('extracted', 'note')),
+  title text not null check (octet_length(title) between 1 and 300),
+  summary text not null check (octet_length(summary) between 1 and 4000),
+  speaker_ids text[] not null,
+  thread_ids text[] not null,
+  repositories text[] not null default '{}',
+  bot_identity text not null,
+  origin_request_id text,
+  created_at timestamptz not null,
+  last_used_at timestamptz,
+  usage_count integer not null default 0 check (usage_count >= 0),
+  invalid_at timestamptz,
+  invalid_reason text,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  check ((invalid_at is null) = (invalid_reason is null))
+);
+comment on table memory_private.records is
+  'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
+  'repositories they came from and the bot identity that made them. invalid_at is set by sweeps '
+  'once a record can never be valid again; reads decide validity from current facts anyway.';
+
+create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
+
+create table memory_private.record_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, record_id, message_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.record_sources is
+  'Every source dependency of a record: the message and the content hash it had when used.';
+
+create index record_sources_message_idx on memory_private.record_sources (workspace_id, message_id);
+
+create table memory_private.tombstones (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  created_at timestamptz not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.tombstones is
+  'Content-free marks of forgotten sources. While the original message is retained, no record '
+  'of the scope may depend on it and extraction never takes it again (T8).';
+
+-- Scope resolution -------------------------------------------------------------------------
+
+create function memory_private.scope_of_request(
+  p_workspace_id text, p_request_id text
+) returns memory_private.scopes
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_chat memory_private.chats;
+  v_scope memory_private.scopes;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if not found then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+  select * into v_chat from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
+
+  if v_chat.kind = 'private' then
+    select * into v_scope from memory_private.scopes
+     where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
+      values (p_workspace_id, 'private', v_request.bot_id, v_chat.chat_id,
+              v_chat.private_user_id, memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    end if;
+  else
+    select * into v_scope from memory_private.scopes
+     where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
+      values (p_workspace_id, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
+              memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    end if;
+  end if;
+  return v_scope;
+end
+$$;
+comment on function memory_private.scope_of_request(text, text) is
+  'The one scope of an interactive request, created on first use: private for a private chat, '
+  'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
+
+create function memory.resolve_scope(p_workspace_id text, p_request_id text)
+  returns table (scope_kind text, scope_id bigint, bot_id text, chat_id text, user_id text,
+                 topic_id bigint)
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_scope memory_private.scopes;
+begin
+  begin
+    v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  exception when sqlstate 'MB005' then
+    return query select 'none'::text, null::bigint, null::text, null::text, null::text,
+                        null::bigint;
+    return;
+  end;
+  return query select v_scope.kind, v_scope.scope_id, v_scope.bot_id, v_scope.chat_id,
+                      v_scope.user_id, v_scope.topic_id;
+end
+$$;
+comment on function memory.resolve_scope(text, text) is
+  'The memory scope a request belongs to: private (bot, chat, user), shared (bot, group, topic) '
+  'or none for a scheduled request.';
+
+-- Validity at read time ----------------------------------------------------------------------
+
+create function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(
+    p_record.invalid_reason,
+    (select case
+              when not s.recall_enabled then 'recall_disabled'
+              when b.bot_id is null or not b.active then 'bot_inactive'
+              when b.identity <> p_record.bot_identity then 'bot_replaced'
+              when s.kind = 'shared' and not c.linked then 'group_unlinked'
+              when coalesce(s.user_id, p_requester) is not null
+                   and not exists (select 1 from memory_private.members m
+                                where m.workspace_id = s.workspace_id
+                                  and m.user_id = coalesce(s.user_id, p_requester)
+                                  and m.active) then 'membership'
+              when p_requester is not null and s.kind = 'private'
+                   and p_requester <> s.user_id then 'membership'
+            end
+       from memory_private.scopes s
+       left join memory_private.bots b
+         on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+       join memory_private.chats c
+         on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id),
+    (select case
+              when m.removed_at is not null then 'source_removed'
+              when m.body is null or m.retain_until <= memory_private.clock_now()
+                then 'source_expired'
+              when m.content_hash <> rs.content_hash then 'source_edited'
+              when exists (select 1 from memory_private.tombstones t
+                            where t.workspace_id = rs.workspace_id
+                              and t.scope_id = p_record.scope_id
+                              and t.message_id = rs.message_id) then 'forgotten'
+            end
+       from memory_private.record_sources rs
+       join memory_private.messages m
+         on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+      where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
+        and (m.removed_at is not null or m.body is null
+             or m.retain_until <= memory_private.clock_now()
+             or m.content_hash <> rs.content_hash
+             or exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = rs.workspace_id
+                           and t.scope_id = p_record.scope_id
+                           and t.message_id = rs.message_id))
+      limit 1),
+    (select 'grant_revoked'
+       from memory_private.scopes s
+       cross join lateral unnest(p_record.repositories) as repo(repository_id)
+      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id
+        and coalesce(s.user_id, p_requester) is not null
+        and not exists (select 1 from memory_private.repository_grants g
+                         where g.workspace_id = s.workspace_id
+                           and g.user_id = coalesce(s.user_id, p_requester)
+                           and g.repository_id = repo.repository_id)
+      limit 1)
+  )
+$$;
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'Why a record may not be recalled now for the requesting user, or NULL when it may: a '
+  'permanent invalidation, recall off, bot inactive or replaced, group unlinked, membership, a '
+  'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
+  'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
+  'the requester''s membership and grants are not checked.';
+
+revoke all on function memory.resolve_scope(text, text) from public;
+grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;
