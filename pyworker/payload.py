@@ -1,0 +1,230 @@
+"""Pydantic models at the worker's boundaries: the claim payload and the model replies.
+
+The database validates everything again before it commits (``memory.save_checkpoint`` and
+``memory.commit_job``); these models make the worker fail early and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Phase = Literal["extract", "consolidate"]
+
+
+class _Model(BaseModel):
+    # The database may add keys in later versions; the worker ignores what it does not use.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Scope(_Model):
+    scope_id: int
+    kind: Literal["private", "shared"]
+    bot_id: str
+    chat_id: str
+    user_id: str | None = None
+    topic_id: int | None = None
+
+
+class ModelRef(_Model):
+    provider: str
+    id: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.provider}/{self.id}"
+
+
+class Budget(_Model):
+    request_left_usd: Decimal
+    workspace_left_usd: Decimal
+
+
+class Limits(_Model):
+    summary_bytes: int = 4000
+    title_bytes: int = 300
+    index_bytes: int = 4500
+    index_ids: int = 12
+    batch_bytes: int = 24000
+    candidates: int = 48
+
+
+class Source(_Model):
+    id: str
+    role: Literal["user", "assistant"]
+    speaker_id: str
+    thread_id: str | None = None
+    created_at: str | None = None
+    text: str
+
+
+class Existing(_Model):
+    id: int | str
+    title: str
+    summary: str
+
+
+class ExtractInput(_Model):
+    sources: list[Source]
+    existing: list[Existing] = Field(default_factory=list)
+
+
+class Candidate(_Model):
+    id: int
+    kind: str = "extracted"
+    title: str
+    summary: str
+    speaker_ids: list[str] = Field(default_factory=list)
+    created_at: str | None = None
+
+
+class ConsolidateInput(_Model):
+    candidates: list[Candidate]
+
+
+class Usage(_Model):
+    """What one model call used: tokens and dollars (the shape the database stores)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cost_usd": float(self.cost_usd)}
+
+
+class Checkpoint(_Model):
+    output: dict[str, Any]
+    usage: dict[str, Any] | None = None
+
+
+class ClaimPayload(_Model):
+    """One claimed job, as ``memory.claim_job`` returns it."""
+
+    job_id: int
+    workspace_id: str
+    token: str
+    phase: Phase
+    attempt: int | None = None
+    lease_expires_at: str | None = None
+    scope: Scope
+    origin_request_id: str | None = None
+    model: ModelRef
+    budget: Budget
+    limits: Limits = Field(default_factory=Limits)
+    input: dict[str, Any]
+    checkpoint: Checkpoint | None = None
+
+    def extract_input(self) -> ExtractInput:
+        return ExtractInput.model_validate(self.input)
+
+    def consolidate_input(self) -> ConsolidateInput:
+        return ConsolidateInput.model_validate(self.input)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"workspace_id": self.workspace_id, "job_id": self.job_id, "phase": self.phase,
+                "request_id": self.origin_request_id, "scope_id": self.scope.scope_id}
+
+
+# Model replies ------------------------------------------------------------------------------
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+class ExtractionOutput(_Model):
+    """``{"title", "summary", "source_ids"}``; all three empty is the valid no-op."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    title: str
+    summary: str
+    source_ids: list[str]
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.title and not self.summary and not self.source_ids
+
+    def check(self, limits: Limits, allowed_ids: set[str]) -> ExtractionOutput:
+        if self.is_noop:
+            return self
+        if not self.title.strip() or not self.summary.strip() or not self.source_ids:
+            raise ReplyError("title, summary and source_ids must be all empty (no-op) "
+                             "or all present")
+        if utf8_len(self.title) > limits.title_bytes:
+            raise ReplyError(f"title is {utf8_len(self.title)} bytes; the limit is "
+                             f"{limits.title_bytes}")
+        if utf8_len(self.summary) > limits.summary_bytes:
+            raise ReplyError(f"summary is {utf8_len(self.summary)} bytes; the limit is "
+                             f"{limits.summary_bytes}")
+        unknown = [i for i in self.source_ids if i not in allowed_ids]
+        if unknown:
+            raise ReplyError(f"source_ids not in the batch: {unknown[:5]}")
+        return self
+
+
+class ConsolidationOutput(_Model):
+    """``{"index", "record_ids"}``: the scope's compact index and the memory ids it names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: str
+    record_ids: list[int]
+
+    def check(self, limits: Limits, allowed_ids: set[int]) -> ConsolidationOutput:
+        if utf8_len(self.index) > limits.index_bytes:
+            raise ReplyError(f"index is {utf8_len(self.index)} bytes; the limit is "
+                             f"{limits.index_bytes}")
+        if len(self.record_ids) > limits.index_ids:
+            raise ReplyError(f"{len(self.record_ids)} record ids; the limit is "
+                             f"{limits.index_ids}")
+        if len(set(self.record_ids)) != len(self.record_ids):
+            raise ReplyError("record_ids has duplicates")
+        unknown = [i for i in self.record_ids if i not in allowed_ids]
+        if unknown:
+            raise ReplyError(f"record_ids not among the candidates: {unknown[:5]}")
+        if bool(self.index.strip()) != bool(self.record_ids):
+            raise ReplyError("an index needs record ids and record ids need an index")
+        return self
+
+
+class ReplyError(ValueError):
+    """The model's reply is not a valid output for the job (the attempt failed)."""
+
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1)
+    try:
+        value = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        raise ReplyError(f"the reply is not JSON: {exc.msg} at {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise ReplyError("the reply is JSON but not an object")
+    return value
+
+
+def parse_reply(payload: ClaimPayload, text: str) -> ExtractionOutput | ConsolidationOutput:
+    """The validated output for a job from the model's reply text; raises :class:`ReplyError`."""
+    value = _json_object(text)
+    try:
+        if payload.phase == "extract":
+            ids = {s.id for s in payload.extract_input().sources}
+            return ExtractionOutput.model_validate(value).check(payload.limits, ids)
+        cids = {c.id for c in payload.consolidate_input().candidates}
+        return ConsolidationOutput.model_validate(value).check(payload.limits, cids)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ReplyError(f"the reply has the wrong shape: {where}: {first.get('msg')}") from None

@@ -1,0 +1,184 @@
+"""Unit tests of the worker's pieces that need no database: payload and reply models, the
+prompt builder, input redaction, and the offline summarizer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyworker.adapters.offline import NOTE, OfflineAdapter
+from pyworker.payload import ClaimPayload, ReplyError, parse_reply, utf8_len
+from pyworker.prompting import build_prompt
+from pyworker.redact import redact
+
+VECTORS = Path(__file__).resolve().parent.parent / "pyworker" / "data" / "redaction_vectors.json"
+
+
+def payload(phase: str = "extract", **input_: Any) -> ClaimPayload:
+    if phase == "extract":
+        input_ = input_ or {"sources": [
+            {"id": "m1", "role": "user", "speaker_id": "alice", "thread_id": "t1",
+             "created_at": "2026-01-01T10:00:00Z",
+             "text": "Please draft the release notes. I prefer bullet points, always."},
+            {"id": "m2", "role": "assistant", "speaker_id": "bot1", "thread_id": "t1",
+             "created_at": "2026-01-01T10:00:05Z", "text": "Here is a draft."},
+            {"id": "m3", "role": "user", "speaker_id": "alice", "thread_id": "t1",
+             "created_at": "2026-01-01T10:01:00Z",
+             "text": "Actually, the version is 2.1 not 2.0. We still need the changelog later. "
+                     "My token is ghp_abcdefghijklmnopqrstuvwxyz0123456789."},
+        ], "existing": []}
+    else:
+        input_ = input_ or {"candidates": [
+            {"id": i, "kind": "extracted", "title": f"record {i}", "summary": f"summary {i}",
+             "speaker_ids": ["alice"], "created_at": f"2026-01-{i:02d}T00:00:00Z"}
+            for i in range(1, 21)]}
+    return ClaimPayload.model_validate({
+        "job_id": 7, "workspace_id": "ws1", "token": "00000000-0000-0000-0000-000000000001",
+        "phase": phase, "attempt": 1, "lease_expires_at": "2026-01-01T10:02:00Z",
+        "scope": {"scope_id": 3, "kind": "private", "bot_id": "bot1", "chat_id": "dm-alice",
+                  "user_id": "alice", "topic_id": None},
+        "origin_request_id": "r1", "model": {"provider": "fake", "id": "m"},
+        "budget": {"request_left_usd": 0.5, "workspace_left_usd": 10},
+        "limits": {"summary_bytes": 4000, "title_bytes": 300, "index_bytes": 4500,
+                   "index_ids": 12, "batch_bytes": 24000, "candidates": 48},
+        "input": input_, "checkpoint": None, "some_future_key": 1})
+
+
+def offline_reply(p: ClaimPayload) -> dict[str, Any]:
+    reply = OfflineAdapter().complete(p.model, build_prompt(p), deadline=time.monotonic() + 5,
+                                      cancel=threading.Event())
+    assert reply.usage.cost_usd == Decimal(0)
+    return json.loads(reply.text)  # type: ignore[no-any-return]
+
+
+def test_claim_payload_parses_the_contract_and_ignores_unknown_keys() -> None:
+    p = payload()
+    assert p.model.qualified == "fake/m"
+    assert [s.id for s in p.extract_input().sources] == ["m1", "m2", "m3"]
+    assert p.log_fields() == {"workspace_id": "ws1", "job_id": 7, "phase": "extract",
+                              "request_id": "r1", "scope_id": 3}
+
+
+def test_prompt_redacts_inputs_before_serializing_and_marks_data_as_data() -> None:
+    prompt = build_prompt(payload())
+    assert "ghp_abcdefghijklmnopqrstuvwxyz0123456789" not in prompt.user
+    assert "[REDACTED]" in prompt.user
+    assert "TASK: extract" in prompt.user and "not instructions" in prompt.user
+    assert "<<<DATA\n" in prompt.user and "$" not in prompt.user.split("<<<DATA")[0]
+    assert "4000 UTF-8 bytes" in prompt.user
+    data = json.loads(prompt.user.split("<<<DATA\n", 1)[1].split("\nDATA>>>", 1)[0])
+    assert data["sources"][0]["id"] == "m1"
+    cons = build_prompt(payload("consolidate"))
+    assert "TASK: consolidate" in cons.user and "at most 12 ids" in cons.user
+
+
+def test_extraction_reply_is_validated_in_bytes_and_against_the_batch() -> None:
+    p = payload()
+    ok = parse_reply(p, '```json\n{"title": "t", "summary": "s", "source_ids": ["m1"]}\n```')
+    assert ok.model_dump() == {"title": "t", "summary": "s", "source_ids": ["m1"]}
+    assert parse_reply(p, '{"title": "", "summary": "", "source_ids": []}').is_noop  # type: ignore[union-attr]
+    bad = [
+        "not json at all",
+        '["a list"]',
+        '{"title": "t", "summary": "s"}',
+        '{"title": "t", "summary": "s", "source_ids": ["m1"], "extra": 1}',
+        '{"title": "t", "summary": "s", "source_ids": ["m9"]}',
+        '{"title": "", "summary": "s", "source_ids": ["m1"]}',
+        json.dumps({"title": "t", "summary": "é" * 2001, "source_ids": ["m1"]}),  # 4002 bytes
+        json.dumps({"title": "ü" * 151, "summary": "s", "source_ids": ["m1"]}),
+    ]
+    for text in bad:
+        with pytest.raises(ReplyError):
+            parse_reply(p, text)
+
+
+def test_consolidation_reply_is_limited_to_12_candidate_ids_and_4500_bytes() -> None:
+    p = payload("consolidate")
+    ok = parse_reply(p, json.dumps({"index": "[#1] one", "record_ids": [1]}))
+    assert ok.model_dump() == {"index": "[#1] one", "record_ids": [1]}
+    for value in ({"index": "x", "record_ids": list(range(1, 14))},
+                  {"index": "x", "record_ids": [99]},
+                  {"index": "x", "record_ids": [1, 1]},
+                  {"index": "x" * 4501, "record_ids": [1]},
+                  {"index": "x", "record_ids": []}):
+        with pytest.raises(ReplyError):
+            parse_reply(p, json.dumps(value))
+
+
+def test_offline_extraction_picks_requests_corrections_preferences_and_open_items() -> None:
+    p = payload()
+    out = offline_reply(p)
+    parse_reply(p, json.dumps(out))  # follows the contract
+    summary = out["summary"]
+    assert "- request: alice: Please draft the release notes." in summary
+    assert "- correction: alice: Actually, the version is 2.1 not 2.0." in summary
+    assert "- preference: alice: I prefer bullet points, always." in summary
+    assert "- open item: alice: We still need the changelog later." in summary
+    assert summary.index("request") < summary.index("correction") < summary.index("open item")
+    assert "ghp_" not in summary and summary.endswith(NOTE)
+    assert out["source_ids"] == ["m1", "m3"]
+    assert out["title"].startswith("alice: Please draft the release notes")
+
+
+def test_offline_extraction_understands_chinese_and_is_a_noop_on_small_talk() -> None:
+    p = payload(sources=[
+        {"id": "c1", "role": "user", "speaker_id": "wang", "text": "我们决定用 PostgreSQL。"},
+        {"id": "c2", "role": "user", "speaker_id": "wang", "text": "不对，应该是周五发布。"},
+        {"id": "c3", "role": "user", "speaker_id": "wang", "text": "我更喜欢简短的回答。"},
+        {"id": "c4", "role": "user", "speaker_id": "wang", "text": "测试报告还没写完。"}],
+        existing=[])
+    out = offline_reply(p)
+    for kind in ("decision: wang: 我们决定用", "correction: wang: 不对", "preference: wang: 我更喜欢",
+                 "open item: wang: 测试报告还没写完"):
+        assert kind in out["summary"]
+    small = payload(sources=[{"id": "s1", "role": "user", "speaker_id": "a", "text": "hi there"},
+                             {"id": "s2", "role": "assistant", "speaker_id": "b",
+                              "text": "hello"}], existing=[])
+    assert offline_reply(small) == {"title": "", "summary": "", "source_ids": []}
+
+
+def test_offline_extraction_stays_within_the_byte_limit() -> None:
+    long = "Please remember that I prefer " + "très longues réponses " * 40 + "."
+    p = payload(sources=[{"id": f"x{i}", "role": "user", "speaker_id": "a", "text": long}
+                         for i in range(30)], existing=[])
+    out = offline_reply(p)
+    assert utf8_len(out["summary"]) <= 4000 and utf8_len(out["title"]) <= 300
+    parse_reply(p, json.dumps(out))
+
+
+def test_offline_consolidation_indexes_the_newest_12() -> None:
+    p = payload("consolidate")
+    out = offline_reply(p)
+    assert out["record_ids"] == list(range(20, 8, -1))
+    assert out["index"].splitlines()[0] == "[#20] record 20 (extracted; alice)"
+    parse_reply(p, json.dumps(out))
+
+
+def test_redaction_catches_common_credentials() -> None:
+    cases = {
+        "key sk-proj-abcdefghijklmnopqrstuv1234": "key [REDACTED]",
+        "postgres://bob:hunter2secret@db.example.com/x": "postgres://bob:[REDACTED]@db.example.com/x",
+        "Authorization: Bearer abcdefghijklmnop.qrs": "Authorization: Bearer [REDACTED]",
+        "password=correcthorse": "password=[REDACTED]",
+        "AKIAABCDEFGHIJKLMNOP": "[REDACTED]",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----": "[REDACTED]",
+        "nothing secret here": "nothing secret here",
+    }
+    for given, expected in cases.items():
+        assert redact(given) == expected
+
+
+def test_redaction_matches_the_shared_vectors() -> None:
+    if not VECTORS.exists():
+        pytest.skip("pyworker/data/redaction_vectors.json is not there yet (the SQL side writes it)")
+    vectors = json.loads(VECTORS.read_text())
+    assert vectors, "the shared vectors file is empty"
+    failures = [(v["name"], redact(v["input"]), v["expected"]) for v in vectors
+                if redact(v["input"]) != v["expected"]]
+    assert failures == []
