@@ -1,0 +1,132 @@
+"""``openai``: one direct OpenAI-compatible chat-completions call (httpx), for hosts without Node.
+
+No ``tools`` are sent. Usage comes from the provider's ``usage`` and is priced from a configured
+table (dollars per million tokens, keyed ``provider/model`` or ``model``); a model without a
+price is refused before any call, because its charge could not be recorded truthfully.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pyworker.adapters.base import Cancelled, DeadlineExceeded, ModelFailure, Reply, remaining
+from pyworker.payload import ModelRef, Usage, utf8_len
+from pyworker.prompting import Prompt
+
+MAX_OUTPUT_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Price:
+    input: Decimal  # dollars per million input tokens
+    output: Decimal  # dollars per million output tokens
+
+
+def load_prices(source: str | Path | None) -> dict[str, Price]:
+    """A price table from JSON text or a file: ``{"openai/gpt-4o-mini": {"input": 0.15,
+    "output": 0.6}, ...}`` (PIMEM_PRICES)."""
+    if not source:
+        return {}
+    text = Path(source).read_text() if Path(str(source)).is_file() else str(source)
+    raw: dict[str, dict[str, Any]] = json.loads(text)
+    return {k: Price(Decimal(str(v["input"])), Decimal(str(v["output"]))) for k, v in raw.items()}
+
+
+@dataclass
+class OpenAIAdapter:
+    base_url: str = field(default_factory=lambda: os.environ.get(
+        "PIMEM_OPENAI_BASE_URL", "https://api.openai.com/v1"))
+    api_key: str | None = field(default_factory=lambda: os.environ.get(
+        "PIMEM_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+    prices: dict[str, Price] = field(default_factory=lambda: load_prices(
+        os.environ.get("PIMEM_PRICES")))
+    name: str = "openai"
+
+    def price(self, model: ModelRef) -> Price:
+        found = self.prices.get(model.qualified) or self.prices.get(model.id)
+        if found is None:
+            raise ModelFailure(f"no price for {model.qualified} in the configured table "
+                               "(PIMEM_PRICES); not calling an unpriced model", outcome="failed")
+        return found
+
+    def reserve_usd(self, model: ModelRef, prompt: Prompt) -> Decimal:
+        p = self.price(model)
+        in_tokens = (utf8_len(prompt.system) + utf8_len(prompt.user)) // 3 + 1
+        dollars = (p.input * in_tokens + p.output * MAX_OUTPUT_TOKENS) / Decimal(1_000_000)
+        return dollars.quantize(Decimal("0.000001"))
+
+    def _cost(self, model: ModelRef, usage: dict[str, Any]) -> Usage:
+        p = self.price(model)
+        tin = int(usage.get("prompt_tokens") or 0)
+        tout = int(usage.get("completion_tokens") or 0)
+        cost = (p.input * tin + p.output * tout) / Decimal(1_000_000)
+        return Usage(input_tokens=tin, output_tokens=tout,
+                     cost_usd=cost.quantize(Decimal("0.00000001")))
+
+    def complete(self, model: ModelRef, prompt: Prompt, *, deadline: float,
+                 cancel: threading.Event) -> Reply:
+        if cancel.is_set():
+            raise Cancelled("stopped before the call", outcome="failed")
+        self.price(model)
+        body = {"model": model.id, "temperature": 0, "max_tokens": MAX_OUTPUT_TOKENS,
+                "stream": False,
+                "messages": [{"role": "system", "content": prompt.system},
+                             {"role": "user", "content": prompt.user}]}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        result: dict[str, Any] = {}
+        read_timeout = max(1.0, remaining(deadline) + 1)
+
+        def run() -> None:
+            try:
+                with httpx.Client(timeout=httpx.Timeout(10.0, read=read_timeout)) as client:
+                    result["response"] = client.post(
+                        self.base_url.rstrip("/") + "/chat/completions", json=body,
+                        headers=headers)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller below
+                result["error"] = exc
+
+        # The request runs in a thread so a signal or the deadline can abandon it at once.
+        thread = threading.Thread(target=run, daemon=True, name="openai-call")
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            if thread.is_alive() and (cancel.is_set() or remaining(deadline) <= 0):
+                cls = Cancelled if cancel.is_set() else DeadlineExceeded
+                why = "stopped during the call" if cancel.is_set() else "past the tick deadline"
+                raise cls(f"call abandoned: {why}", outcome="unknown")
+        if "error" in result:
+            exc = result["error"]
+            # Never connected: nothing ran. Anything later: the provider may have run.
+            reached = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            raise ModelFailure(f"HTTP call failed: {type(exc).__name__}: {exc}",
+                               outcome="unknown" if reached else "failed")
+        response: httpx.Response = result["response"]
+        if response.status_code >= 400:
+            raise ModelFailure(f"provider answered HTTP {response.status_code}: "
+                               f"{response.text[:300]}", outcome="failed")
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ModelFailure(f"unreadable provider response: {exc}",
+                               outcome="unknown") from None
+        usage = self._cost(model, data.get("usage") or {})
+        if not data.get("usage"):
+            raise ModelFailure("the provider reported no usage; the charge is unknown",
+                               outcome="unknown")
+        if choice.get("finish_reason") == "length":
+            raise ModelFailure("the reply was cut off at the output limit", outcome="failed",
+                               usage=usage)
+        return Reply(text=text, usage=usage, stop_reason=str(choice.get("finish_reason")))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,116 @@
+"""The one module that talks SQL: calls to the ``memory`` API functions, nothing else.
+
+Our SQLSTATE codes (class MB) become :mod:`pyworker.errors` exceptions; a lost connection
+becomes :class:`DatabaseUnavailable` and the next call reconnects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pyworker.errors import translate
+
+APPLICATION_NAME = "pimem-worker"
+
+
+class DatabaseUnavailable(Exception):
+    """The connection is gone (server restart, network); the caller retries later."""
+
+
+class Database:
+    """One autocommit connection, opened on first use and reopened after a loss."""
+
+    def __init__(self, dsn: str, *, application_name: str = APPLICATION_NAME,
+                 statement_timeout_ms: int = 30_000) -> None:
+        self.dsn = dsn
+        self.application_name = application_name
+        self.statement_timeout_ms = statement_timeout_ms
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            try:
+                self._conn = psycopg.connect(
+                    self.dsn, autocommit=True, connect_timeout=10,
+                    application_name=self.application_name,
+                    options=f"-c statement_timeout={self.statement_timeout_ms}")
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(str(exc).strip()) from exc
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    def call(self, function: str, *args: Any) -> Any:
+        """``select memory.<function>(args...)``: its single value, with our errors mapped."""
+        if not function.replace("_", "").isalnum():
+            raise ValueError(f"not an API function name: {function}")
+        # dicts go as jsonb, floats as numeric (no implicit float -> numeric cast); lists stay
+        # arrays (text[]); wrap a JSON list in Jsonb yourself.
+        params = tuple(Jsonb(a) if isinstance(a, dict) else Decimal(str(a))
+                       if isinstance(a, float) else a for a in args)
+        sql = f"select memory.{function}({', '.join(['%s'] * len(params))})"
+        conn = self._connection()
+        try:
+            row = conn.execute(sql.encode(), params).fetchone()  # type: ignore[call-overload]
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn.broken or conn.closed:
+                self.close()
+                raise DatabaseUnavailable(str(exc).strip()) from exc
+            raise translate(exc) from exc
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        return row[0] if row else None
+
+    # The job functions (memory_worker role) ----------------------------------------------------
+
+    def run_maintenance(self, workspace_id: str | None = None) -> dict[str, Any]:
+        return self.call("run_maintenance", workspace_id) or {}  # type: ignore[no-any-return]
+
+    def claim_job(self, worker_id: str) -> dict[str, Any] | None:
+        return self.call("claim_job", worker_id)  # type: ignore[no-any-return]
+
+    def extend_lease(self, workspace_id: str, job_id: int, token: str) -> datetime:
+        return self.call("extend_lease", workspace_id, job_id, token)  # type: ignore[no-any-return]
+
+    def start_attempt(self, workspace_id: str, job_id: int, token: str,
+                      reserve_usd: Decimal) -> int:
+        return int(self.call("start_attempt", workspace_id, job_id, token, reserve_usd))
+
+    def save_checkpoint(self, workspace_id: str, job_id: int, token: str,
+                        output: dict[str, Any], usage: dict[str, Any]) -> None:
+        self.call("save_checkpoint", workspace_id, job_id, token, output, usage)
+
+    def commit_job(self, workspace_id: str, job_id: int, token: str) -> dict[str, Any]:
+        return self.call("commit_job", workspace_id, job_id, token) or {}  # type: ignore[no-any-return]
+
+    def fail_job(self, workspace_id: str, job_id: int, token: str, outcome: str, error: str,
+                 usage: dict[str, Any] | None = None) -> None:
+        self.call("fail_job", workspace_id, job_id, token, outcome, error[:1000],
+                  Jsonb(usage) if usage is not None else None)
+
+    # Recall and control (memory_backend role), used by the demo ------------------------------
+
+    def recall(self, workspace_id: str, request_id: str) -> dict[str, Any]:
+        return self.call("recall", workspace_id, request_id)  # type: ignore[no-any-return]
+
+    def query_memories(self, workspace_id: str, request_id: str, tool_call_id: str,
+                       args: dict[str, Any]) -> dict[str, Any]:
+        return self.call("query_memories", workspace_id, request_id,  # type: ignore[no-any-return]
+                         tool_call_id, args)
+
+    def manage_memory(self, workspace_id: str, request_id: str, tool_call_id: str,
+                      args: dict[str, Any]) -> dict[str, Any]:
+        return self.call("manage_memory", workspace_id, request_id,  # type: ignore[no-any-return]
+                         tool_call_id, args)

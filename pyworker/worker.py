@@ -1,0 +1,250 @@
+"""The worker loop: maintenance, claim one job, call the model, checkpoint, commit; repeat.
+
+Every rule lives in the database; the worker only carries. One tick handles one job under a
+90-second deadline; the model call gets what is left of it minus a margin for the checkpoint and
+commit, and a heartbeat thread extends the two-minute lease while the call runs. SIGTERM or
+SIGINT aborts the call in flight, reports the attempt truthfully (``unknown`` once the provider
+may have run) and ends the loop; a second signal exits at once. Several workers may run at once:
+the database hands each job to one of them. A lost connection is retried with a backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from pyworker import errors
+from pyworker.adapters.base import Adapter, ModelFailure
+from pyworker.db import Database, DatabaseUnavailable
+from pyworker.logs import event
+from pyworker.payload import ClaimPayload, ReplyError, parse_reply
+from pyworker.prompting import build_prompt
+
+# Debug hook for the crash tests: seconds to pause after the checkpoint and before the commit.
+PAUSE_AFTER_CHECKPOINT = "PIMEM_DEBUG_PAUSE_AFTER_CHECKPOINT"
+
+
+@dataclass
+class WorkerConfig:
+    dsn: str
+    interval: float = 60.0  # seconds between checks when there is no work
+    tick_seconds: float = 90.0  # the deadline of one tick
+    commit_margin: float = 10.0  # kept from the model call for checkpoint and commit
+    lease_every: float = 30.0  # heartbeat period (the lease is two minutes)
+    workspace_id: str | None = None  # maintenance of one workspace only (default: all)
+    worker_id: str = field(default_factory=lambda: (
+        f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"))
+
+
+@dataclass
+class TickResult:
+    """What one tick did: ``idle`` (no job), ``committed``, ``noop`` (committed empty output),
+    ``failed``/``unknown`` (reported with fail_job), ``lost`` (someone else owns the job now),
+    ``refused`` (commit refused: stale input, config change, bad output)."""
+
+    status: str
+    job_id: int | None = None
+    phase: str | None = None
+    detail: str = ""
+    commit: dict[str, Any] | None = None
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, adapter: Adapter,
+                 db: Database | None = None) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.db = db or Database(config.dsn)
+        self.stop = threading.Event()
+        self._abort = threading.Event()  # aborts the call in flight
+        self._signals = 0
+        self.jobs_done = 0
+
+    def _log(self, name: str, level: int = logging.INFO, **fields: Any) -> None:
+        event(name, level, worker_id=self.config.worker_id, adapter=self.adapter.name, **fields)
+
+    # signals ---------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            self._log("stop_forced", logging.WARNING, signal=signum)
+            os._exit(128 + (signum or 15))
+        self._log("stop_requested", signal=signum)
+        self.stop.set()
+        self._abort.set()
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    # the loop --------------------------------------------------------------------------------
+
+    def run(self, *, until_idle: bool = False, max_jobs: int | None = None) -> int:
+        """Runs until stopped (or, with ``until_idle``, until no job is left). Returns 0."""
+        self._log("worker_started", interval=self.config.interval,
+                  tick_seconds=self.config.tick_seconds)
+        backoff = 1.0
+        try:
+            while not self.stop.is_set():
+                try:
+                    result = self.tick()
+                    backoff = 1.0
+                except DatabaseUnavailable as exc:
+                    self._log("database_unavailable", logging.WARNING, error=str(exc),
+                              retry_in=backoff)
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.config.interval)
+                    continue
+                if result.status != "idle":
+                    self.jobs_done += 1
+                    if max_jobs is not None and self.jobs_done >= max_jobs:
+                        break
+                    continue  # work may remain: claim again at once
+                if until_idle:
+                    break
+                self.stop.wait(self.config.interval)
+        finally:
+            self.adapter.close()
+            self.db.close()
+            self._log("worker_stopped", jobs=self.jobs_done)
+        return 0
+
+    def tick(self) -> TickResult:
+        """Maintenance, then at most one job, within the tick deadline."""
+        start = time.monotonic()
+        deadline = start + self.config.tick_seconds
+        counts = self.db.run_maintenance(self.config.workspace_id)
+        if counts and any(counts.values()):
+            self._log("maintenance", counts=counts)
+        if self.stop.is_set():
+            return TickResult("idle")
+        raw = self.db.claim_job(self.config.worker_id)
+        if raw is None:
+            return TickResult("idle")
+        job = ClaimPayload.model_validate(raw)
+        ids = job.log_fields()
+        self._log("job_claimed", attempt=job.attempt, model=job.model.qualified,
+                  resumed=job.checkpoint is not None, **ids)
+        self._abort.clear()
+        if self.stop.is_set():
+            self._abort.set()
+        if job.checkpoint is not None:
+            return self._commit(job, ids)
+        return self._attempt(job, ids, deadline)
+
+    def _attempt(self, job: ClaimPayload, ids: dict[str, Any], deadline: float) -> TickResult:
+        db = self.db
+        prompt = build_prompt(job)
+        try:
+            reserve = self.adapter.reserve_usd(job.model, prompt)
+        except ModelFailure as exc:
+            return self._fail(job, ids, "failed", f"before the call: {exc.message}", None)
+        try:
+            attempt = db.start_attempt(job.workspace_id, job.job_id, job.token, reserve)
+        except errors.BudgetExceeded as exc:
+            return self._fail(job, ids, "failed", f"budget: {exc.message}", None)
+        except (errors.JobLost, errors.JobStopped, errors.JobState) as exc:
+            self._log("job_lost", logging.WARNING, error=exc.message, **ids)
+            return TickResult("lost", job.job_id, job.phase, exc.message)
+        self._log("model_call", attempt=attempt, reserve_usd=str(reserve),
+                  timeout_s=round(deadline - self.config.commit_margin - time.monotonic(), 1),
+                  **ids)
+        began = time.monotonic()
+        lease_lost, finished = threading.Event(), threading.Event()
+        heartbeat = threading.Thread(target=self._heartbeat, args=(job, finished, lease_lost),
+                                     daemon=True, name="lease-heartbeat")
+        heartbeat.start()
+        try:
+            reply = self.adapter.complete(job.model, prompt,
+                                          deadline=deadline - self.config.commit_margin,
+                                          cancel=self._abort)
+        except ModelFailure as exc:
+            why = "lease lost" if lease_lost.is_set() else exc.message
+            usage = exc.usage.as_json() if exc.usage else None
+            return self._fail(job, ids, exc.outcome, why, usage)
+        finally:
+            finished.set()
+            heartbeat.join(5)
+        usage = reply.usage.as_json()
+        self._log("model_reply", seconds=round(time.monotonic() - began, 3), usage=usage, **ids)
+        try:
+            output = parse_reply(job, reply.text)
+        except ReplyError as exc:
+            return self._fail(job, ids, "failed", f"invalid reply: {exc}", usage)
+        try:
+            db.save_checkpoint(job.workspace_id, job.job_id, job.token, output.model_dump(),
+                               usage)
+        except errors.BadModelOutput as exc:
+            return self._fail(job, ids, "failed", f"output refused: {exc.message}", usage)
+        except (errors.JobLost, errors.JobStopped, errors.JobState) as exc:
+            self._log("job_lost", logging.WARNING, error=exc.message, **ids)
+            return TickResult("lost", job.job_id, job.phase, exc.message)
+        self._log("checkpoint_saved", **ids)
+        pause = float(os.environ.get(PAUSE_AFTER_CHECKPOINT) or 0)
+        if pause:
+            self._log("debug_pause_after_checkpoint", seconds=pause, **ids)
+            time.sleep(pause)
+        return self._commit(job, ids)
+
+    def _commit(self, job: ClaimPayload, ids: dict[str, Any]) -> TickResult:
+        try:
+            result = self.db.commit_job(job.workspace_id, job.job_id, job.token)
+        except (errors.JobLost, errors.JobStopped) as exc:
+            self._log("job_lost", logging.WARNING, error=exc.message, **ids)
+            return TickResult("lost", job.job_id, job.phase, exc.message)
+        except errors.MemoryError_ as exc:
+            # Stale input, changed configuration, output refused: the attempt ran and was
+            # charged with the checkpoint; report it so the database applies its rules.
+            self._log("commit_refused", logging.WARNING, code=exc.code, error=exc.message, **ids)
+            self._report(job, ids, "failed", f"commit refused ({exc.code}): {exc.message}", None)
+            return TickResult("refused", job.job_id, job.phase, f"{exc.code}: {exc.message}")
+        status = "noop" if isinstance(result, dict) and result.get("noop") else "committed"
+        self._log("job_committed", result=result, **ids)
+        return TickResult(status, job.job_id, job.phase, commit=result)
+
+    def _fail(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, why: str,
+              usage: dict[str, Any] | None) -> TickResult:
+        self._report(job, ids, outcome, why, usage)
+        return TickResult(outcome, job.job_id, job.phase, why)
+
+    def _report(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, why: str,
+                usage: dict[str, Any] | None) -> None:
+        self._log("job_failed", logging.WARNING, outcome=outcome, error=why, usage=usage, **ids)
+        try:
+            self.db.fail_job(job.workspace_id, job.job_id, job.token, outcome, why, usage)
+        except errors.MemoryError_ as exc:
+            # Lost the job meanwhile: the database already decided (an expired lease with an
+            # open attempt is unknown there too).
+            self._log("fail_not_recorded", logging.WARNING, code=exc.code, error=exc.message,
+                      **ids)
+
+    def _heartbeat(self, job: ClaimPayload, done: threading.Event,
+                   lost: threading.Event) -> None:
+        """Extends the lease every ``lease_every`` seconds while the call runs (own connection);
+        aborts the call when the lease is lost."""
+        db = Database(self.config.dsn, application_name="pimem-worker-heartbeat")
+        try:
+            while not done.wait(self.config.lease_every):
+                try:
+                    until = db.extend_lease(job.workspace_id, job.job_id, job.token)
+                    self._log("lease_extended", until=until, **job.log_fields())
+                except DatabaseUnavailable as exc:
+                    self._log("lease_not_extended", logging.WARNING, error=str(exc),
+                              **job.log_fields())
+                except errors.MemoryError_ as exc:
+                    self._log("lease_lost", logging.WARNING, code=exc.code, error=exc.message,
+                              **job.log_fields())
+                    lost.set()
+                    self._abort.set()
+                    return
+        finally:
+            db.close()
