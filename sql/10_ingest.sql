@@ -124,14 +124,19 @@ create table memory_private.messages (
   created_at timestamptz not null,
   edited_at timestamptz,
   removed_at timestamptz,
+  removal_reason text check (removal_reason in ('removed', 'derived_from_removed')),
   primary key (workspace_id, message_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
   check ((body is null) = (content_hash is null)),
-  check (removed_at is null or body is null)
+  check (removed_at is null or body is null),
+  check ((removed_at is null) = (removal_reason is null))
 );
 comment on table memory_private.messages is
   'Messages of requests. body is erased (NULL) when the message is removed or its retention '
   'ends; content_hash is computed here. Non-directed group messages are never stored (V10).';
+comment on column memory_private.messages.removal_reason is
+  'removed: the backend reported the removal; derived_from_removed: a privacy sweep erased an '
+  'answer derived from recalled sources that are gone (T3).';
 comment on column memory_private.messages.retain_until is
   'End of the original retention; NULL means retained until removed.';
 
@@ -579,7 +584,8 @@ begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('message_id', p_message_id);
   update memory_private.messages
-     set body = null, content_hash = null, removed_at = memory_private.clock_now()
+     set body = null, content_hash = null, removed_at = memory_private.clock_now(),
+         removal_reason = 'removed'
    where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
   if found then
     return 'updated';

@@ -47,3 +47,20 @@ def test_migrate_accepts_key_value_and_uri_dsns() -> None:
             == "postgresql+psycopg://postgres@127.0.0.1:5433/x")
     assert (schema.yoyo_url("host=/tmp/s port=5 user=u dbname=d")
             == "postgresql+psycopg://u@/d?host=%2Ftmp%2Fs&port=5")
+
+
+def test_plain_yoyo_apply_migrates_too(pg_server: Server) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dsn = _empty_db(pg_server, "t_yoyo")
+    yoyo = Path(sys.executable).parent / "yoyo"
+    result = subprocess.run(
+        [str(yoyo), "apply", "--batch", "--no-config-file", "--database", schema.yoyo_url(dsn),
+         str(schema.MIGRATIONS_DIR)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(dsn) as c:
+        assert c.execute("select count(*) from pg_proc p join pg_namespace n "
+                         "on n.oid = p.pronamespace where n.nspname = 'memory'").fetchone()[0] > 5
+    assert schema.migrate(dsn) == [], "pimem migrate sees what yoyo applied"

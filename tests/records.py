@@ -1,0 +1,77 @@
+"""Test helpers that place records directly (as the pipeline would), for tests of what reads
+and sweeps do with them. Production records are written only by commit_job and manage_memory."""
+
+from __future__ import annotations
+
+import psycopg
+
+
+def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:
+    row = conn.execute("select scope_id from memory.resolve_scope(%s, %s)", (ws, request)).fetchone()
+    assert row is not None and row[0] is not None
+    return int(row[0])
+
+
+def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[str], *,
+                title: str = "a memory", summary: str = "something worth keeping",
+                kind: str = "extracted") -> int:
+    """A record in the scope of ``request`` depending on ``sources`` at their current hashes."""
+    scope = scope_of(conn, ws, request)
+    row = conn.execute(
+        """
+        insert into memory_private.records
+          (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+           bot_identity, origin_request_id, created_at)
+        select %(ws)s, %(scope)s, %(kind)s, %(title)s, %(summary)s,
+               coalesce((select array_agg(distinct m.speaker_id) from memory_private.messages m
+                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)
+                            and m.role = 'user'), '{}'),
+               coalesce((select array_agg(distinct q.thread_id) from memory_private.messages m
+                          join memory_private.requests q using (workspace_id, request_id)
+                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)), '{}'),
+               coalesce((select array_agg(distinct repo) from memory_private.messages m,
+                                 unnest(m.repositories) repo
+                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)), '{}'),
+               b.identity, %(req)s, memory_private.clock_now()
+          from memory_private.scopes s
+          join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+         where s.workspace_id = %(ws)s and s.scope_id = %(scope)s
+        returning record_id
+        """,
+        {"ws": ws, "scope": scope, "kind": kind, "title": title, "summary": summary,
+         "src": sources, "req": request},
+    ).fetchone()
+    assert row is not None
+    record_id = int(row[0])
+    conn.execute(
+        """insert into memory_private.record_sources (workspace_id, record_id, message_id,
+                                                      content_hash)
+           select workspace_id, %s, message_id, content_hash from memory_private.messages
+            where workspace_id = %s and message_id = any(%s)""",
+        (record_id, ws, sources))
+    return record_id
+
+
+def invalid_reason(conn: psycopg.Connection, ws: str, record_id: int,
+                   requester: str | None = None) -> str | None:
+    row = conn.execute(
+        "select memory_private.record_invalid_reason(r, %s) from memory_private.records r "
+        "where workspace_id = %s and record_id = %s", (requester, ws, record_id)).fetchone()
+    assert row is not None, f"record {record_id} does not exist"
+    return row[0]
+
+
+def record_exists(conn: psycopg.Connection, ws: str, record_id: int) -> bool:
+    row = conn.execute("select count(*) from memory_private.records where workspace_id = %s "
+                       "and record_id = %s", (ws, record_id)).fetchone()
+    return bool(row and row[0])
+
+
+def sweep(conn: psycopg.Connection, ws: str) -> dict[str, int]:
+    row = conn.execute("select memory_private.sweep_retention(%s)", (ws,)).fetchone()
+    assert row is not None
+    return dict(row[0])
+
+
+def advance(conn: psycopg.Connection, interval: str) -> None:
+    conn.execute("select memory_private.advance_clock(%s::interval)", (interval,))

@@ -1,0 +1,153 @@
+"""Retention: edits, removals, expiry, revoked access, pruning and purge (T1-T6)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from tests.factory import World
+from tests.records import advance, invalid_reason, make_record, record_exists, sweep
+
+
+@pytest.fixture
+def world(conn: psycopg.Connection) -> World:
+    w = World(conn)
+    w.basic()
+    w.conversation("ws1", "r1", chat="dm-alice", user="alice",
+                   user_text="I prefer tea", reply="Noted: tea.")
+    return w
+
+
+def test_an_edited_source_hides_the_record_at_once_and_the_sweep_deletes_it(
+    conn: psycopg.Connection, world: World
+) -> None:
+    rec = make_record(conn, "ws1", "r1", ["r1-u", "r1-a"])
+    assert invalid_reason(conn, "ws1", rec) is None
+    world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer coffee")
+    assert invalid_reason(conn, "ws1", rec) == "source_edited"
+    assert sweep(conn, "ws1")["records_invalidated"] == 1
+    assert not record_exists(conn, "ws1", rec)
+
+
+def test_a_removed_source_hides_and_then_deletes_the_record(
+    conn: psycopg.Connection, world: World
+) -> None:
+    rec = make_record(conn, "ws1", "r1", ["r1-u", "r1-a"])
+    world.remove("ws1", "r1-a")
+    assert invalid_reason(conn, "ws1", rec) == "source_removed"
+    sweep(conn, "ws1")
+    assert not record_exists(conn, "ws1", rec)
+
+
+def test_expiry_hides_the_record_and_the_sweep_erases_the_text(
+    conn: psycopg.Connection, world: World
+) -> None:
+    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
+    rec = make_record(conn, "ws1", "r1", ["r1-u", "r1-a"])
+    assert invalid_reason(conn, "ws1", rec) is None
+    advance(conn, "2 hours")
+    assert invalid_reason(conn, "ws1", rec) == "source_expired"
+    counts = sweep(conn, "ws1")
+    assert counts["messages_expired"] == 1 and counts["records_invalidated"] == 1
+    body = conn.execute("select body, content_hash from memory_private.messages "
+                        "where message_id = 'r1-u'").fetchone()
+    assert body == (None, None), "expired text must be erased, not merely hidden"
+
+
+def test_revoked_grant_and_lost_membership_hide_but_keep_the_record(
+    conn: psycopg.Connection, world: World
+) -> None:
+    world.grant("ws1", "alice", "repo-x")
+    world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", repositories=["repo-x"])
+    rec = make_record(conn, "ws1", "r1", ["r1-u"])
+    assert invalid_reason(conn, "ws1", rec, "alice") is None
+    world.grant("ws1", "alice", "repo-x", False)
+    assert invalid_reason(conn, "ws1", rec, "alice") == "grant_revoked"
+    world.grant("ws1", "alice", "repo-x", True)
+    world.member("ws1", "alice", "owner", active=False)
+    assert invalid_reason(conn, "ws1", rec, "alice") == "membership"
+    sweep(conn, "ws1")
+    assert record_exists(conn, "ws1", rec), "reversible reasons keep the record"
+    world.member("ws1", "alice", "owner", active=True)
+    assert invalid_reason(conn, "ws1", rec, "alice") is None
+
+
+def test_records_unused_for_30_days_are_pruned_and_used_ones_stay(
+    conn: psycopg.Connection, world: World
+) -> None:
+    world.conversation("ws1", "r2", chat="dm-alice", user="alice")
+    old = make_record(conn, "ws1", "r1", ["r1-u"])
+    used = make_record(conn, "ws1", "r2", ["r2-u"])
+    advance(conn, "20 days")
+    conn.execute("update memory_private.records set last_used_at = memory_private.clock_now() "
+                 "where record_id = %s", (used,))
+    advance(conn, "11 days")
+    assert sweep(conn, "ws1")["records_pruned"] == 1
+    assert not record_exists(conn, "ws1", old) and record_exists(conn, "ws1", used)
+    due = conn.execute("select consolidation_due_at is not null from memory_private.scopes "
+                       "").fetchone()
+    assert due == (True,), "pruning marks the scope for consolidation"
+
+
+def test_a_workspace_keeps_at_most_256_records_least_recently_used_go_first(
+    conn: psycopg.Connection, world: World
+) -> None:
+    first = make_record(conn, "ws1", "r1", ["r1-u"])
+    for _ in range(256):
+        make_record(conn, "ws1", "r1", ["r1-a"])
+    conn.execute("update memory_private.records set last_used_at = memory_private.clock_now() "
+                 "+ interval '1 minute' where record_id = %s", (first,))
+    assert sweep(conn, "ws1")["records_pruned"] == 1
+    left = conn.execute("select count(*), bool_or(record_id = %s), bool_or(record_id = %s) "
+                        "from memory_private.records", (first, first + 1)).fetchone()
+    assert left == (256, True, False), "the least recently used record went, the used one stayed"
+
+
+def test_an_index_naming_a_deleted_record_is_dropped(conn: psycopg.Connection,
+                                                      world: World) -> None:
+    rec = make_record(conn, "ws1", "r1", ["r1-u"])
+    conn.execute("update memory_private.scopes set index_text = 'tea', index_record_ids = %s",
+                 ([rec],))
+    world.remove("ws1", "r1-u")
+    sweep(conn, "ws1")
+    row = conn.execute("select index_text, index_record_ids, consolidation_due_at is not null "
+                       "from memory_private.scopes").fetchone()
+    assert row == (None, None, True)
+
+
+def test_tombstones_last_while_the_original_is_retained(conn: psycopg.Connection,
+                                                        world: World) -> None:
+    soon = datetime.now(timezone.utc) + timedelta(days=2)
+    world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
+    conn.execute("insert into memory_private.tombstones (workspace_id, scope_id, message_id, "
+                 "created_at) select 'ws1', scope_id, 'r1-u', now() "
+                 "from memory.resolve_scope('ws1', 'r1')")
+    assert sweep(conn, "ws1")["tombstones_dropped"] == 0
+    advance(conn, "3 days")
+    assert sweep(conn, "ws1")["tombstones_dropped"] == 1
+
+
+def test_deleting_a_workspace_leaves_no_row_of_it_in_any_table(
+    conn: psycopg.Connection, world: World
+) -> None:
+    make_record(conn, "ws1", "r1", ["r1-u"])
+    other = World(conn)
+    other.basic("ws2")
+    other.conversation("ws2", "r1", chat="dm-alice", user="alice")
+    make_record(conn, "ws2", "r1", ["r1-u"])
+    conn.execute("select memory.delete_workspace('ws1')")
+    tables = conn.execute(
+        """select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
+            join pg_attribute a on a.attrelid = c.oid and a.attname = 'workspace_id'
+           where n.nspname = 'memory_private' and c.relkind = 'r'""").fetchall()
+    assert len(tables) >= 10
+    for (table,) in tables:
+        left = conn.execute(f"select count(*) from memory_private.{table} "  # noqa: S608
+                            "where workspace_id = 'ws1'").fetchone()
+        assert left == (0,), f"{table} kept rows of the deleted workspace"
+    kept = conn.execute("select count(*) from memory_private.records "
+                        "where workspace_id = 'ws2'").fetchone()
+    assert kept == (1,)
