@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -38,6 +40,45 @@ def schema_bundle() -> None:
     """Regenerate the unreleased first migration from sql/ (developers only)."""
     path = schema.write_initial_migration()
     console.print(f"wrote {path}")
+
+
+ADAPTER_HELP = "model adapter: pi (the Pi CLI), openai (direct HTTP) or offline (heuristic)."
+
+
+@app.command()
+def worker(
+    dsn: str = typer.Option(None, "--dsn", help=DSN_HELP),
+    model: str = typer.Option(os.environ.get("PIMEM_MODEL_ADAPTER", "pi"), "--model",
+                              help=ADAPTER_HELP),
+    interval: float = typer.Option(60.0, help="seconds between checks when there is no work"),
+    tick_seconds: float = typer.Option(90.0, help="deadline of one tick (one job)"),
+    once: bool = typer.Option(False, "--once", help="exit when no job is left"),
+    max_jobs: int = typer.Option(None, help="exit after this many jobs"),
+    workspace: str = typer.Option(None, help="run maintenance for this workspace only"),
+    worker_id: str = typer.Option(None, help="name in claims and logs (default host:pid:rand)"),
+    pi_models: Annotated[Path | None, typer.Option(
+        help="models.json with custom Pi providers")] = None,
+    pi_agent_dir: Annotated[Path | None, typer.Option(
+        help="Pi's private config dir (default: a temp dir)")] = None,
+    openai_base_url: str = typer.Option(None, help="OpenAI-compatible base URL (openai adapter)"),
+    prices: str = typer.Option(None, help="price table JSON or file (openai adapter; PIMEM_PRICES)"),
+    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
+) -> None:
+    """Run the background worker: maintenance, claim, model call, checkpoint, commit."""
+    from pyworker import logs
+    from pyworker.adapters import make_adapter
+    from pyworker.worker import Worker, WorkerConfig
+
+    logs.setup(log_level)
+    adapter = make_adapter(model, pi_models=pi_models, pi_agent_dir=pi_agent_dir,
+                           openai_base_url=openai_base_url, prices=prices)
+    config = WorkerConfig(dsn=_dsn(dsn), interval=interval, tick_seconds=tick_seconds,
+                          workspace_id=workspace)
+    if worker_id:
+        config.worker_id = worker_id
+    w = Worker(config, adapter)
+    w.install_signals()
+    raise typer.Exit(w.run(until_idle=once, max_jobs=max_jobs))
 
 
 if __name__ == "__main__":
