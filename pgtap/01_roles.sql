@@ -13,6 +13,7 @@ select set_eq(
   $$ select proname from role_functions where rolname = 'memory_backend' $$,
   array['upsert_workspace', 'upsert_member', 'upsert_bot', 'upsert_chat', 'upsert_topic',
         'set_repository_grant', 'upsert_request', 'upsert_message', 'remove_message',
+        'recall', 'query_memories', 'manage_memory', 'request_citations',
         'resolve_scope'],
   'memory_backend executes the ingest API and scope resolution');
 

@@ -1,0 +1,600 @@
+-- 55_control.sql: what the user may tell the memory to do (C1-C9, T7, T8).
+--
+-- memory.manage_memory is the manage_memory tool: remember, forget, enable-memory and
+-- disable-memory. The model only proposes the call; the database decides. The call must point at
+-- the request's current human message (sourceId), and that message itself must directly ask for
+-- the action, in English or Chinese (memory_private.classify_request). Quoted history, tool output,
+-- assistant text, questions about the feature and negative requests are refused. Permissions:
+-- private scope, its user (C5); group topic, a participant adds notes and forgets records made
+-- only of their own statements (C6); everything else in a group needs an active owner/admin (C7).
+-- A change is committed with the call (C4); a replayed tool call id returns the stored outcome
+-- once more, after re-checking that the caller still has the standing it needed (C9).
+
+-- Recognising a direct request -----------------------------------------------------------------
+
+create function memory_private.request_has_content(p_rest text) returns boolean
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select char_length(regexp_replace(
+           regexp_replace(coalesce(p_rest, ''),
+             '^([ ,.:;!\-，。：；！、]|that\M|this\M|these\M|the following\M|following\M'
+             || '|下面|以下|这个|这件事|这点|一下|下来|下)*', ''),
+           '[[:space:][:punct:]，。！？、：；“”‘’「」『』]', '', 'g')) >= 2
+$$;
+comment on function memory_private.request_has_content(text) is
+  'Whether what follows a remember phrase says something (not just "this", "that" or '
+  'punctuation).';
+
+create function memory_private.request_form(p_text text) returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  t text;
+  v_prev text;
+  v_rest text;
+  c_remember constant text :=
+    '^(remember|memorize|memorise|keep in mind|note down|make a note of|make a note'
+    || '|take note of|take note|note that|note:|save (this |that |it )?(to|in|into) (your )?memory'
+    || '|add (this |that |it )?to (your )?memory)';
+  c_forget constant text :=
+    '^(forget|(delete|remove|erase|wipe) (this |that |the |my |your )?(memory|memories|note|notes))'
+    || '([^a-z]|$)';
+  c_disable constant text :=
+    '^(((turn|switch|shut) off|disable|deactivate|pause) (the |your )?'
+    || '(memory|memories|remembering|recall)|stop (remembering|memorizing|using memory)'
+    || '|(turn|switch) (the |your )?(memory|recall)( feature)? off)([^a-z]|$)';
+  c_enable constant text :=
+    '^(((turn|switch) on|enable|activate|resume|reactivate) (the |your )?'
+    || '(memory|memories|remembering|recall)|start (remembering|using memory)'
+    || '|(turn|switch) (the |your )?(memory|recall)( feature)? (back )?on)([^a-z]|$)';
+begin
+  if p_text is null then
+    return 'none';
+  end if;
+  -- One line of lower-case text with plain apostrophes.
+  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
+  t := translate(t, '’', '''');
+  if t = '' then
+    return 'none';
+  end if;
+  -- Quoted history, code or tool output: the request is not the user's own words.
+  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
+    return 'quoted';
+  end if;
+  -- Reported speech: someone else's words.
+  if t ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
+     or t ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
+    return 'quoted';
+  end if;
+  -- Questions (including about the feature) are not requests.
+  if t ~ '[?？]$' or t ~ '(吗|嘛)[。.!！~～ ]*$'
+     or t ~ '(什么意思|是什么|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用|什么作用)'
+     or t ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M' then
+    return 'question';
+  end if;
+
+  -- Politeness, addressing and framing in front of the request.
+  loop
+    v_prev := t;
+    t := regexp_replace(t, (
+      '^(@[^ ]+|(hey|hi|hello|ok|okay) [^ ,，]+[,，]|hey\M|hi\M|hello\M|ok\M|okay\M|alright\M'
+      || '|so\M|also\M|and\M|now\M|then\M|oh\M|bot\M|please\M|pls\M|plz\M|kindly\M|just\M'
+      || '|from now on\M|i want you to\M|i''d like you to\M|i would like you to\M|i need you to\M'
+      || '|can you\M|could you\M|would you\M|will you\M|go ahead and\M|be sure to\M'
+      || '|make sure to\M|you should\M|you must\M'
+      || '|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|那就|现在|以后|今后'
+      || '|从现在开始|从现在起)[ ,，、:：!！.。~～-]*'), '');
+    exit when t = v_prev;
+  end loop;
+
+  -- Negative requests ("don't remember this", "不要记住").
+  if t ~ ('^(do not|don''t|dont|never|not|no need to|there''s no need to|you don''t need to'
+          || '|you do not need to|i don''t want you to|i do not want you to)\M')
+     or t ~ '^(不要|别|不用|无需|不必|不需要|甭|千万别|勿|我不想|我不希望|我不要|我不需要)' then
+    return 'negative';
+  end if;
+
+  if t ~ c_disable
+     or t ~ '^(关闭|关掉|关上|停用|禁用|暂停|停止)(你的)?(长期)?(记忆|记忆功能)'
+     or t ~ '^把(你的)?(长期)?(记忆|记忆功能)(关闭|关掉|关了|关上|停用|禁用)' then
+    return 'disable-memory';
+  end if;
+  if t ~ c_enable
+     or t ~ '^(打开|开启|启用|恢复|重新开启|重新打开)(你的)?(长期)?(记忆|记忆功能)'
+     or t ~ '^把(你的)?(长期)?(记忆|记忆功能)(打开|开启|启用|恢复|开了)' then
+    return 'enable-memory';
+  end if;
+  if t ~ c_forget
+     or t ~ '^(忘记|忘掉|遗忘)'
+     or t ~ '^(删除|删掉|清除|抹去|抹掉).*(记忆|笔记|备忘)'
+     or t ~ '^把.+(忘记|忘掉|忘了|删掉|删除)' then
+    return 'forget';
+  end if;
+  if t ~ (c_remember || '([^a-z]|$)') then
+    v_rest := regexp_replace(t, c_remember, '');
+    return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
+  end if;
+  if t ~ '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)' then
+    v_rest := regexp_replace(t, '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)', '');
+    return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
+  end if;
+  if t ~ '^把.{2,}(记住|记下来|记下)' then
+    return 'remember';
+  end if;
+  return 'none';
+end
+$$;
+comment on function memory_private.request_form(text) is
+  'What a human message directly asks of the memory: remember, forget, enable-memory, '
+  'disable-memory; or why it does not: quoted (quoted history, code, tool output, reported '
+  'speech), question (about the feature or anything else), negative ("don''t remember"), empty '
+  '(remember with nothing to remember) or none. English and Chinese; the request phrase must open '
+  'the message, after politeness ("please", "请", "@bot").';
+
+create function memory_private.classify_request(p_text text) returns text
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select case when f in ('remember', 'forget', 'enable-memory', 'disable-memory') then f end
+    from memory_private.request_form(p_text) as f
+$$;
+comment on function memory_private.classify_request(text) is
+  'The manage_memory action a human message directly requests, or NULL when it requests none.';
+
+-- Standing and outcomes ------------------------------------------------------------------------
+
+create function memory_private.control_refusal(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_needed text
+) returns text
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_member memory_private.members;
+begin
+  select * into v_member from memory_private.members
+   where workspace_id = p_request.workspace_id and user_id = p_request.user_id;
+  if not found or not v_member.active then
+    return 'you are not an active member of this workspace';
+  end if;
+  if not exists (select 1 from memory_private.bots
+                  where workspace_id = p_scope.workspace_id and bot_id = p_scope.bot_id
+                    and active) then
+    return 'this bot is inactive';
+  end if;
+  if p_scope.kind = 'shared'
+     and not exists (select 1 from memory_private.chats
+                      where workspace_id = p_scope.workspace_id and chat_id = p_scope.chat_id
+                        and linked) then
+    return 'this group is not linked to the workspace';
+  end if;
+  if p_scope.kind = 'private' and p_scope.user_id <> p_request.user_id then
+    return 'this private memory belongs to another user';
+  end if;
+  if p_needed = 'admin' and v_member.role not in ('owner', 'admin') then
+    return 'only an active workspace owner or admin may do this in a group';
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.control_refusal(memory_private.requests, memory_private.scopes,
+                                                   text) is
+  'Why the request''s user may not make a memory change that needs the given standing '
+  '(scope_user, participant, admin) now, or NULL when they may: active membership, active bot, '
+  'linked group, own private scope, owner/admin role (C5-C7).';
+
+create function memory_private.control_outcome(
+  p_status text, p_action text, p_code text, p_reason text, p_memory_id bigint default null,
+  p_extra jsonb default '{}'
+) returns jsonb
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select jsonb_build_object('status', p_status, 'action', p_action, 'code', p_code,
+                            'reason', p_reason, 'memory_id', p_memory_id) || p_extra
+$$;
+comment on function memory_private.control_outcome(text, text, text, text, bigint, jsonb) is
+  'The answer of manage_memory: status done/refused, the action, a machine code, a plain '
+  'sentence saying what happened or why not, and the memory id concerned.';
+
+create function memory_private.note_redact(p_text text) returns text
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  -- memory_private.redact comes from sql/30_redaction.sql (resolved when called).
+  return memory_private.redact(p_text);
+end
+$$;
+comment on function memory_private.note_redact(text) is
+  'Credential redaction applied to a note''s title and text before they are stored: common '
+  'credential patterns are replaced (defense in depth, T9).';
+
+create function memory_private.note_title(p_text text) returns text
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select case when char_length(t) <= 60 then t
+              else coalesce(substring(left(t, 60) from '^(.*\S) '), left(t, 60)) || '…' end
+    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t
+$$;
+comment on function memory_private.note_title(text) is
+  'The default title of a note: the first words of the message (at most 60 characters).';
+
+-- Forgetting -----------------------------------------------------------------------------------
+
+create function memory_private.forget_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[]
+) returns bigint[]
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ids bigint[];
+  v_more bigint[];
+  v_messages text[];
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform 1 from memory_private.workspaces
+   where workspace_id = p_workspace_id for no key update;
+  v_ids := array(select record_id from memory_private.records
+                  where workspace_id = p_workspace_id and scope_id = p_scope_id
+                    and record_id = any(p_record_ids));
+  if cardinality(v_ids) = 0 then
+    return v_ids;
+  end if;
+  -- Every record of the scope that shares a source with one being forgotten goes too, until
+  -- nothing more overlaps (T7).
+  loop
+    v_messages := array(select distinct message_id from memory_private.record_sources
+                         where workspace_id = p_workspace_id and record_id = any(v_ids));
+    v_more := array(select distinct rs.record_id
+                      from memory_private.record_sources rs
+                      join memory_private.records r
+                        on r.workspace_id = rs.workspace_id and r.record_id = rs.record_id
+                     where rs.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                       and rs.message_id = any(v_messages) and not rs.record_id = any(v_ids));
+    exit when cardinality(v_more) = 0;
+    v_ids := v_ids || v_more;
+  end loop;
+  -- Content-free tombstones for the sources still retained, so extraction cannot restore them
+  -- (T8); the original messages stay.
+  insert into memory_private.tombstones (workspace_id, scope_id, message_id, created_at)
+  select p_workspace_id, p_scope_id, m.message_id, v_now
+    from memory_private.messages m
+   where m.workspace_id = p_workspace_id and m.message_id = any(v_messages)
+     and m.body is not null
+  on conflict do nothing;
+  -- In-flight recall: a frozen index that named a forgotten record is withdrawn (T7).
+  update memory_private.request_recall
+     set index_text = null, index_withdrawn = true
+   where workspace_id = p_workspace_id and scope_id = p_scope_id and mode = 'index'
+     and record_ids && v_ids and not index_withdrawn;
+  delete from memory_private.records
+   where workspace_id = p_workspace_id and record_id = any(v_ids);
+  update memory_private.scopes
+     set index_text = null, index_record_ids = null, index_built_at = null,
+         consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  return array(select unnest(v_ids) order by 1);
+end
+$$;
+comment on function memory_private.forget_records(text, bigint, bigint[]) is
+  'Forgets records of one scope: deletes them and every record of the scope with overlapping '
+  'source dependencies (transitively), writes content-free tombstones for their retained '
+  'sources, withdraws in-flight frozen indexes naming them, clears the scope''s index and marks '
+  'it for consolidation (T7, T8). Takes the workspace lock. Returns the ids deleted.';
+
+-- manage_memory --------------------------------------------------------------------------------
+
+create function memory_private.apply_control(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
+  p_source_id text, p_memory_id bigint, p_title text,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_now timestamptz := memory_private.clock_now();
+  v_current memory_private.messages;
+  v_source memory_private.messages;
+  v_form text;
+  v_refusal text;
+  v_record memory_private.records;
+  v_summary text;
+  v_title text;
+  v_ids bigint[];
+  v_changed boolean;
+begin
+  -- The source must be the request's current human message ...
+  select * into v_current from memory_private.messages
+   where workspace_id = v_ws and request_id = p_request.request_id and role = 'user'
+     and speaker_id = p_request.user_id
+   order by created_at desc, message_id desc
+   limit 1;
+  select * into v_source from memory_private.messages
+   where workspace_id = v_ws and message_id = p_source_id;
+  if not found or v_source.request_id <> p_request.request_id then
+    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+      format('Message %s is not a message of this request; only the user''s current message can '
+             'ask for this.', p_source_id));
+    return;
+  end if;
+  if v_source.role <> 'user' then
+    outcome := memory_private.control_outcome('refused', p_action, 'not_human_message',
+      format('Message %s is assistant text; only the user''s own current message can ask for '
+             'this.', p_source_id));
+    return;
+  end if;
+  if v_source.speaker_id <> p_request.user_id or v_current.message_id <> v_source.message_id then
+    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+      format('Message %s is not the current message of the user of this request.',
+             p_source_id));
+    return;
+  end if;
+  if v_source.body is null or v_source.retain_until <= v_now then
+    outcome := memory_private.control_outcome('refused', p_action, 'source_gone',
+      format('Message %s was removed or is past its retention.', p_source_id));
+    return;
+  end if;
+  -- ... and that message must itself directly ask for this action (C1, C2).
+  v_form := memory_private.request_form(v_source.body);
+  if v_form is distinct from p_action then
+    outcome := memory_private.control_outcome('refused', p_action, 'not_direct_request',
+      case v_form
+        when 'quoted' then 'The message quotes other text (history, code, tool output or '
+                           'someone else''s words); only a direct request of the user counts.'
+        when 'question' then 'The message asks a question; it is not a request to '
+                             || p_action || '. The user can ask for it directly.'
+        when 'negative' then 'The message asks not to do this.'
+        when 'empty' then 'The message asks to remember but says nothing to remember.'
+        when 'none' then 'The message does not directly ask to ' || p_action || '.'
+        else 'The message asks for ' || v_form || ', not ' || p_action || '.'
+      end);
+    return;
+  end if;
+
+  if p_action = 'remember' then
+    authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
+    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+    if v_refusal is not null then
+      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
+        'Not remembered: ' || v_refusal || '.');
+      return;
+    end if;
+    if not p_scope.recall_enabled then
+      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
+        'Memory is turned off in this chat, so nothing is stored; turn it on first.');
+      return;
+    end if;
+    if exists (select 1 from memory_private.tombstones
+                where workspace_id = v_ws and scope_id = p_scope.scope_id
+                  and message_id = v_source.message_id) then
+      outcome := memory_private.control_outcome('refused', p_action, 'forgotten',
+        'This message was forgotten in this chat and is not stored again.');
+      return;
+    end if;
+    select r.* into v_record from memory_private.records r
+      join memory_private.record_sources rs
+        on rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+     where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
+       and rs.message_id = v_source.message_id and rs.content_hash = v_source.content_hash
+     limit 1;
+    if found then
+      outcome := memory_private.control_outcome('done', p_action, 'already_remembered',
+        format('This message is already remembered as memory %s.', v_record.record_id),
+        v_record.record_id);
+      return;
+    end if;
+    v_summary := memory_private.note_redact(v_source.body);
+    if octet_length(v_summary) > 4000 then
+      outcome := memory_private.control_outcome('refused', p_action, 'too_long',
+        format('The message is %s bytes; a note holds at most 4,000 bytes (UTF-8). Ask the user '
+               'for a shorter message to remember.', octet_length(v_summary)));
+      return;
+    end if;
+    v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+    while octet_length(v_title) > 300 loop
+      v_title := left(v_title, char_length(v_title) - 1);
+    end loop;
+    insert into memory_private.records
+      (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+       bot_identity, origin_request_id, created_at)
+    select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
+           array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
+           v_now
+      from memory_private.bots b
+     where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
+    returning * into strict v_record;
+    insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
+    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash);
+    update memory_private.scopes
+       set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+     where workspace_id = v_ws and scope_id = p_scope.scope_id;
+    outcome := memory_private.control_outcome('done', p_action, 'remembered',
+      format('Saved the message as memory %s, attributed to %s. It is historical reference, '
+             'not an instruction.', v_record.record_id, v_source.speaker_id),
+      v_record.record_id);
+    return;
+  end if;
+
+  if p_action = 'forget' then
+    if not p_scope.recall_enabled then
+      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
+        'Memory is turned off in this chat; turn it on to see and forget memories.', p_memory_id);
+      return;
+    end if;
+    select * into v_record from memory_private.records
+     where workspace_id = v_ws and record_id = p_memory_id and scope_id = p_scope.scope_id;
+    if not found
+       or memory_private.record_invalid_reason(v_record, p_request.user_id) is not null then
+      outcome := memory_private.control_outcome('refused', p_action, 'memory_not_found',
+        format('There is no memory %s that you can see in this chat.', p_memory_id),
+        p_memory_id);
+      return;
+    end if;
+    authority := case when p_scope.kind = 'private' then 'scope_user'
+                      when cardinality(v_record.speaker_ids) > 0
+                           and v_record.speaker_ids <@ array[p_request.user_id] then 'participant'
+                      else 'admin' end;
+    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+    if v_refusal is not null then
+      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
+        case when authority = 'admin'
+               then format('Memory %s holds statements of other participants; only an active '
+                           'workspace owner or admin can forget it.', p_memory_id)
+             else 'Not forgotten: ' || v_refusal || '.' end,
+        p_memory_id);
+      return;
+    end if;
+    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, array[p_memory_id]);
+    outcome := memory_private.control_outcome('done', p_action, 'forgotten',
+      format('Forgot memory %s%s. Its sources will not be remembered again; the original chat '
+             'messages are kept.', p_memory_id,
+             case when cardinality(v_ids) > 1
+                  then format(' and %s related memories built on the same messages',
+                              cardinality(v_ids) - 1)
+                  else '' end),
+      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids)));
+    return;
+  end if;
+
+  -- enable-memory / disable-memory
+  authority := case when p_scope.kind = 'private' then 'scope_user' else 'admin' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
+      case when authority = 'admin'
+             then 'Only an active workspace owner or admin can turn group memory on or off.'
+           else 'Not changed: ' || v_refusal || '.' end);
+    return;
+  end if;
+  update memory_private.scopes
+     set recall_enabled = (p_action = 'enable-memory')
+   where workspace_id = v_ws and scope_id = p_scope.scope_id
+     and recall_enabled <> (p_action = 'enable-memory');
+  v_changed := found;
+  outcome := memory_private.control_outcome('done', p_action,
+    case when p_action = 'enable-memory' then 'enabled' else 'disabled' end,
+    case when p_action = 'enable-memory' and v_changed
+           then 'Memory is on again in this chat; stored memories are recalled again.'
+         when p_action = 'enable-memory' then 'Memory was already on in this chat.'
+         when v_changed
+           then 'Memory is off in this chat: stored memories are kept but nothing is recalled '
+                'or made until it is turned on again.'
+         else 'Memory was already off in this chat.' end,
+    null, jsonb_build_object('changed', v_changed));
+end
+$$;
+comment on function memory_private.apply_control(memory_private.requests, memory_private.scopes,
+                                                 text, text, bigint, text) is
+  'Checks and applies one manage_memory action (the caller holds the workspace lock): the source '
+  'is the current human message and directly asks for the action, the user has the standing, '
+  'the state allows it. Returns the outcome and the standing it needed.';
+
+create function memory.manage_memory(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
+) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_action text;
+  v_source_id text;
+  v_memory_id bigint;
+  v_title text;
+  v_hash text;
+  v_call memory_private.tool_calls;
+  v_outcome jsonb;
+  v_authority text;
+  v_refusal text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
+  perform memory_private.check_id('tool_call_id', p_tool_call_id);
+  perform memory_private.check_tool_args(p_args, array['action', 'sourceId', 'memoryId', 'title']);
+  v_action := memory_private.arg_text(p_args, 'action', 40);
+  if v_action is null
+     or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
+    raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
+      using errcode = 'MB001';
+  end if;
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', 200);
+  perform memory_private.check_id('args.sourceId', v_source_id);
+  v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', 300)), '');
+  if v_action = 'forget' and v_memory_id is null then
+    raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
+  end if;
+  if v_action <> 'forget' and v_memory_id is not null then
+    raise exception 'args.memoryId is only for forget' using errcode = 'MB001';
+  end if;
+  if v_action <> 'remember' and v_title is not null then
+    raise exception 'args.title is only for remember' using errcode = 'MB001';
+  end if;
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+
+  perform 1 from memory_private.workspaces
+   where workspace_id = p_workspace_id for no key update;
+  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  v_hash := memory_private.args_hash(p_args);
+
+  select * into v_call from memory_private.tool_calls
+   where workspace_id = p_workspace_id and request_id = p_request_id
+     and tool_call_id = p_tool_call_id;
+  if found then
+    if v_call.tool <> 'manage_memory' or v_call.args_hash <> v_hash then
+      raise exception 'tool call % of request % was already made with other arguments',
+        p_tool_call_id, p_request_id using errcode = 'MB003',
+        hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
+    end if;
+    if v_call.outcome ->> 'status' = 'done' then
+      -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
+      v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
+      if v_refusal is not null then
+        return memory_private.control_outcome('refused', v_action, 'access_lost',
+          'This change was made by an earlier call, but ' || v_refusal || ' now.',
+          (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
+      end if;
+      return v_call.outcome || jsonb_build_object('replayed', true);
+    end if;
+    -- A refused call changed nothing; its replay is decided again on current facts.
+  end if;
+
+  select a.outcome, a.authority into v_outcome, v_authority
+    from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
+                                      v_title) a;
+  insert into memory_private.tool_calls
+    (workspace_id, request_id, tool_call_id, tool, args_hash, authority, outcome, record_ids,
+     created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_hash, v_authority,
+          v_outcome, coalesce(array[(v_outcome ->> 'memory_id')::bigint], '{}'), v_now, v_now)
+  on conflict (workspace_id, request_id, tool_call_id) do update
+    set authority = excluded.authority, outcome = excluded.outcome,
+        record_ids = excluded.record_ids, updated_at = excluded.updated_at;
+  return v_outcome || jsonb_build_object('replayed', false);
+end
+$$;
+comment on function memory.manage_memory(text, text, text, jsonb) is
+  'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
+  'MB004). sourceId must be the request''s current human message and that message must directly '
+  'ask for the action (English or Chinese); remember stores the message itself as a note '
+  'attributed to its speaker, forget deletes the record and every record sharing its sources and '
+  'tombstones them, enable-/disable-memory toggle recall of the scope (records kept). Private '
+  'scope: its user; group: a participant for notes and their own records, an owner/admin for '
+  'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
+  '"replayed"}; a replayed tool call id returns the stored outcome without applying it again, '
+  'once access is re-checked (C9). Committed when the call returns (C4). MB003 when the id was '
+  'used with other arguments; MB005 for a scheduled request.';
+
+revoke all on function memory.manage_memory(text, text, text, jsonb) from public;
+grant execute on function memory.manage_memory(text, text, text, jsonb) to memory_backend;
