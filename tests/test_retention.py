@@ -151,3 +151,48 @@ def test_deleting_a_workspace_leaves_no_row_of_it_in_any_table(
     kept = conn.execute("select count(*) from memory_private.records "
                         "where workspace_id = 'ws2'").fetchone()
     assert kept == (1,)
+
+
+def test_a_chain_of_derived_answers_and_records_goes_with_its_first_source(
+    conn: psycopg.Connection, world: World
+) -> None:
+    """r1's message makes a memory; r2 recalls it and answers; r2's answer becomes the source of
+    another memory; r3 recalls that one and answers. Removing r1's message erases r2's answer,
+    the memory built on it, and r3's answer (T3)."""
+    first = make_record(conn, "ws1", "r1", ["r1-u"], title="tea", summary="alice likes tea")
+    world.conversation("ws1", "r2", chat="dm-alice", user="alice", user_text="what do I like?",
+                       reply="You like tea.")
+    found = conn.execute("select memory.query_memories('ws1', 'r2', 'c1', '{\"query\": \"tea\"}')"
+                         ).fetchone()
+    assert found is not None and "r1-u" in str(found[0])
+    second = make_record(conn, "ws1", "r2", ["r2-a"], title="answer", summary="likes tea, said")
+    world.conversation("ws1", "r3", chat="dm-alice", user="alice", user_text="remind me",
+                       reply="Tea, as you said.")
+    conn.execute("select memory.query_memories('ws1', 'r3', 'c2', '{\"query\": \"said\"}')")
+    cited = conn.execute("select message_id from memory.request_citations('ws1', 'r3')"
+                         ).fetchall()
+    assert ("r2-a",) in cited
+
+    world.remove("ws1", "r1-u")
+    counts = sweep(conn, "ws1")
+    assert counts["answers_erased"] == 2
+    assert not record_exists(conn, "ws1", first) and not record_exists(conn, "ws1", second)
+    rows = conn.execute("select message_id, body is null, removal_reason "
+                        "from memory_private.messages where message_id in ('r2-a', 'r3-a', "
+                        "'r2-u') order by 1").fetchall()
+    assert rows == [("r2-a", True, "derived_from_removed"), ("r2-u", False, None),
+                    ("r3-a", True, "derived_from_removed")]
+
+
+def test_an_answer_may_be_kept_only_as_long_as_its_recalled_sources(
+    conn: psycopg.Connection, world: World
+) -> None:
+    soon = datetime.now(timezone.utc) + timedelta(days=3)
+    world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
+    make_record(conn, "ws1", "r1", ["r1-u", "r1-a"], title="tea", summary="alice likes tea")
+    world.conversation("ws1", "r2", chat="dm-alice", user="alice")
+    boundary = conn.execute("select memory.answer_retention_boundary('ws1', 'r2')").fetchone()
+    assert boundary == (None,), "nothing recalled yet: no boundary from memory"
+    conn.execute("select memory.query_memories('ws1', 'r2', 'c1', '{}')")
+    boundary = conn.execute("select memory.answer_retention_boundary('ws1', 'r2')").fetchone()
+    assert boundary is not None and abs((boundary[0] - soon).total_seconds()) < 1
