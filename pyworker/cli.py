@@ -81,5 +81,29 @@ def worker(
     raise typer.Exit(w.run(until_idle=once, max_jobs=max_jobs))
 
 
+@app.command()
+def bench(
+    dsn: Annotated[str | None, typer.Option(
+        "--dsn", help="a scratch database on the server to measure (superuser); default: the "
+        "embedded PostgreSQL in .pimem/bench-pg")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="small sizes, few samples (< 2 minutes)")] = False,
+    sizes: Annotated[str | None, typer.Option(
+        help="workspace counts, e.g. 10,100,1000 (256 records each)")] = None,
+    out: Annotated[Path, typer.Option(
+        help="where bench.json, bench.md, explain.txt and growth.png go")] = Path("bench-results"),
+) -> None:
+    """Measure recall, query_memories, ingest, the job machinery and the worker, each beside
+    its floor (docs/benchmarks.md)."""
+    from pyworker import bench as benchmark
+
+    profile = benchmark.profile_for(quick, sizes)
+    result = benchmark.run(profile, dsn=dsn, out_dir=out)
+    console.print((out / "bench.md").read_text(), markup=False, highlight=False)
+    missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
+    console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
+                  f"{len(missed)} target(s) missed", markup=False)
+
+
 if __name__ == "__main__":
     app()

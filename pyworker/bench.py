@@ -1,0 +1,450 @@
+"""``pimem bench``: how fast the memory is where it matters, each figure beside its floor.
+
+One run, one server, the same connections:
+1. build W workspaces x 256 records (``bench_data``), growing through the sizes of the profile;
+2. at each size: recall for a new request and query_memories over a full scope, each
+   interleaved with a ``SELECT 1`` round trip (``bench_db``);
+3. at the largest size: ingest (``memory.upsert_message``) vs a plain INSERT of the same row,
+   and the EXPLAIN of every statement of the hot paths;
+4. the job machinery with the offline model, 1 and 4 workers, vs procrastinate's
+   fetch-and-finish on the same server (``bench_jobs``);
+5. the worker's overhead per model call, Pi RPC vs a direct HTTP call to the same local fake
+   server, and the worker's peak RSS (``bench_worker``).
+Output: ``bench.json``, ``bench.md`` and ``growth.png`` in the output directory. A part whose
+code has not landed yet is reported as not available, never estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pyworker import bench_data as data
+from pyworker import bench_db as db
+from pyworker import schema
+
+Section = dict[str, Any]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    sizes: tuple[int, ...]
+    recall_samples: int
+    query_samples: int
+    ingest_samples: int
+    jobs: int            # jobs per run of our machinery (each worker count)
+    peer_jobs: int       # jobs per run of the peer
+    model_calls: int     # calls per adapter for the worker overhead
+    floor_samples: int = 1000
+
+
+PROFILES = {
+    "quick": Profile("quick", sizes=(4, 16), recall_samples=200, query_samples=100,
+                     ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
+                     floor_samples=400),
+    "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
+                       query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
+                       model_calls=40, floor_samples=4000),
+}
+
+TARGETS = {
+    "recall_p50_x_floor": 3.0, "recall_p99_x_floor": 6.0, "recall_flat_p50": 1.3,
+    "query_p50_x_floor": 10.0, "ingest_rate_of_floor": 1 / 3, "jobs_x_peer": 1.0,
+    "pi_rpc_added_ms": 50.0,
+}
+
+
+# The server and the database ---------------------------------------------------------------------
+
+@dataclass
+class Target:
+    dsn: str
+    description: str
+    cleanup: Callable[[], None]
+
+
+def open_target(dsn: str | None, data_dir: Path) -> Target:
+    """The database to measure in. With a DSN: that database (it should be a scratch database:
+    the bench writes ~256k records into it, and a ``bench_peer`` schema for procrastinate);
+    the canonical schema is applied when missing and earlier bench workspaces are removed.
+    Without: the embedded PostgreSQL in ``data_dir``, with a fresh ``pimem_bench`` database."""
+    if dsn is None:
+        from pyworker.servers import embedded_dsn
+
+        admin = embedded_dsn(data_dir)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("drop database if exists pimem_bench with (force)")
+            conn.execute("create database pimem_bench")
+        info = psycopg.conninfo.conninfo_to_dict(admin)
+        info["dbname"] = "pimem_bench"
+        dsn = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+        description = f"embedded PostgreSQL in {data_dir}"
+    else:
+        description = "the database given by --dsn"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
+        if not (row and row[0]):
+            raise SystemExit("pimem bench needs a superuser connection (it bulk-loads tables)")
+        if not conn.execute("select 1 from pg_namespace where nspname = 'memory'").fetchone():
+            schema.apply_canonical(conn)
+        conn.execute("delete from memory_private.workspaces where workspace_id like 'bench%%'")
+    return Target(dsn, description, lambda: None)
+
+
+def machine_facts() -> dict[str, Any]:
+    """What else was running: the load average and the other test runs at this moment."""
+    try:
+        ps = subprocess.run(["ps", "-eo", "args"], check=False, capture_output=True, text=True, timeout=5)
+        pytest_procs = sum(1 for line in ps.stdout.splitlines()
+                           if "pytest" in line and "bench" not in line)
+    except (OSError, subprocess.SubprocessError):
+        pytest_procs = -1
+    return {"load_average": [round(x, 2) for x in os.getloadavg()],
+            "pytest_processes": pytest_procs, "cpus": os.cpu_count(),
+            "at": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+# The run -----------------------------------------------------------------------------------------
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(profile: Profile, *, dsn: str | None, out_dir: Path,
+        data_dir: Path = ROOT / ".pimem" / "bench-pg") -> Section:
+    started = time.monotonic()
+    target = open_target(dsn, data_dir)
+    result: Section = {"profile": asdict(profile), "targets": TARGETS,
+                       "command": "pimem bench" + (" --quick" if profile.name == "quick" else ""),
+                       "server": {"where": target.description},
+                       "machine": {"platform": platform.platform(), "start": machine_facts()}}
+    try:
+        with psycopg.connect(target.dsn, autocommit=True) as conn:
+            result["server"].update(db.server_facts(conn))
+            result["floor"] = db.measure_floor(conn, profile.floor_samples)
+            result["dataset"] = {"records_per_workspace": data.RECORDS_PER_WORKSPACE,
+                                 "sizes": list(profile.sizes), "build_seconds": {}}
+            result["recall"], result["query"] = {}, {}
+            have = 0
+            now = datetime.now(UTC)
+            for width in profile.sizes:
+                t0 = time.monotonic()
+                log(f"dataset: growing to {width} workspaces")
+                data.grow(conn, have, width, now=now)
+                have = width
+                result["dataset"]["build_seconds"][str(width)] = round(time.monotonic() - t0, 1)
+                log(f"recall at W={width}")
+                recall = db.measure_recall(conn, width, profile.recall_samples)
+                pairs = [tuple(p) for p in recall.pop("requests", [])]
+                log(f"query_memories at W={width}")
+                query = db.measure_query(conn, pairs, profile.query_samples,
+                                         {"query": data.SEARCH_TERM}, f"qs{width}")
+                browse = db.measure_query(conn, pairs, max(50, profile.query_samples // 4), {},
+                                          f"qb{width}")
+                if query.get("status") == "ok":
+                    query["browse"] = {"floor": browse["floor"], "query": browse["query"]}
+                result["recall"][str(width)] = recall
+                result["query"][str(width)] = query
+            result["dataset"]["consistency"] = data.check_consistency(conn)
+            log(f"ingest at W={have}")
+            result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
+            log("EXPLAIN of the hot paths")
+            result["explain"] = db.explain_hot_paths(conn, have)
+        log("job machinery")
+        result["jobs"] = run_jobs(profile, target.dsn)
+        log("worker overhead and memory")
+        overhead, memory = run_worker(profile, target.dsn)
+        result["worker_overhead"], result["memory"] = overhead, memory
+    finally:
+        target.cleanup()
+    result["growth"] = growth(result)
+    result["verdict"] = verdict(result)
+    result["machine"]["end"] = machine_facts()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    write_outputs(result, out_dir)
+    return result
+
+
+def run_jobs(profile: Profile, dsn: str) -> Section:
+    try:
+        from pyworker import bench_jobs
+    except ImportError as exc:
+        return db.not_available(f"job benchmark cannot load: {exc}")
+    return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs)
+
+
+def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
+    try:
+        from pyworker import bench_worker
+    except ImportError as exc:
+        reason = f"worker benchmark cannot load: {exc}"
+        return db.not_available(reason), db.not_available(reason)
+    return bench_worker.measure(dsn, calls=profile.model_calls)
+
+
+# Derived figures ---------------------------------------------------------------------------------
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf")
+
+
+def growth(result: Section) -> Section:
+    """Recall and query p50/p99 (and their floors) at each W."""
+    rows = []
+    for width, rec in result.get("recall", {}).items():
+        q = result.get("query", {}).get(width, {})
+        row: dict[str, Any] = {"workspaces": int(width)}
+        if rec.get("status") == "ok":
+            row.update(recall_p50_ms=rec["recall"]["p50_ms"], recall_p99_ms=rec["recall"]["p99_ms"],
+                       recall_floor_p50_ms=rec["floor"]["p50_ms"],
+                       recall_floor_p99_ms=rec["floor"]["p99_ms"])
+        if q.get("status") == "ok":
+            row.update(query_p50_ms=q["query"]["p50_ms"], query_p99_ms=q["query"]["p99_ms"],
+                       query_floor_p50_ms=q["floor"]["p50_ms"])
+        rows.append(row)
+    return {"status": "ok" if rows else "not_available", "rows": rows}
+
+
+def verdict(result: Section) -> list[dict[str, Any]]:
+    """Every target with its measured value; a part not available yet says so."""
+    out: list[dict[str, Any]] = []
+    recall = result.get("recall", {})
+    widths = sorted(int(w) for w in recall)
+    if widths and all(recall[str(w)].get("status") == "ok" for w in widths):
+        big, small = recall[str(widths[-1])], recall[str(widths[0])]
+        out.append(db.target(f"recall p50 / floor p50 at W={widths[-1]}",
+                             _ratio(big["recall"]["p50_ms"], big["floor"]["p50_ms"]),
+                             TARGETS["recall_p50_x_floor"]))
+        out.append(db.target(f"recall p99 / floor p99 at W={widths[-1]}",
+                             _ratio(big["recall"]["p99_ms"], big["floor"]["p99_ms"]),
+                             TARGETS["recall_p99_x_floor"]))
+        flat = db.target(f"recall p50 at W={widths[-1]} / at W={widths[0]}",
+                         _ratio(big["recall"]["p50_ms"], small["recall"]["p50_ms"]),
+                         TARGETS["recall_flat_p50"])
+        # For reading a noisy run: the same ratio with each p50 divided by its own floor first.
+        flat["floor_normalised"] = round(_ratio(big["recall"]["p50_ms"] / big["floor"]["p50_ms"],
+                                                small["recall"]["p50_ms"] / small["floor"]["p50_ms"]),
+                                         3)
+        out.append(flat)
+    else:
+        out.append({"name": "recall", "met": None, "note": "not available yet"})
+    query = result.get("query", {})
+    qwidths = sorted(int(w) for w in query)
+    if qwidths and query[str(qwidths[-1])].get("status") == "ok":
+        q = query[str(qwidths[-1])]
+        out.append(db.target(f"query_memories search p50 / floor p50 at W={qwidths[-1]}",
+                             _ratio(q["query"]["p50_ms"], q["floor"]["p50_ms"]),
+                             TARGETS["query_p50_x_floor"]))
+    else:
+        out.append({"name": "query_memories", "met": None, "note": "not available yet"})
+    ingest = result.get("ingest", {})
+    if ingest.get("status") == "ok":
+        pc = ingest["per_commit"]
+        out.append(db.target("ingest rate / plain INSERT rate (one call per transaction)",
+                             _ratio(pc["upsert_message"]["per_second"], pc["floor"]["per_second"]),
+                             round(TARGETS["ingest_rate_of_floor"], 3), at_least=True))
+    jobs = result.get("jobs", {})
+    if jobs.get("status") == "ok":
+        for workers in ("1", "4"):
+            ours = jobs["ours"].get(workers, {})
+            peer = jobs["peer"].get(workers, {})
+            if ours.get("jobs_per_second") and peer.get("jobs_per_second"):
+                out.append(db.target(f"jobs/s ours / procrastinate, {workers} worker(s)",
+                                     _ratio(ours["jobs_per_second"], peer["jobs_per_second"]),
+                                     TARGETS["jobs_x_peer"], at_least=True))
+    else:
+        out.append({"name": "job machinery", "met": None,
+                    "note": jobs.get("reason", "not available yet")})
+    over = result.get("worker_overhead", {})
+    if over.get("status") == "ok" and over.get("pi_added_ms") is not None:
+        out.append(db.target("Pi RPC added ms per call vs direct HTTP (p50)",
+                             over["pi_added_ms"], TARGETS["pi_rpc_added_ms"]))
+    else:
+        out.append({"name": "worker overhead", "met": None,
+                    "note": over.get("reason", "not available yet")})
+    return out
+
+
+# Output ------------------------------------------------------------------------------------------
+
+def write_outputs(result: Section, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out_dir / "bench.md").write_text(markdown(result))
+    explain = result.get("explain", {})
+    if explain.get("status") == "ok":
+        lines = []
+        for name, plans in explain["plans"].items():
+            lines.append(f"==== {name} ({len(plans)} statements) ====")
+            lines.extend(plans)
+        (out_dir / "explain.txt").write_text("\n\n".join(lines) + "\n")
+    try:
+        plot(result, out_dir / "growth.png")
+        result["growth"]["plot"] = str(out_dir / "growth.png")
+    except ImportError as exc:
+        result["growth"]["plot"] = f"not drawn: {exc} (install the 'bench' extra)"
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+    return str(x)
+
+
+def markdown(result: Section) -> str:
+    srv = result.get("server", {})
+    m = result.get("machine", {})
+    lines = [f"# pimem bench ({result['profile']['name']})", "",
+             (f"Command: `{result['command']}`; {result.get('seconds', '?')} s; "
+              f"PostgreSQL {srv.get('server_version', '?')} ({srv.get('where', '?')}; "
+              f"fsync={srv.get('fsync')}, synchronous_commit={srv.get('synchronous_commit')}, "
+              f"jit={srv.get('jit')})."),
+             (f"Machine: {m.get('start', {}).get('cpus')} CPUs; load average at start "
+              f"{m.get('start', {}).get('load_average')}, at end "
+              f"{m.get('end', {}).get('load_average')}; pytest processes running at start/end: "
+              f"{m.get('start', {}).get('pytest_processes')}/"
+              f"{m.get('end', {}).get('pytest_processes')}."), "",
+             "## Targets", "", "| target | measured | limit | met |", "| --- | --- | --- | --- |"]
+    for v in result.get("verdict", []):
+        if v.get("met") is None:
+            lines.append(f"| {v['name']} | {v.get('note')} | | n/a |")
+        else:
+            lines.append(f"| {v['name']} | {_fmt(v['value'])} | {v['op']} {_fmt(v['limit'])} | "
+                         f"{'yes' if v['met'] else '**no**'} |")
+    lines += ["", "## Latency beside the floor (ms)", "",
+              "| figure | W | n | p50 | p99 | floor p50 | floor p99 | p50 ratio | p99 ratio |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def row(name: str, width: Any, s: Section, f: Section) -> None:
+        lines.append(f"| {name} | {width} | {s['n']} | {_fmt(s['p50_ms'])} | "
+                     f"{_fmt(s['p99_ms'])} | {_fmt(f['p50_ms'])} | {_fmt(f['p99_ms'])} | "
+                     f"{_fmt(_ratio(s['p50_ms'], f['p50_ms']))} | "
+                     f"{_fmt(_ratio(s['p99_ms'], f['p99_ms']))} |")
+
+    for width, rec in result.get("recall", {}).items():
+        if rec.get("status") == "ok":
+            row(f"recall ({', '.join(f'{k}: {v}' for k, v in rec['modes'].items())})", width,
+                rec["recall"], rec["floor"])
+        else:
+            lines.append(f"| recall | {width} | {rec.get('reason')} | | | | | | |")
+    for width, q in result.get("query", {}).items():
+        if q.get("status") == "ok":
+            row(f"query_memories search '{q['args'].get('query')}'", width, q["query"], q["floor"])
+            if "browse" in q:
+                row("query_memories browse", width, q["browse"]["query"], q["browse"]["floor"])
+        else:
+            lines.append(f"| query_memories | {width} | {q.get('reason')} | | | | | | |")
+    ing = result.get("ingest", {})
+    if ing.get("status") == "ok":
+        row("upsert_message vs plain INSERT, 1 per transaction", ing["workspaces"],
+            ing["per_commit"]["upsert_message"], ing["per_commit"]["floor"])
+        b = ing["batched"]
+        row(f"upsert_message vs plain INSERT, {b['calls_per_transaction']} per transaction",
+            ing["workspaces"], b["upsert_message"], b["floor"])
+    lines += ["", "## Job machinery", ""]
+    jobs = result.get("jobs", {})
+    if jobs.get("status") == "ok":
+        lines += ["| system | workers | jobs | seconds | jobs/s | per job p50 ms | p99 ms |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for system in ("ours", "peer"):
+            for workers, r in jobs[system].items():
+                if r.get("status", "ok") != "ok":
+                    lines.append(f"| {system} | {workers} | {r.get('reason')} | | | | |")
+                    continue
+                lines.append(f"| {r.get('label', system)} | {workers} | {r['jobs']} | "
+                             f"{_fmt(r['seconds'])} | {_fmt(r['jobs_per_second'])} | "
+                             f"{_fmt(r['per_job']['p50_ms'])} | {_fmt(r['per_job']['p99_ms'])} |")
+        for note in jobs.get("notes", []):
+            lines.append(f"\n{note}")
+    else:
+        lines.append(f"Not available: {jobs.get('reason')}")
+    lines += ["", "## Worker overhead per model call and memory", ""]
+    over = result.get("worker_overhead", {})
+    if over.get("status") == "ok":
+        lines += ["| adapter | calls | p50 ms | p99 ms |", "| --- | --- | --- | --- |"]
+        for name, s in over["adapters"].items():
+            if s.get("status", "ok") == "ok":
+                lines.append(f"| {name} | {s['n']} | {_fmt(s['p50_ms'])} | {_fmt(s['p99_ms'])} |")
+            else:
+                lines.append(f"| {name} | {s.get('reason')} | | |")
+        for note in over.get("notes", []):
+            lines.append(f"\n{note}")
+    else:
+        lines.append(f"Worker overhead not available: {over.get('reason')}")
+    mem = result.get("memory", {})
+    if mem.get("status") == "ok":
+        lines += ["", "| process | peak RSS MiB |", "| --- | --- |"]
+        for name, mib in mem["peak_rss_mib"].items():
+            lines.append(f"| {name} | {_fmt(mib)} |")
+    else:
+        lines.append(f"\nMemory not available: {mem.get('reason')}")
+    ds = result.get("dataset", {})
+    lines += ["", "## Dataset", "",
+              (f"{ds.get('records_per_workspace')} records per workspace; sizes "
+               f"{ds.get('sizes')}; build seconds {ds.get('build_seconds')}; consistency "
+               f"{ds.get('consistency')}."), ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Section, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.get("growth", {}).get("rows", [])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [r["workspaces"] for r in rows]
+    for key, label, style in (("recall_p50_ms", "recall p50", "o-"),
+                              ("recall_p99_ms", "recall p99", "o--"),
+                              ("query_p50_ms", "query_memories search p50", "s-"),
+                              ("query_p99_ms", "query_memories search p99", "s--"),
+                              ("recall_floor_p50_ms", "SELECT 1 floor p50", "k:")):
+        pts = [(r["workspaces"], r[key]) for r in rows if key in r]
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    for num, den, label, style in (("recall_p50_ms", "recall_floor_p50_ms", "recall p50", "o-"),
+                                   ("recall_p99_ms", "recall_floor_p99_ms", "recall p99", "o--"),
+                                   ("query_p50_ms", "query_floor_p50_ms", "query p50", "s-")):
+        pts = [(r["workspaces"], r[num] / r[den]) for r in rows if num in r and r.get(den)]
+        if pts:
+            ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    for y, label in ((TARGETS["recall_p50_x_floor"], "recall p50 target"),
+                     (TARGETS["recall_p99_x_floor"], "recall p99 target"),
+                     (TARGETS["query_p50_x_floor"], "query p50 target")):
+        ax2.axhline(y, color="grey", linewidth=0.8, linestyle=":")
+        ax2.annotate(label, (xs[0] if xs else 1, y), fontsize=7, color="grey",
+                     xytext=(2, 2), textcoords="offset points")
+    for ax, title, ylabel in ((ax1, "Latency by workspace count", "ms"),
+                              (ax2, "Ratio to the SELECT 1 floor", "x floor")):
+        ax.set_xscale("log")
+        ax.set_xlabel("workspaces (x 256 records)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"pimem bench ({result['profile']['name']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def profile_for(quick: bool, sizes: str | None) -> Profile:
+    profile = PROFILES["quick" if quick else "default"]
+    if sizes:
+        profile = replace(profile, sizes=tuple(int(s) for s in sizes.split(",") if s.strip()))
+    return profile

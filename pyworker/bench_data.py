@@ -1,0 +1,274 @@
+"""The benchmark's synthetic dataset: W workspaces x 256 records with realistic sources.
+
+Each workspace looks like a small team that has used its bot for a few weeks:
+- three active members (``u1`` owner, ``u2``, ``u3``), one bot ``b1``, a private chat ``dm-u1``
+  and a linked group ``grp`` (topic 0);
+- 128 finished interactive conversations (a user message and the bot's reply each, 200-600
+  bytes of chat text, real SHA-256 content hashes) in the workspace's *full scope*: the private
+  scope of ``u1`` in even workspaces, the shared scope of ``grp`` topic 0 in odd ones;
+- that scope holds 256 records (the per-workspace ceiling, T5), each depending on real messages
+  at their real hashes: most on one user/assistant pair, every 16th on 24 messages (more than
+  the 20 source ids query_memories shows), every 8th on a repository the members may read;
+- the scope's consolidated index names the 12 newest records.
+
+The pipeline writes records through ``memory.commit_job``; at 256k records that is far too slow
+for a benchmark set-up, so the set-up writes the tables directly with COPY, as a superuser, with
+foreign-key triggers off while it loads (as pg_restore does) and a consistency check afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import psycopg
+
+RECORDS_PER_WORKSPACE = 256
+CONVERSATIONS_PER_WORKSPACE = 128
+WIDE_RECORD_EVERY = 16      # every 16th record depends on 24 messages
+WIDE_RECORD_SOURCES = 24
+REPO_RECORD_EVERY = 8       # every 8th record drew on repository "repo-docs"
+SEARCH_TERM = "kubernetes"  # appears in every 16th record (16 of 256): a literal search hit
+USERS = ("u1", "u2", "u3")
+
+_TOPICS = [
+    "the release checklist", "the billing export", "our onboarding guide", "the cluster upgrade",
+    "the quarterly report", "the API rate limits", "the customer survey",
+    "the database migration", "the on-call rota", "the design review", "the mobile app",
+    "the pricing page", "the support macros", "the data retention policy", "the CI pipeline",
+    "the marketing calendar", "the incident postmortem", "the hiring plan",
+]
+_USER_LINES = [
+    "Can you summarise where we are with {t}? I need it before the meeting on Thursday.",
+    "Please remember that I prefer short answers with bullet points when we talk about {t}.",
+    "Actually, correction: the deadline for {t} moved to the end of next month, not this one.",
+    "We decided to keep the old behaviour for {t} until the customers have been told.",
+    "I still have not finished the draft for {t}; remind me what is left to do.",
+    "Could you compare the two proposals for {t} and say which one is cheaper to run?",
+    "The numbers for {t} look wrong to me, the totals do not match last week's export.",
+    "Let's not change {t} this sprint. Maria thinks it needs another round of review first.",
+]
+_BOT_LINES = [
+    ("Here is where {t} stands: the first two steps are done, the review is scheduled and the "
+     "rollout waits for sign-off from the owners."),
+    "Noted. For {t} I will keep answers short and use bullet points from now on.",
+    ("Understood, the new deadline for {t} is the end of next month. I updated the plan "
+     "accordingly and flagged the two tasks that depended on the old date."),
+    ("The remaining work on {t}: finish the draft, collect feedback from two reviewers, and "
+     "publish the summary to the team channel."),
+    ("Proposal A for {t} costs about 30% less per month but needs more manual work; proposal B "
+     "is simpler to operate. The team has not decided yet."),
+    ("I checked {t}: the difference comes from refunds booked after the export ran. Re-running "
+     "the export fixes the totals."),
+]
+_FILLER = [
+    "This was discussed in the weekly sync.", "Two people asked about it in the group.",
+    "Nothing has been deployed yet.", "The owner confirmed it by message.",
+    "It is still an open question whether this applies to all regions.",
+    "The previous attempt failed because of a missing permission.",
+    "A follow-up is planned for next week.", "The estimate is rough and may change.",
+]
+
+
+def content_hash(text: str) -> str:
+    """The same hash ``memory_private.content_hash`` computes: hex SHA-256 of the UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def workspace_id(index: int) -> str:
+    return f"bench-{index:05d}"
+
+
+def scope_kind(index: int) -> str:
+    return "private" if index % 2 == 0 else "shared"
+
+
+def chat_of(index: int) -> str:
+    return "dm-u1" if scope_kind(index) == "private" else "grp"
+
+
+def user_of(index: int, k: int) -> str:
+    """The user of conversation k: always u1 in a private chat, rotating in the group."""
+    return "u1" if scope_kind(index) == "private" else USERS[k % len(USERS)]
+
+
+def chat_text(rng: random.Random, lines: Sequence[str], lo: int, hi: int) -> str:
+    topic = rng.choice(_TOPICS)
+    text = rng.choice(lines).format(t=topic)
+    while len(text) < lo:
+        text += " " + rng.choice(_FILLER)
+    return text[:hi]
+
+
+@dataclass
+class Copy:
+    table: str
+    columns: tuple[str, ...]
+    rows: list[tuple[object, ...]]
+
+
+def _copy(conn: psycopg.Connection, data: Copy) -> None:
+    cols = ", ".join(data.columns)
+    with conn.cursor().copy(f"copy memory_private.{data.table} ({cols}) from stdin") as cp:
+        for row in data.rows:
+            cp.write_row(row)
+
+
+def _ids(conn: psycopg.Connection, table: str, column: str, n: int) -> list[int]:
+    """n fresh values of an identity column's sequence, so later inserts never collide."""
+    rows = conn.execute(
+        "select nextval(pg_get_serial_sequence(%s, %s)) from generate_series(1, %s)",
+        (f"memory_private.{table}", column, n)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: datetime,
+                     seed: int = 7) -> int:
+    """Writes the given workspaces in one transaction; returns how many records it wrote."""
+    indexes = list(indexes)
+    if not indexes:
+        return 0
+    tables: dict[str, Copy] = {
+        "workspaces": Copy("workspaces", ("workspace_id", "config_version", "budget_usd",
+                                          "spent_usd", "created_at", "updated_at"), []),
+        "members": Copy("members", ("workspace_id", "user_id", "role", "active", "updated_at"),
+                        []),
+        "bots": Copy("bots", ("workspace_id", "bot_id", "identity", "active", "updated_at"), []),
+        "chats": Copy("chats", ("workspace_id", "chat_id", "kind", "private_user_id", "linked",
+                                "updated_at"), []),
+        "topics": Copy("topics", ("workspace_id", "chat_id", "topic_id"), []),
+        "repository_grants": Copy("repository_grants", ("workspace_id", "user_id",
+                                                        "repository_id", "granted_at"), []),
+        "requests": Copy("requests", ("workspace_id", "request_id", "bot_id", "chat_id",
+                                      "topic_id", "user_id", "kind", "status", "model_provider",
+                                      "model_id", "budget_usd", "spent_usd", "thread_id",
+                                      "created_at", "updated_at", "finished_at"), []),
+        "messages": Copy("messages", ("workspace_id", "message_id", "request_id", "role",
+                                      "speaker_id", "body", "content_hash", "directed",
+                                      "repositories", "created_at"), []),
+        "scopes": Copy("scopes", ("workspace_id", "scope_id", "kind", "bot_id", "chat_id",
+                                  "user_id", "topic_id", "index_text", "index_record_ids",
+                                  "index_built_at", "created_at"), []),
+        "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
+                                    "summary", "speaker_ids", "thread_ids", "repositories",
+                                    "bot_identity", "origin_request_id", "created_at"), []),
+        "record_sources": Copy("record_sources", ("workspace_id", "record_id", "message_id",
+                                                  "content_hash"), []),
+    }
+    scope_ids = _ids(conn, "scopes", "scope_id", len(indexes))
+    record_ids = _ids(conn, "records", "record_id", len(indexes) * RECORDS_PER_WORKSPACE)
+    start = now - timedelta(days=20)
+    for n, index in enumerate(indexes):
+        rng = random.Random(seed * 1_000_003 + index)
+        ws = workspace_id(index)
+        kind = scope_kind(index)
+        chat = chat_of(index)
+        t = tables
+        t["workspaces"].rows.append((ws, 1, 1000, 0, start, start))
+        for i, user in enumerate(USERS):
+            t["members"].rows.append((ws, user, "owner" if i == 0 else "member", True, start))
+            t["repository_grants"].rows.append((ws, user, "repo-docs", start))
+        t["bots"].rows.append((ws, "b1", "b1-identity", True, start))
+        t["chats"].rows.append((ws, "dm-u1", "private", "u1", True, start))
+        t["chats"].rows.append((ws, "grp", "group", None, True, start))
+        t["topics"].rows.append((ws, "dm-u1", 0))
+        t["topics"].rows.append((ws, "grp", 0))
+
+        # 128 finished conversations: a user message and the reply each.
+        msgs: list[tuple[str, str, str, str, datetime]] = []  # id, speaker, hash, thread, time
+        for k in range(CONVERSATIONS_PER_WORKSPACE):
+            rid = f"r{k:03d}"
+            user = user_of(index, k)
+            at = start + timedelta(minutes=150 * k)
+            thread = f"th{k // 4:02d}"
+            repos = ["repo-docs"] if k % REPO_RECORD_EVERY == 0 else []
+            t["requests"].rows.append((ws, rid, "b1", chat, 0, user, "interactive", "succeeded",
+                                       "fake", "m", 1, 0.01, thread, at, at, at))
+            for role, speaker, lines, lo, hi, dt in (
+                    ("user", user, _USER_LINES, 200, 400, 0),
+                    ("assistant", "b1", _BOT_LINES, 300, 600, 1)):
+                body = chat_text(rng, lines, lo, hi)
+                digest = content_hash(body)
+                mid = f"{rid}-{role[0]}"
+                created = at + timedelta(seconds=30 * dt)
+                t["messages"].rows.append((ws, mid, rid, role, speaker, body, digest, True,
+                                           repos, created))
+                msgs.append((mid, speaker, digest, thread, created))
+
+        # 256 records in the full scope, each on real messages at their real hashes.
+        scope_id = scope_ids[n]
+        ids = record_ids[n * RECORDS_PER_WORKSPACE:(n + 1) * RECORDS_PER_WORKSPACE]
+        for j, record_id in enumerate(ids):
+            k = j % CONVERSATIONS_PER_WORKSPACE
+            width = WIDE_RECORD_SOURCES // 2 if j % WIDE_RECORD_EVERY == 0 else 1
+            pairs = [(k + w) % CONVERSATIONS_PER_WORKSPACE for w in range(width)]
+            sources = [msgs[2 * p + r] for p in pairs for r in (0, 1)]
+            speakers = sorted({s[1] for s in sources if s[1] != "b1"})
+            threads = sorted({s[3] for s in sources})
+            topic = rng.choice(_TOPICS)
+            title = f"{topic.capitalize()}: decision and open items ({j})"
+            parts = [f"{speakers[0]} asked about {topic}."]
+            if j % WIDE_RECORD_EVERY == 3:
+                parts.append(f"It also touches the {SEARCH_TERM} cluster upgrade.")
+            while sum(len(p) + 1 for p in parts) < 400 + (j * 37) % 900:
+                parts.append(rng.choice(_FILLER))
+            summary = " ".join(parts)
+            created = start + timedelta(minutes=150 * k + 75 * (j // CONVERSATIONS_PER_WORKSPACE),
+                                        seconds=j)
+            repos = ["repo-docs"] if any(p % REPO_RECORD_EVERY == 0 for p in pairs) else []
+            t["records"].rows.append((ws, record_id, scope_id, "extracted", title, summary,
+                                      speakers, threads, repos, "b1-identity", f"r{k:03d}",
+                                      created))
+            for mid, _speaker, digest, _thread, _at in sources:
+                t["record_sources"].rows.append((ws, record_id, mid, digest))
+        newest = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
+                        key=lambda r: r[11], reverse=True)[:12]  # type: ignore[arg-type, return-value]
+        index_text = "\n".join(f"[#{r[1]}] {str(r[4])[:200]}" for r in newest)
+        t["scopes"].rows.append((ws, scope_id, kind, "b1", chat,
+                                 "u1" if kind == "private" else None,
+                                 None if kind == "private" else 0,
+                                 index_text, [r[1] for r in newest], now, start))
+
+    with conn.transaction():
+        # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
+        conn.execute("set local session_replication_role = replica")
+        for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
+                     "requests", "messages", "scopes", "records", "record_sources"):
+            _copy(conn, tables[name])
+    return len(tables["records"].rows)
+
+
+def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
+    """Counts what would have failed a foreign-key check or a hash check (all zero when good)."""
+    row = conn.execute(
+        """
+        select
+          (select count(*) from memory_private.record_sources rs
+            where not exists (select 1 from memory_private.messages m
+                               where m.workspace_id = rs.workspace_id
+                                 and m.message_id = rs.message_id
+                                 and m.content_hash = rs.content_hash)),
+          (select count(*) from memory_private.records r
+            where not exists (select 1 from memory_private.scopes s
+                               where s.workspace_id = r.workspace_id
+                                 and s.scope_id = r.scope_id)),
+          (select count(*) from (select * from memory_private.messages
+                                  where workspace_id like 'bench-%%' limit 2000) m
+            where m.content_hash <> memory_private.content_hash(m.body))
+        """).fetchone()
+    assert row is not None
+    return {"sources_without_message": int(row[0]), "records_without_scope": int(row[1]),
+            "hash_mismatches_in_sample": int(row[2])}
+
+
+def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
+         batch: int = 50) -> int:
+    """Adds workspaces ``have .. want-1``; returns the number of records written."""
+    written = 0
+    for lo in range(have, want, batch):
+        written += build_workspaces(conn, range(lo, min(lo + batch, want)), now=now)
+    conn.execute("analyze")
+    return written

@@ -1,0 +1,289 @@
+"""The database figures of ``pimem bench``, each measured beside its floor.
+
+Every figure is sampled *interleaved* with its floor on the same connection (floor, subject,
+floor, subject, ...), so a burst of load from elsewhere on a shared machine hits both alike and
+the ratio holds. Statements are prepared (``prepare=True``) and connections are autocommit, as a
+bot backend would run them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from pyworker import bench_data as data
+
+Section = dict[str, Any]
+FLOOR_SQL = "select 1"
+
+
+# Statistics -------------------------------------------------------------------------------------
+
+def percentile(sorted_ns: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile of sorted nanosecond samples, in milliseconds."""
+    if not sorted_ns:
+        return float("nan")
+    rank = max(1, min(len(sorted_ns), int(-(-q * len(sorted_ns) // 100))))
+    return sorted_ns[rank - 1] / 1e6
+
+
+def summarize(samples_ns: Sequence[int]) -> dict[str, float | int]:
+    s = sorted(samples_ns)
+    total = sum(s)
+    return {"n": len(s), "p50_ms": round(percentile(s, 50), 4),
+            "p90_ms": round(percentile(s, 90), 4), "p99_ms": round(percentile(s, 99), 4),
+            "mean_ms": round(total / len(s) / 1e6, 4) if s else float("nan"),
+            "max_ms": round(s[-1] / 1e6, 4) if s else float("nan"),
+            "per_second": round(len(s) / (total / 1e9), 1) if total else float("nan")}
+
+
+def interleaved(floor: Callable[[int], None], subject: Callable[[int], None], n: int, *,
+                warmup: int = 20) -> tuple[list[int], list[int]]:
+    """Runs floor(i) and subject(i) alternately n times (after a warm-up); returns their
+    durations in nanoseconds."""
+    for i in range(warmup):
+        floor(-1 - i)
+        subject(-1 - i)
+    floor_ns: list[int] = []
+    subject_ns: list[int] = []
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        floor(i)
+        t1 = clock()
+        subject(i)
+        t2 = clock()
+        floor_ns.append(t1 - t0)
+        subject_ns.append(t2 - t1)
+    return floor_ns, subject_ns
+
+
+def target(name: str, value: float, limit: float, *, at_least: bool = False) -> dict[str, Any]:
+    met = value >= limit if at_least else value <= limit
+    return {"name": name, "value": round(value, 3), "limit": limit,
+            "op": ">=" if at_least else "<=", "met": bool(met)}
+
+
+def not_available(reason: str) -> Section:
+    return {"status": "not_available", "reason": reason}
+
+
+def has_function(conn: psycopg.Connection, signature: str) -> bool:
+    row = conn.execute("select to_regprocedure(%s) is not null", (signature,)).fetchone()
+    return bool(row and row[0])
+
+
+def server_facts(conn: psycopg.Connection) -> dict[str, str]:
+    names = ("server_version", "fsync", "synchronous_commit", "shared_buffers", "jit",
+             "max_connections", "work_mem")
+    facts = {}
+    for name in names:
+        row = conn.execute("select current_setting(%s)", (name,)).fetchone()
+        facts[name] = str(row[0]) if row else "?"
+    return facts
+
+
+# The floor --------------------------------------------------------------------------------------
+
+def floor_of(conn: psycopg.Connection) -> Callable[[int], None]:
+    def run(_i: int) -> None:
+        conn.execute(FLOOR_SQL, prepare=True).fetchone()
+    return run
+
+
+def measure_floor(conn: psycopg.Connection, n: int) -> Section:
+    """The bare round trip alone, for reference (each figure also carries its own)."""
+    floor = floor_of(conn)
+    a, b = interleaved(floor, floor, n // 2)
+    return {"status": "ok", "sql": FLOOR_SQL, "round_trip": summarize(a + b)}
+
+
+# Recall and query_memories ----------------------------------------------------------------------
+
+RECALL_SIGNATURE = "memory.recall(text,text)"
+QUERY_SIGNATURE = "memory.query_memories(text,text,text,jsonb)"
+
+
+def new_requests(conn: psycopg.Connection, width: int, n: int, tag: str) -> list[tuple[str, str]]:
+    """n new running interactive requests spread over the first ``width`` workspaces (through
+    the public API); returns (workspace, request) pairs."""
+    pairs = []
+    rows = []
+    for i in range(n):
+        index = (i * 7919) % width          # a stride, so neighbours hit different workspaces
+        ws = data.workspace_id(index)
+        rid = f"{tag}-{i:05d}"
+        user = data.user_of(index, i)
+        rows.append((ws, rid, "b1", data.chat_of(index), 0, user, "interactive", "running",
+                     "fake", "m", 1, 0, None))
+        pairs.append((ws, rid))
+    with conn.cursor() as cur:
+        cur.executemany("select memory.upsert_request(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                        "%s::numeric, %s::numeric, %s)", rows)
+    return pairs
+
+
+def measure_recall(conn: psycopg.Connection, width: int, n: int) -> Section:
+    """memory.recall for a request that has not recalled yet, vs the SELECT 1 floor."""
+    if not has_function(conn, RECALL_SIGNATURE):
+        return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
+    pairs = new_requests(conn, width, n + 20, f"rc{width}")
+    modes: dict[str, int] = {}
+
+    def recall(i: int) -> None:
+        ws, rid = pairs[i if i >= 0 else n - 1 - i]
+        row = conn.execute("select memory.recall(%s, %s)", (ws, rid), prepare=True).fetchone()
+        assert row is not None
+        if i >= 0:
+            mode = str(row[0].get("mode"))
+            modes[mode] = modes.get(mode, 0) + 1
+
+    floor_ns, subject_ns = interleaved(floor_of(conn), recall, n)
+    return {"status": "ok", "workspaces": width, "modes": modes,
+            "floor": summarize(floor_ns), "recall": summarize(subject_ns),
+            "requests": pairs[:n]}
+
+
+def measure_query(conn: psycopg.Connection, pairs: Sequence[tuple[str, str]], n: int,
+                  args: dict[str, Any], label: str) -> Section:
+    """memory.query_memories over a full 256-record scope, vs the SELECT 1 floor. Each sample is
+    a new tool call of a request that has recalled."""
+    if not has_function(conn, QUERY_SIGNATURE):
+        return not_available("memory.query_memories (sql/50_recall.sql) is not in the schema yet")
+    if not pairs:
+        return not_available("no recalled requests to query from")
+    body = json.dumps(args)
+    counts: list[int] = []
+
+    def query(i: int) -> None:
+        ws, rid = pairs[abs(i) % len(pairs)]
+        call = f"{label}-{i}"
+        row = conn.execute("select memory.query_memories(%s, %s, %s, %s::jsonb)",
+                           (ws, rid, call, body), prepare=True).fetchone()
+        assert row is not None
+        if i >= 0:
+            counts.append(int(row[0].get("count", 0)))
+
+    floor_ns, subject_ns = interleaved(floor_of(conn), query, n)
+    return {"status": "ok", "args": args, "scope_records": data.RECORDS_PER_WORKSPACE,
+            "results_mean": round(sum(counts) / len(counts), 2) if counts else 0,
+            "floor": summarize(floor_ns), "query": summarize(subject_ns)}
+
+
+# Ingest -----------------------------------------------------------------------------------------
+
+FLOOR_TABLE = "bench_floor.plain_messages"
+UPSERT_SQL = ("select memory.upsert_message(%s, %s, %s, %s, %s, %s, %s, %s::timestamptz, "
+              "%s::text[])")
+PLAIN_SQL = (f"insert into {FLOOR_TABLE} (workspace_id, message_id, request_id, role, "
+             "speaker_id, body, content_hash, directed, retain_until, repositories, created_at) "
+             "values (%s, %s, %s, %s, %s, %s, %s, %s, %s::timestamptz, %s::text[], now())")
+
+
+def prepare_floor_table(conn: psycopg.Connection) -> None:
+    """An unindexed table with the message columns (no key, no checks, no foreign keys)."""
+    conn.execute("create schema if not exists bench_floor")
+    conn.execute(f"drop table if exists {FLOOR_TABLE}")
+    conn.execute(f"create table {FLOOR_TABLE} (like memory_private.messages)")
+
+
+def ingest_rows(width: int, n: int, tag: str) -> list[tuple[Any, ...]]:
+    """New user messages for existing conversations, 200-400 bytes of chat text each."""
+    import random
+
+    rng = random.Random(11)
+    rows: list[tuple[Any, ...]] = []
+    for i in range(n):
+        index = (i * 7919) % width
+        k = (i * 31) % data.CONVERSATIONS_PER_WORKSPACE
+        text = data.chat_text(rng, data._USER_LINES, 200, 400)
+        rows.append((data.workspace_id(index), f"{tag}-{i:06d}", f"r{k:03d}", "user",
+                     data.user_of(index, k), text, True, None, []))
+    return rows
+
+
+def measure_ingest(conn: psycopg.Connection, width: int, n: int, batch: int = 50) -> Section:
+    """memory.upsert_message (validation, hashing, foreign keys, indexes) vs a plain INSERT of
+    the same row into an unindexed table: one call per transaction, and ``batch`` calls per
+    transaction (which takes the commit out of both)."""
+    prepare_floor_table(conn)
+    rows = ingest_rows(width, 2 * n + 4 * 20 + 2 * batch * 4, "ing")
+    upserts = iter(rows)
+    floors = iter(rows)
+
+    def upsert(_i: int) -> None:
+        row = conn.execute(UPSERT_SQL, next(upserts), prepare=True).fetchone()
+        assert row is not None and row[0] == "inserted", row
+
+    def plain(_i: int) -> None:
+        r = next(floors)
+        conn.execute(PLAIN_SQL, (*r[:6], data.content_hash(str(r[5])), *r[6:]), prepare=True)
+
+    floor_ns, subject_ns = interleaved(plain, upsert, n)
+    per_commit = {"floor": summarize(floor_ns), "upsert_message": summarize(subject_ns)}
+
+    def in_batch(step: Callable[[int], None]) -> Callable[[int], None]:
+        def run(i: int) -> None:
+            with conn.transaction():
+                for _ in range(batch):
+                    step(i)
+        return run
+
+    rounds = max(4, n // batch)
+    floor_b, subject_b = interleaved(in_batch(plain), in_batch(upsert), rounds, warmup=2)
+    batched = {"calls_per_transaction": batch,
+               "floor": summarize([t // batch for t in floor_b]),
+               "upsert_message": summarize([t // batch for t in subject_b])}
+    return {"status": "ok", "workspaces": width, "per_commit": per_commit, "batched": batched}
+
+
+# EXPLAIN of the hot paths -----------------------------------------------------------------------
+
+def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
+    """The plan of every statement the hot paths run, through auto_explain (nested statements,
+    ANALYZE, buffers), captured as notices on this connection."""
+    plans: dict[str, list[str]] = {}
+    current: list[str] = []
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary and "duration:" in diag.message_primary:
+            current.append(diag.message_primary)
+
+    try:
+        conn.execute("load 'auto_explain'")
+    except psycopg.Error as exc:
+        return not_available(f"auto_explain cannot be loaded: {exc}")
+    settings = {"auto_explain.log_min_duration": "0", "auto_explain.log_analyze": "on",
+                "auto_explain.log_buffers": "on", "auto_explain.log_timing": "on",
+                "auto_explain.log_nested_statements": "on", "auto_explain.log_level": "notice",
+                "client_min_messages": "notice"}
+    conn.add_notice_handler(on_notice)
+    try:
+        pairs = new_requests(conn, width, 2, f"ex{width}")
+        calls: list[tuple[str, str, tuple[Any, ...]]] = []
+        if has_function(conn, RECALL_SIGNATURE):
+            calls.append(("recall", "select memory.recall(%s, %s)", pairs[0]))
+            calls.append(("recall (second workspace kind)", "select memory.recall(%s, %s)",
+                          pairs[1]))
+        if has_function(conn, QUERY_SIGNATURE):
+            search = json.dumps({"query": data.SEARCH_TERM})
+            calls.append(("query_memories search",
+                          "select memory.query_memories(%s, %s, %s, %s::jsonb)",
+                          (*pairs[0], "ex-1", search)))
+        calls.append(("upsert_message", UPSERT_SQL, ingest_rows(width, 1, "ex-ing")[0]))
+        for name, sql, args in calls:
+            for key, value in settings.items():
+                conn.execute("select set_config(%s, %s, false)", (key, value))
+            current.clear()
+            conn.execute(sql, args)
+            conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
+            plans[name] = [p for p in current if "select set_config" not in p]
+    finally:
+        conn.remove_notice_handler(on_notice)
+        conn.execute("reset client_min_messages")
+        conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
+    return {"status": "ok", "workspaces": width, "plans": plans}

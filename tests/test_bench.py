@@ -1,0 +1,45 @@
+"""`pimem bench --quick` runs end to end and reports every section.
+
+Speed targets are shown by the benchmark itself (docs/benchmarks.md), never asserted here: a
+timed unit test on a shared 2-core machine would fail for reasons that are not bugs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from pyworker.cli import app
+
+SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "ingest", "explain",
+            "jobs", "worker_overhead", "memory", "growth", "verdict")
+
+
+def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "--quick", "--dsn", db_dsn, "--out",
+                                      str(tmp_path)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+    report = json.loads((tmp_path / "bench.json").read_text())
+    missing = [s for s in SECTIONS if s not in report]
+    assert missing == []
+    assert (tmp_path / "bench.md").read_text().startswith("# pimem bench (quick)")
+
+    # Each measured part either ran or says why it could not (never a made-up number).
+    parts = [report["floor"], report["ingest"], report["explain"], report["jobs"],
+             report["worker_overhead"], report["memory"], report["growth"],
+             *report["recall"].values(), *report["query"].values()]
+    for part in parts:
+        assert part["status"] in ("ok", "not_available"), part
+        if part["status"] == "not_available":
+            assert part["reason"]
+    assert sorted(int(w) for w in report["recall"]) == list(report["profile"]["sizes"])
+    assert report["dataset"]["consistency"] == {
+        "sources_without_message": 0, "records_without_scope": 0,
+        "hash_mismatches_in_sample": 0}
+    assert report["floor"]["round_trip"]["n"] > 0
+    assert report["ingest"]["per_commit"]["upsert_message"]["n"] > 0
+    for row in report["verdict"]:
+        assert row["met"] in (True, False, None)
