@@ -105,5 +105,27 @@ def bench(
                   f"{len(missed)} target(s) missed", markup=False)
 
 
+@app.command()
+def demo(
+    dsn: Annotated[str | None, typer.Option(
+        "--dsn", help="a database of your own (superuser; the demo moves the memory clock); "
+        "default: an embedded PostgreSQL in .pimem/demo-pg")] = None,
+    model: Annotated[str, typer.Option(
+        "--model", help="offline (default, no network), pi or openai")] = "offline",
+    model_ref: Annotated[str, typer.Option(
+        help="the provider/model the sample requests pin (for pi/openai)")] = "offline/heuristic",
+    pi_models: Annotated[Path | None, typer.Option(
+        help="models.json with custom Pi providers")] = None,
+) -> None:
+    """Run the whole pipeline on a bundled sample and print what a bot would get."""
+    from pyworker.demo import run_demo
+
+    provider, _, model_id = model_ref.partition("/")
+    result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
+                      pi_models=pi_models)
+    if result.get("leaked"):
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

@@ -100,6 +100,18 @@ class Database:
         self.call("fail_job", workspace_id, job_id, token, outcome, error[:1000],
                   Jsonb(usage) if usage is not None else None)
 
+    def advance_clock(self, interval: str) -> datetime:
+        """Moves the memory clock (``memory_private.advance_clock``; superuser, demo and tests
+        only: production never moves it)."""
+        conn = self._connection()
+        try:
+            row = conn.execute("select memory_private.advance_clock(%s::interval)",
+                               (interval,)).fetchone()
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
     # Recall and control (memory_backend role), used by the demo ------------------------------
 
     def recall(self, workspace_id: str, request_id: str) -> dict[str, Any]:

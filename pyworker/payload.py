@@ -189,8 +189,8 @@ class ConsolidationOutput(_Model):
         unknown = [i for i in self.record_ids if i not in allowed_ids]
         if unknown:
             raise ReplyError(f"record_ids not among the candidates: {unknown[:5]}")
-        if bool(self.index.strip()) != bool(self.record_ids):
-            raise ReplyError("an index needs record ids and record ids need an index")
+        if not self.index.strip() or not self.record_ids:
+            raise ReplyError("the index must not be empty and must name at least one record")
         return self
 
 

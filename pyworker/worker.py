@@ -202,10 +202,10 @@ class Worker:
             self._log("job_lost", logging.WARNING, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)
         except errors.MemoryError_ as exc:
-            # Stale input, changed configuration, output refused: the attempt ran and was
-            # charged with the checkpoint; report it so the database applies its rules.
+            # Stale input (MB021), changed configuration (MB022), refused output: nothing was
+            # written, and the attempt was already charged with the checkpoint. The database
+            # supersedes or stops the job from its own facts; the worker just drops the work.
             self._log("commit_refused", logging.WARNING, code=exc.code, error=exc.message, **ids)
-            self._report(job, ids, "failed", f"commit refused ({exc.code}): {exc.message}", None)
             return TickResult("refused", job.job_id, job.phase, f"{exc.code}: {exc.message}")
         status = "noop" if isinstance(result, dict) and result.get("noop") else "committed"
         self._log("job_committed", result=result, **ids)

@@ -106,7 +106,8 @@ def test_consolidation_reply_is_limited_to_12_candidate_ids_and_4500_bytes() -> 
                   {"index": "x", "record_ids": [99]},
                   {"index": "x", "record_ids": [1, 1]},
                   {"index": "x" * 4501, "record_ids": [1]},
-                  {"index": "x", "record_ids": []}):
+                  {"index": "x", "record_ids": []},
+                  {"index": " ", "record_ids": [1]}):
         with pytest.raises(ReplyError):
             parse_reply(p, json.dumps(value))
 
