@@ -1,0 +1,1154 @@
+-- 40_jobs.sql: memory jobs and the worker's side of their life cycle (P1, P6-P9, P12-P20).
+--
+-- A job extracts one batch of a scope's conversation sources into a record, or consolidates a
+-- scope's records into its index. The worker only calls the functions below; every rule lives
+-- here.
+--
+--   maintenance ─▶ pending ─claim_job─▶ running (token, 2-minute lease)
+--                    ▲                    │ start_attempt (budget check, attempt 'open')
+--                    │                    │ save_checkpoint (validated, redacted output + usage,
+--                    │                    │                  attempt 'ok', charge)
+--                    │                    │ commit_job ─▶ succeeded
+--                    │   fail_job failed: │ 1-hour backoff; 'stopped' once three claims are used
+--                    └────────────────────┤ fail_job unknown / lease lost with an attempt open:
+--                                         │   charged at the reserve, 'stopped' (no replay)
+--                                         └ input changed: 'superseded' (a fresh snapshot follows)
+--
+-- A job stores its input as ids and content hashes only (never message text): the claim payload
+-- renders the current, redacted text, and a job whose sources changed is superseded instead of
+-- claimed or committed. Errors change nothing (the call's transaction rolls back); what follows
+-- from them (a superseded or stopped job) is applied by the next claim or maintenance from the
+-- stored facts, so no rule depends on the worker reporting back.
+--
+-- Locking: every function here that writes locks the workspace row first (FOR NO KEY UPDATE,
+-- which ingest's foreign-key checks never wait for), then the job row; claim_job skips a
+-- workspace whose row is locked. No lock is held across a model call: each call is one short
+-- transaction.
+
+create table memory_private.jobs (
+  workspace_id text not null,
+  job_id bigint generated always as identity,
+  scope_id bigint not null,
+  phase text not null check (phase in ('extract', 'consolidate')),
+  status text not null default 'pending'
+    check (status in ('pending', 'running', 'succeeded', 'stopped', 'skipped', 'superseded')),
+  input jsonb not null,
+  input_hash text not null,
+  origin_request_id text not null,
+  model_provider text not null,
+  model_id text not null,
+  config_version integer not null,
+  token uuid,
+  worker_id text,
+  lease_expires_at timestamptz,
+  claims integer not null default 0 check (claims between 0 and 3),
+  next_attempt_at timestamptz not null,
+  last_error text,
+  checkpoint jsonb,
+  result jsonb,
+  created_at timestamptz not null,
+  updated_at timestamptz not null,
+  finished_at timestamptz,
+  primary key (workspace_id, job_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, origin_request_id) references memory_private.requests
+    on delete cascade,
+  check ((status = 'running')
+         = (token is not null and lease_expires_at is not null and worker_id is not null)),
+  check (checkpoint is null or status in ('pending', 'running')),
+  check ((status in ('succeeded', 'stopped', 'skipped', 'superseded')) = (finished_at is not null))
+);
+comment on table memory_private.jobs is
+  'Memory jobs: phase, scope, input snapshot (ids and content hashes, never text) and its hash, '
+  'originating request with its pinned model/provider, the workspace config version, status, '
+  'ownership token, lease, claims for this input (<= 3), next attempt time, and the separate '
+  'model checkpoint (validated, redacted output + usage).';
+comment on column memory_private.jobs.status is
+  'pending (claimable from next_attempt_at), running (token + lease), succeeded, stopped (no '
+  'automatic replay: unknown outcome, three claims used, or config changed), skipped (a batch '
+  'that cannot fit one user/assistant pair; never claimed), superseded (its input changed; a '
+  'fresh snapshot replaces it).';
+comment on column memory_private.jobs.input is
+  'extract: {"bot_identity", "sources": [{"id", "hash"}], "existing": [record ids]}; '
+  'consolidate: {"bot_identity", "candidates": [record ids]}.';
+
+create unique index jobs_one_running_per_workspace on memory_private.jobs (workspace_id)
+  where status = 'running';
+create unique index jobs_one_open_per_scope_phase on memory_private.jobs
+  (workspace_id, scope_id, phase) where status in ('pending', 'running');
+create index jobs_claimable_idx on memory_private.jobs (next_attempt_at, workspace_id)
+  where status = 'pending';
+create index jobs_input_idx on memory_private.jobs (workspace_id, scope_id, phase, input_hash);
+create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_request_id);
+
+create table memory_private.job_attempts (
+  workspace_id text not null,
+  job_id bigint not null,
+  attempt_no integer not null check (attempt_no between 1 and 3),
+  token uuid not null,
+  outcome text not null default 'open' check (outcome in ('open', 'ok', 'failed', 'unknown')),
+  reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
+  input_tokens integer check (input_tokens >= 0),
+  output_tokens integer check (output_tokens >= 0),
+  cost_usd numeric(14, 6) check (cost_usd >= 0),
+  error text,
+  started_at timestamptz not null,
+  finished_at timestamptz,
+  primary key (workspace_id, job_id, attempt_no),
+  unique (workspace_id, job_id, token),
+  foreign key (workspace_id, job_id) references memory_private.jobs on delete cascade,
+  check ((outcome = 'open') = (finished_at is null))
+);
+comment on table memory_private.job_attempts is
+  'Model calls of a job, at most one per claim (attempt_no = the claim number): the dollars '
+  'reserved before the call, then the outcome (ok | failed | unknown) with usage and cost.';
+
+create unique index job_attempts_one_open on memory_private.job_attempts (workspace_id, job_id)
+  where outcome = 'open';
+
+create table memory_private.request_charges (
+  workspace_id text not null,
+  charge_id bigint generated always as identity,
+  request_id text not null,
+  kind text not null check (kind in ('memory_extract', 'memory_consolidate')),
+  job_id bigint not null,
+  attempt_no integer not null,
+  outcome text not null check (outcome in ('ok', 'failed', 'unknown')),
+  input_tokens integer check (input_tokens >= 0),
+  output_tokens integer check (output_tokens >= 0),
+  cost_usd numeric(14, 6) not null check (cost_usd >= 0),
+  created_at timestamptz not null,
+  primary key (workspace_id, charge_id),
+  unique (workspace_id, job_id, attempt_no),
+  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade
+);
+comment on table memory_private.request_charges is
+  'Every memory attempt''s usage and dollars, attached to the originating request as '
+  'memory_extract or memory_consolidate (P18). An unknown outcome is charged at its reserve. '
+  'Kept when the job row is deleted (job_id is a plain reference).';
+
+create index request_charges_request_idx
+  on memory_private.request_charges (workspace_id, request_id);
+
+create table memory_private.extracted_sources (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  outcome text not null check (outcome in ('extracted', 'skipped')),
+  job_id bigint not null,
+  created_at timestamptz not null,
+  primary key (workspace_id, scope_id, message_id, content_hash),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.extracted_sources is
+  'Sources already handled at this content: extracted by a committed job (also by an empty '
+  'no-op output) or skipped with a batch that could not fit one user/assistant pair. An edit '
+  'changes the hash, so the new text is eligible again.';
+
+create index extracted_sources_message_idx
+  on memory_private.extracted_sources (workspace_id, message_id);
+
+-- State transitions -------------------------------------------------------------------------
+
+create function memory_private.jobs_check_transition() returns trigger
+  language plpgsql
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if new.status is distinct from old.status
+     and (old.status, new.status) not in (
+       ('pending', 'running'), ('pending', 'superseded'), ('pending', 'stopped'),
+       ('running', 'pending'), ('running', 'succeeded'), ('running', 'stopped'),
+       ('running', 'superseded'), ('stopped', 'pending')) then
+    raise exception 'job % cannot go from % to %', old.job_id, old.status, new.status
+      using errcode = 'MB025';
+  end if;
+  return new;
+end
+$$;
+comment on function memory_private.jobs_check_transition() is
+  'Raises MB025 on an illegal job status transition (e.g. out of succeeded or skipped). '
+  'stopped -> pending is reserved for an operator''s explicit retry.';
+
+create trigger jobs_check_transition before update of status on memory_private.jobs
+  for each row execute function memory_private.jobs_check_transition();
+
+-- Helpers -----------------------------------------------------------------------------------
+
+create function memory_private.job_limits() returns jsonb
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select jsonb_build_object('summary_bytes', 4000, 'title_bytes', 300, 'index_bytes', 4500,
+                            'index_ids', 12, 'batch_bytes', 24000, 'candidates', 48)
+$$;
+comment on function memory_private.job_limits() is
+  'The limits of model work: summary, title and index bytes (UTF-8), index ids, source batch '
+  'bytes, consolidation candidates.';
+
+create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
+  returns void
+  language sql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, memory_private.clock_now())
+   where workspace_id = p_workspace_id and scope_id = p_scope_id
+$$;
+comment on function memory_private.mark_consolidation_due(text, bigint) is
+  'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
+  'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
+
+create function memory_private.scope_candidates(p_workspace_id text, p_scope_id bigint)
+  returns bigint[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(array_agg(record_id order by created_at desc, record_id desc), '{}')
+    from (select r.record_id, r.created_at
+            from memory_private.records r
+           where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+             and memory_private.record_invalid_reason(r, null) is null
+           order by r.created_at desc, r.record_id desc
+           limit 48) c
+$$;
+comment on function memory_private.scope_candidates(text, bigint) is
+  'The consolidation candidates of a scope: its 48 most recent valid records, newest first.';
+
+create function memory_private.scope_existing_records(p_workspace_id text, p_scope_id bigint)
+  returns bigint[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(array_agg(record_id order by created_at desc, record_id desc), '{}')
+    from (select r.record_id, r.created_at
+            from memory_private.records r
+           where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+             and memory_private.record_invalid_reason(r, null) is null
+           order by r.created_at desc, r.record_id desc
+           limit 4) c
+$$;
+comment on function memory_private.scope_existing_records(text, bigint) is
+  'The existing valid memories that accompany a new extraction batch (P5): the scope''s four '
+  'most recent valid records. Their titles and summaries are sent, not their sources.';
+
+create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_identity text;
+  v_reason text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  if not v_scope.recall_enabled then
+    return 'recall is disabled in the scope';
+  end if;
+  select case when b.active then b.identity end into v_identity from memory_private.bots b
+   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
+  if v_identity is distinct from p_job.input ->> 'bot_identity' then
+    return 'the bot was replaced or deactivated';
+  end if;
+
+  if p_job.phase = 'extract' then
+    select format('source %s %s', s.id,
+             case when m.message_id is null then 'is gone'
+                  when m.removed_at is not null then 'was removed'
+                  when m.body is null or m.retain_until <= v_now then 'is past its retention'
+                  when m.content_hash <> s.hash then 'was edited'
+                  else 'was forgotten' end)
+      into v_reason
+      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+      left join memory_private.messages m
+        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+     where m.message_id is null or m.removed_at is not null or m.body is null
+        or m.retain_until <= v_now or m.content_hash <> s.hash
+        or exists (select 1 from memory_private.tombstones t
+                    where t.workspace_id = p_job.workspace_id and t.scope_id = p_job.scope_id
+                      and t.message_id = s.id)
+     limit 1;
+    if v_reason is not null then
+      return v_reason;
+    end if;
+  end if;
+
+  -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
+  -- must still exist and be valid.
+  select format('memory %s %s', e.id,
+           coalesce('is no longer valid (' || memory_private.record_invalid_reason(r, null) || ')',
+                    'is gone'))
+    into v_reason
+    from jsonb_array_elements_text(
+           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) as e(id)
+    left join memory_private.records r
+      on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
+   where r.record_id is null or r.scope_id <> p_job.scope_id
+      or memory_private.record_invalid_reason(r, null) is not null
+   limit 1;
+  return v_reason;
+end
+$$;
+comment on function memory_private.job_stale_reason(memory_private.jobs) is
+  'Why a job''s input snapshot is no longer current, or NULL: recall disabled, bot replaced, '
+  'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
+  'longer valid.';
+
+create function memory_private.check_usage(p_usage jsonb) returns jsonb
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_key text;
+  v_in numeric;
+  v_out numeric;
+  v_cost numeric;
+begin
+  if p_usage is null or jsonb_typeof(p_usage) <> 'object' then
+    raise exception 'usage must be a JSON object {"input_tokens", "output_tokens", "cost_usd"}'
+      using errcode = 'MB001';
+  end if;
+  for v_key in select jsonb_object_keys(p_usage) loop
+    if v_key not in ('input_tokens', 'output_tokens', 'cost_usd') then
+      raise exception 'usage has an unknown key "%"', v_key using errcode = 'MB001',
+        hint = 'usage is {"input_tokens": int, "output_tokens": int, "cost_usd": number}.';
+    end if;
+  end loop;
+  if jsonb_typeof(p_usage -> 'input_tokens') is distinct from 'number'
+     or jsonb_typeof(p_usage -> 'output_tokens') is distinct from 'number'
+     or jsonb_typeof(p_usage -> 'cost_usd') is distinct from 'number' then
+    raise exception 'usage needs numbers input_tokens, output_tokens and cost_usd'
+      using errcode = 'MB001';
+  end if;
+  v_in := (p_usage ->> 'input_tokens')::numeric;
+  v_out := (p_usage ->> 'output_tokens')::numeric;
+  v_cost := (p_usage ->> 'cost_usd')::numeric;
+  if v_in <> trunc(v_in) or v_in < 0 or v_in > 2147483647
+     or v_out <> trunc(v_out) or v_out < 0 or v_out > 2147483647 then
+    raise exception 'usage token counts must be non-negative integers' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_money('usage.cost_usd', v_cost);
+  return jsonb_build_object('input_tokens', v_in::integer, 'output_tokens', v_out::integer,
+                            'cost_usd', round(v_cost, 6));
+end
+$$;
+comment on function memory_private.check_usage(jsonb) is
+  'Validates a model call''s usage {"input_tokens", "output_tokens", "cost_usd"} (no other '
+  'keys) and returns it normalized; raises MB001.';
+
+create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_keys text[];
+  v_expected text[];
+  v_title text;
+  v_summary text;
+  v_index text;
+  v_ids text[];
+  v_record_ids bigint[];
+  v_bad text;
+  v_limits jsonb := memory_private.job_limits();
+begin
+  v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
+                                 else array['index', 'record_ids'] end;
+  if p_output is null or jsonb_typeof(p_output) <> 'object' then
+    raise exception 'the % output must be a JSON object with keys %', p_job.phase,
+      array_to_string(v_expected, ', ') using errcode = 'MB023';
+  end if;
+  v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
+  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k where k <> all (v_expected);
+  if v_bad is not null then
+    raise exception 'the % output has unknown keys: %', p_job.phase, v_bad using errcode = 'MB023';
+  end if;
+  select string_agg(k, ', ') into v_bad from unnest(v_expected) as k where k <> all (v_keys);
+  if v_bad is not null then
+    raise exception 'the % output lacks keys: %', p_job.phase, v_bad using errcode = 'MB023';
+  end if;
+
+  if p_job.phase = 'extract' then
+    if jsonb_typeof(p_output -> 'title') <> 'string'
+       or jsonb_typeof(p_output -> 'summary') <> 'string' then
+      raise exception 'title and summary must be strings' using errcode = 'MB023';
+    end if;
+    if jsonb_typeof(p_output -> 'source_ids') <> 'array'
+       or exists (select 1 from jsonb_array_elements(p_output -> 'source_ids') e
+                   where jsonb_typeof(e) <> 'string') then
+      raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
+    end if;
+    v_title := p_output ->> 'title';
+    v_summary := p_output ->> 'summary';
+    v_ids := array(select distinct e from jsonb_array_elements_text(p_output -> 'source_ids') e
+                    order by e);
+    if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
+      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb);
+    end if;
+    if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
+      raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
+        using errcode = 'MB023';
+    end if;
+    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int then
+      raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
+        v_limits ->> 'title_bytes' using errcode = 'MB023';
+    end if;
+    if octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+      raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
+        v_limits ->> 'summary_bytes' using errcode = 'MB023';
+    end if;
+    select string_agg(i, ', ') into v_bad from unnest(v_ids) as i
+     where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
+                        where s ->> 'id' = i);
+    if v_bad is not null then
+      raise exception 'source ids not in the job''s batch: %', left(v_bad, 500)
+        using errcode = 'MB023';
+    end if;
+    v_title := memory_private.redact(v_title);
+    v_summary := memory_private.redact(v_summary);
+    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
+       or octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+      raise exception 'title or summary is over its byte limit once credentials are redacted'
+        using errcode = 'MB023';
+    end if;
+    return jsonb_build_object('title', v_title, 'summary', v_summary,
+                              'source_ids', to_jsonb(v_ids));
+  end if;
+
+  -- consolidate
+  if jsonb_typeof(p_output -> 'index') <> 'string' then
+    raise exception 'index must be a string' using errcode = 'MB023';
+  end if;
+  if jsonb_typeof(p_output -> 'record_ids') <> 'array'
+     or exists (select 1 from jsonb_array_elements(p_output -> 'record_ids') e
+                 where case when jsonb_typeof(e) <> 'number' then true
+                            else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
+                                 or (e #>> '{}')::numeric not between 1 and 9223372036854775807
+                       end) then
+    raise exception 'record_ids must be an array of record ids (positive integers)'
+      using errcode = 'MB023';
+  end if;
+  v_index := p_output ->> 'index';
+  if v_index ~ '^\s*$' then
+    raise exception 'index must not be empty' using errcode = 'MB023';
+  end if;
+  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+    raise exception 'index is % bytes; the limit is % UTF-8 bytes', octet_length(v_index),
+      v_limits ->> 'index_bytes' using errcode = 'MB023';
+  end if;
+  v_record_ids := array(select (e #>> '{}')::bigint
+                          from jsonb_array_elements(p_output -> 'record_ids')
+                               with ordinality as a(e, n) order by n);
+  if cardinality(v_record_ids) = 0 then
+    raise exception 'record_ids must name at least one memory' using errcode = 'MB023';
+  end if;
+  if cardinality(v_record_ids) > (v_limits ->> 'index_ids')::int then
+    raise exception 'record_ids has % ids; the limit is %', cardinality(v_record_ids),
+      v_limits ->> 'index_ids' using errcode = 'MB023';
+  end if;
+  if cardinality(v_record_ids)
+     <> (select count(distinct x) from unnest(v_record_ids) as x) then
+    raise exception 'record_ids has duplicates' using errcode = 'MB023';
+  end if;
+  select string_agg(x::text, ', ') into v_bad from unnest(v_record_ids) as x
+   where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'candidates') c
+                      where c::bigint = x);
+  if v_bad is not null then
+    raise exception 'record ids not among the candidates: %', v_bad using errcode = 'MB023';
+  end if;
+  v_index := memory_private.redact(v_index);
+  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+    raise exception 'index is over its byte limit once credentials are redacted'
+      using errcode = 'MB023';
+  end if;
+  return jsonb_build_object('index', v_index, 'record_ids', to_jsonb(v_record_ids));
+end
+$$;
+comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
+  'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
+  'extract: {"title", "summary", "source_ids"} (all empty = no-op; title <= 300 and summary '
+  '<= 4,000 UTF-8 bytes; ids within the batch). consolidate: {"index", "record_ids"} (index '
+  'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
+
+create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_request memory_private.requests;
+  v_ws memory_private.workspaces;
+  v_input jsonb;
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  select * into v_request from memory_private.requests
+   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
+  select * into v_ws from memory_private.workspaces where workspace_id = p_job.workspace_id;
+
+  -- Inputs are redacted before they are serialized (P8).
+  if p_job.phase = 'extract' then
+    v_input := jsonb_build_object(
+      'sources', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', m.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
+                 'thread_id', r.thread_id, 'created_at', m.created_at,
+                 'text', memory_private.redact(m.body))
+               order by m.created_at, m.message_id)
+          from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+          join memory_private.messages m
+            on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+          join memory_private.requests r
+            on r.workspace_id = m.workspace_id and r.request_id = m.request_id), '[]'::jsonb),
+      'existing', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', rec.record_id, 'title', memory_private.redact(rec.title),
+                 'summary', memory_private.redact(rec.summary))
+               order by rec.created_at, rec.record_id)
+          from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
+          join memory_private.records rec
+            on rec.workspace_id = p_job.workspace_id and rec.record_id = e.id::bigint),
+        '[]'::jsonb));
+  else
+    v_input := jsonb_build_object(
+      'candidates', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', rec.record_id, 'kind', rec.kind, 'title', memory_private.redact(rec.title),
+                 'summary', memory_private.redact(rec.summary),
+                 'speaker_ids', to_jsonb(rec.speaker_ids), 'created_at', rec.created_at)
+               order by rec.created_at desc, rec.record_id desc)
+          from jsonb_array_elements_text(p_job.input -> 'candidates') as c(id)
+          join memory_private.records rec
+            on rec.workspace_id = p_job.workspace_id and rec.record_id = c.id::bigint),
+        '[]'::jsonb));
+  end if;
+
+  return jsonb_build_object(
+    'job_id', p_job.job_id,
+    'workspace_id', p_job.workspace_id,
+    'token', p_job.token::text,
+    'phase', p_job.phase,
+    'attempt', p_job.claims,
+    'lease_expires_at', p_job.lease_expires_at,
+    'scope', jsonb_build_object('scope_id', v_scope.scope_id, 'kind', v_scope.kind,
+                                'bot_id', v_scope.bot_id, 'chat_id', v_scope.chat_id,
+                                'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id),
+    'origin_request_id', p_job.origin_request_id,
+    'model', jsonb_build_object('provider', p_job.model_provider, 'id', p_job.model_id),
+    'budget', jsonb_build_object(
+       'request_left_usd',
+       v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
+       'workspace_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd),
+    'limits', memory_private.job_limits(),
+    'input', v_input,
+    'checkpoint', case when p_job.checkpoint is not null
+                       then jsonb_build_object('output', p_job.checkpoint -> 'output',
+                                               'usage', p_job.checkpoint -> 'usage') end);
+end
+$$;
+comment on function memory_private.job_payload(memory_private.jobs) is
+  'The claim payload of a running job: ids, token, phase, attempt, lease, scope, origin request, '
+  'pinned model, budget left, limits, the redacted input rendered from current facts, and the '
+  'checkpoint when one exists.';
+
+create function memory_private.owned_job(
+  p_workspace_id text, p_job_id bigint, p_token uuid
+) returns memory_private.jobs
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_job_id is null or p_token is null then
+    raise exception 'job_id and token are required' using errcode = 'MB001';
+  end if;
+  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
+     for no key update;
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_job.status <> 'running' or v_job.token <> p_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  if v_job.lease_expires_at <= memory_private.clock_now() then
+    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
+      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
+  end if;
+  return v_job;
+end
+$$;
+comment on function memory_private.owned_job(text, bigint, uuid) is
+  'Locks the workspace row and the job and returns the job when the token is its current one '
+  'and the lease has not expired; raises MB001, MB002 or MB020.';
+
+create function memory_private.charge_attempt(
+  p_job memory_private.jobs, p_attempt_no integer, p_outcome text,
+  p_input_tokens integer, p_output_tokens integer, p_cost_usd numeric
+) returns void
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, p_attempt_no, p_outcome, p_input_tokens, p_output_tokens, p_cost_usd,
+          memory_private.clock_now());
+  update memory_private.requests
+     set memory_spent_usd = memory_spent_usd + p_cost_usd
+   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
+  update memory_private.workspaces
+     set memory_spent_usd = memory_spent_usd + p_cost_usd
+   where workspace_id = p_job.workspace_id;
+end
+$$;
+comment on function memory_private.charge_attempt(memory_private.jobs, integer, text, integer,
+                                                   integer, numeric) is
+  'Records an attempt''s charge on the originating request (memory_extract or '
+  'memory_consolidate) and adds its dollars to the request''s and the workspace''s memory spend.';
+
+create function memory_private.close_open_attempt_unknown(p_job memory_private.jobs, p_error text)
+  returns boolean
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_attempt memory_private.job_attempts;
+begin
+  update memory_private.job_attempts
+     set outcome = 'unknown', cost_usd = reserved_usd, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
+  returning * into v_attempt;
+  if not found then
+    return false;
+  end if;
+  perform memory_private.charge_attempt(p_job, v_attempt.attempt_no, 'unknown', null, null,
+                                        v_attempt.reserved_usd);
+  return true;
+end
+$$;
+comment on function memory_private.close_open_attempt_unknown(memory_private.jobs, text) is
+  'Closes the job''s open attempt, if any, as unknown and charges its reserve (the provider may '
+  'have run and charged). Returns whether there was one.';
+
+create function memory_private.release_job(
+  p_job memory_private.jobs, p_status text, p_error text,
+  p_next_attempt_at timestamptz default null
+) returns void
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+begin
+  update memory_private.jobs
+     set status = p_status, token = null, worker_id = null, lease_expires_at = null,
+         last_error = coalesce(left(p_error, 2000), last_error),
+         next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
+         checkpoint = case when p_status = 'pending' then checkpoint end,
+         finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
+         updated_at = v_now
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id;
+end
+$$;
+comment on function memory_private.release_job(memory_private.jobs, text, text, timestamptz) is
+  'Moves a job out of running (or out of pending) to pending, stopped or superseded: clears '
+  'the token and lease; keeps the checkpoint only when the job stays pending.';
+
+create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_stopped integer := 0;
+  v_superseded integer := 0;
+begin
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  for v_job in
+    select j.* from memory_private.jobs j
+     where j.workspace_id = p_workspace_id
+       and (j.status = 'pending'
+            or (j.status = 'running'
+                and not exists (select 1 from memory_private.job_attempts a
+                                 where a.workspace_id = j.workspace_id and a.job_id = j.job_id
+                                   and a.outcome = 'open')))
+     order by j.job_id
+       for update
+  loop
+    if v_job.config_version <> v_config then
+      perform memory_private.release_job(v_job, 'stopped',
+        format('the model/provider configuration changed (version %s -> %s)',
+               v_job.config_version, v_config));
+      v_stopped := v_stopped + 1;
+      continue;
+    end if;
+    v_reason := memory_private.job_stale_reason(v_job);
+    if v_reason is not null then
+      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      v_superseded := v_superseded + 1;
+    end if;
+  end loop;
+  return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
+                            'jobs_superseded_stale', v_superseded);
+end
+$$;
+comment on function memory_private.retire_stale_jobs(text) is
+  'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
+  'config version changed (P20), and supersedes those whose input is no longer current (a '
+  'fresh snapshot is scheduled). Returns counts.';
+
+create function memory_private.expire_leases(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_expired integer := 0;
+  v_unknown integer := 0;
+begin
+  for v_job in
+    select * from memory_private.jobs
+     where workspace_id = p_workspace_id and status = 'running'
+       and lease_expires_at <= memory_private.clock_now()
+     order by job_id
+       for update
+  loop
+    v_expired := v_expired + 1;
+    if memory_private.close_open_attempt_unknown(v_job, 'lease expired during the model call') then
+      v_unknown := v_unknown + 1;
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.claims >= 3 then
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired and the job has used its three claims');
+    else
+      perform memory_private.release_job(v_job, 'pending', 'the lease expired',
+                                         memory_private.clock_now());
+    end if;
+  end loop;
+  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown);
+end
+$$;
+comment on function memory_private.expire_leases(text) is
+  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay) or after '
+  'three claims, and otherwise goes back to pending. Returns counts.';
+
+-- The worker's API ----------------------------------------------------------------------------
+
+create function memory.claim_job(p_worker_id text) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_ws record;
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+begin
+  perform memory_private.check_id('worker_id', p_worker_id);
+  for v_ws in
+    select w.workspace_id
+      from memory_private.workspaces w
+      join lateral (select min(j.next_attempt_at) as due from memory_private.jobs j
+                     where j.workspace_id = w.workspace_id and j.status = 'pending'
+                       and j.next_attempt_at <= v_now and j.claims < 3) d on d.due is not null
+     where not w.paused
+       and not exists (select 1 from memory_private.jobs j
+                        where j.workspace_id = w.workspace_id and j.status = 'running')
+     order by d.due, w.workspace_id
+  loop
+    -- The workspace lock, without waiting: another claim or a memory write holds it briefly.
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = v_ws.workspace_id and not paused
+       for no key update skip locked;
+    continue when not found;
+    -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
+    continue when exists (select 1 from memory_private.jobs j
+                           where j.workspace_id = v_ws.workspace_id and j.status = 'running');
+    loop
+      select * into v_job from memory_private.jobs j
+       where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
+         and j.next_attempt_at <= v_now and j.claims < 3
+       order by j.next_attempt_at, j.job_id
+       limit 1
+         for update skip locked;
+      exit when not found;
+      if v_job.config_version <> v_config then
+        perform memory_private.release_job(v_job, 'stopped',
+          format('the model/provider configuration changed (version %s -> %s)',
+                 v_job.config_version, v_config));
+        continue;
+      end if;
+      v_reason := memory_private.job_stale_reason(v_job);
+      if v_reason is not null then
+        perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+        continue;
+      end if;
+      update memory_private.jobs
+         set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
+             lease_expires_at = v_now + interval '2 minutes', claims = claims + 1,
+             updated_at = v_now
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      return memory_private.job_payload(v_job);
+    end loop;
+  end loop;
+  return null;
+end
+$$;
+comment on function memory.claim_job(text) is
+  'Claims at most one memory job (NULL when there is none): pending, due, fewer than three '
+  'claims, workspace not paused and with no running job. Issues a fresh token and a two-minute '
+  'lease and returns the payload: phase, scope, origin request, pinned model, budget left, '
+  'limits, redacted input, and the checkpoint when one exists (then commit without calling '
+  'the model). Jobs found stale on the way are superseded or stopped.';
+
+create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token uuid)
+  returns timestamptz
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_until timestamptz := memory_private.clock_now() + interval '2 minutes';
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  update memory_private.jobs
+     set lease_expires_at = v_until, updated_at = memory_private.clock_now()
+   where workspace_id = v_job.workspace_id and job_id = v_job.job_id;
+  return v_until;
+end
+$$;
+comment on function memory.extend_lease(text, bigint, uuid) is
+  'Extends the lease of a job the caller holds to two minutes from now and returns the new '
+  'expiry; MB020 when the token is not current or the lease already expired.';
+
+create function memory.start_attempt(
+  p_workspace_id text, p_job_id bigint, p_token uuid, p_reserve_usd numeric
+) returns integer
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_request_left numeric;
+  v_workspace_left numeric;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  perform memory_private.check_money('reserve_usd', p_reserve_usd);
+  if v_job.checkpoint is not null then
+    raise exception 'job % already has a checkpoint: commit it without calling the model',
+      p_job_id using errcode = 'MB025';
+  end if;
+  if exists (select 1 from memory_private.job_attempts
+              where workspace_id = p_workspace_id and job_id = p_job_id
+                and (token = p_token or outcome = 'open')) then
+    raise exception 'job % already made its attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
+  end if;
+  select budget_usd - spent_usd - memory_spent_usd into v_request_left
+    from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  if p_reserve_usd > v_request_left then
+    raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
+      greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select budget_usd - spent_usd - memory_spent_usd into v_workspace_left
+    from memory_private.workspaces where workspace_id = p_workspace_id;
+  if p_reserve_usd > v_workspace_left then
+    raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
+      greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  insert into memory_private.job_attempts
+    (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
+  values (p_workspace_id, p_job_id, v_job.claims, p_token, p_reserve_usd,
+          memory_private.clock_now());
+  return v_job.claims;
+end
+$$;
+comment on function memory.start_attempt(text, bigint, uuid, numeric) is
+  'Opens the model call of the current claim after checking that the reserved dollars fit '
+  'both the originating request''s remaining budget (budget - spent - memory spent) and the '
+  'workspace''s; MB024 otherwise, before any call is made (P17). Returns the attempt number '
+  '(the claim number).';
+
+create function memory.save_checkpoint(
+  p_workspace_id text, p_job_id bigint, p_token uuid, p_output jsonb, p_usage jsonb
+) returns void
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_attempt memory_private.job_attempts;
+  v_usage jsonb;
+  v_output jsonb;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_workspace_id and job_id = p_job_id and token = p_token
+     and outcome = 'open';
+  if not found then
+    raise exception 'job % has no open attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'Call memory.start_attempt before the model call.';
+  end if;
+  v_usage := memory_private.check_usage(p_usage);
+  v_output := memory_private.validate_output(v_job, p_output);
+  update memory_private.job_attempts
+     set outcome = 'ok', input_tokens = (v_usage ->> 'input_tokens')::integer,
+         output_tokens = (v_usage ->> 'output_tokens')::integer,
+         cost_usd = (v_usage ->> 'cost_usd')::numeric, finished_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     and attempt_no = v_attempt.attempt_no;
+  perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'ok',
+    (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
+    (v_usage ->> 'cost_usd')::numeric);
+  update memory_private.jobs
+     set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
+         updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+end
+$$;
+comment on function memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb) is
+  'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
+  'transcript (P19): validated (MB023) and redacted, with its usage; closes the attempt as ok '
+  'and charges the originating request. An invalid output changes nothing: report it with '
+  'fail_job(..., ''failed'', error, usage).';
+
+create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token uuid)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_output jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_record_id bigint;
+  v_cited text[];
+  v_speakers text[];
+  v_threads text[];
+  v_repos text[];
+  v_ids bigint[];
+  v_still_due boolean;
+  v_result jsonb;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  if v_job.config_version <> v_config then
+    raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+      p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+      hint = 'Drop the work: maintenance stops the job.';
+  end if;
+  if v_job.checkpoint is null then
+    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
+      hint = 'Call memory.save_checkpoint with the model output first.';
+  end if;
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
+  end if;
+  v_output := memory_private.validate_output(v_job, v_job.checkpoint -> 'output');
+
+  if v_job.phase = 'extract' then
+    if v_output ->> 'title' <> '' then
+      v_cited := array(select jsonb_array_elements_text(v_output -> 'source_ids'));
+      -- Statements are attributed to the users whose messages the summary cites.
+      v_speakers := array(
+        select distinct m.speaker_id from memory_private.messages m
+         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited)
+           and m.role = 'user' order by 1);
+      if cardinality(v_speakers) = 0 then
+        v_speakers := array(
+          select distinct m.speaker_id
+            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+            join memory_private.messages m
+              on m.workspace_id = p_workspace_id and m.message_id = s.id
+           where m.role = 'user' order by 1);
+      end if;
+      v_threads := array(
+        select distinct r.thread_id from memory_private.messages m
+          join memory_private.requests r
+            on r.workspace_id = m.workspace_id and r.request_id = m.request_id
+         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited) order by 1);
+      -- Grants: every repository the batch or the memories shown with it drew on.
+      v_repos := array(
+        select distinct x from (
+          select unnest(m.repositories) as x
+            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+            join memory_private.messages m
+              on m.workspace_id = p_workspace_id and m.message_id = s.id
+          union
+          select unnest(rec.repositories)
+            from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
+            join memory_private.records rec
+              on rec.workspace_id = p_workspace_id and rec.record_id = e.id::bigint) u
+         order by 1);
+      insert into memory_private.records
+        (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+         bot_identity, origin_request_id, created_at)
+      values (p_workspace_id, v_job.scope_id, 'extracted', v_output ->> 'title',
+              v_output ->> 'summary', v_speakers, v_threads, v_repos,
+              v_job.input ->> 'bot_identity', v_job.origin_request_id, v_now)
+      returning record_id into v_record_id;
+      -- Dependencies: every source of the batch (the model saw all of them) with the hash it
+      -- had, plus every dependency of the existing memories shown with it (P5).
+      insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
+      select distinct on (d.message_id) p_workspace_id, v_record_id, d.message_id, d.content_hash
+        from (select s.id as message_id, s.hash as content_hash
+                from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+              union all
+              select rs.message_id, rs.content_hash
+                from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
+                join memory_private.record_sources rs
+                  on rs.workspace_id = p_workspace_id and rs.record_id = e.id::bigint) d
+       order by d.message_id;
+      perform memory_private.mark_consolidation_due(p_workspace_id, v_job.scope_id);
+    end if;
+    insert into memory_private.extracted_sources
+      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
+    select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
+      from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+    on conflict do nothing;
+    v_result := jsonb_build_object('status', 'committed', 'phase', 'extract',
+                                   'record_id', v_record_id,
+                                   'noop', v_record_id is null);
+  else
+    v_ids := array(select jsonb_array_elements_text(v_output -> 'record_ids')::bigint);
+    -- A record made after the snapshot changes the candidates: the index is still written, and
+    -- the scope stays due for another consolidation.
+    v_still_due := array(select x from unnest(memory_private.scope_candidates(
+                                  p_workspace_id, v_job.scope_id)) x order by x)
+                   <> array(select x::bigint from jsonb_array_elements_text(
+                                  v_job.input -> 'candidates') x order by 1);
+    update memory_private.scopes
+       set index_text = v_output ->> 'index', index_record_ids = v_ids, index_built_at = v_now,
+           consolidation_due_at = case when v_still_due
+                                       then coalesce(consolidation_due_at, v_now) end
+     where workspace_id = p_workspace_id and scope_id = v_job.scope_id;
+    v_result := jsonb_build_object('status', 'committed', 'phase', 'consolidate',
+                                   'index_record_ids', to_jsonb(v_ids),
+                                   'consolidation_still_due', v_still_due);
+  end if;
+
+  update memory_private.jobs
+     set status = 'succeeded', token = null, worker_id = null, lease_expires_at = null,
+         checkpoint = null, result = v_result, finished_at = v_now, updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+  return v_result || jsonb_build_object('job_id', p_job_id);
+end
+$$;
+comment on function memory.commit_job(text, bigint, uuid) is
+  'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
+  'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
+  '(MB021). extract: one record with all batch sources (and the dependencies of the memories '
+  'shown with it) as dependencies, the batch marked extracted, the scope due for '
+  'consolidation; an empty output only marks the batch. consolidate: the scope index. All or '
+  'nothing.';
+
+create function memory.fail_job(
+  p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,
+  p_usage jsonb default null
+) returns void
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_attempt memory_private.job_attempts;
+  v_usage jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_error text := coalesce(left(p_error, 2000), 'no error message');
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  if p_outcome is null or p_outcome not in ('failed', 'unknown') then
+    raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
+  end if;
+  if p_usage is not null then
+    v_usage := memory_private.check_usage(p_usage);
+  end if;
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_workspace_id and job_id = p_job_id and outcome = 'open';
+
+  if p_outcome = 'unknown' then
+    if v_attempt.attempt_no is null then
+      raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
+        using errcode = 'MB025', hint = 'Report failed instead.';
+    end if;
+    perform memory_private.close_open_attempt_unknown(v_job, v_error);
+    perform memory_private.release_job(v_job, 'stopped',
+      'outcome unknown, not replayed: ' || v_error);
+    return;
+  end if;
+
+  if v_attempt.attempt_no is not null then
+    update memory_private.job_attempts
+       set outcome = 'failed', error = v_error,
+           input_tokens = (v_usage ->> 'input_tokens')::integer,
+           output_tokens = (v_usage ->> 'output_tokens')::integer,
+           cost_usd = coalesce((v_usage ->> 'cost_usd')::numeric, 0), finished_at = v_now
+     where workspace_id = p_workspace_id and job_id = p_job_id
+       and attempt_no = v_attempt.attempt_no;
+    perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'failed',
+      (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
+      coalesce((v_usage ->> 'cost_usd')::numeric, 0));
+  elsif v_usage is not null then
+    raise exception 'job % has no open model call to charge the usage to', p_job_id
+      using errcode = 'MB025';
+  end if;
+  if v_job.claims >= 3 then
+    perform memory_private.release_job(v_job, 'stopped',
+      'failed on its third claim, not replayed: ' || v_error);
+  else
+    perform memory_private.release_job(v_job, 'pending', v_error, v_now + interval '1 hour');
+  end if;
+end
+$$;
+comment on function memory.fail_job(text, bigint, uuid, text, text, jsonb) is
+  'Reports that the current claim failed. failed: the open attempt (if any) closes as failed '
+  'with its usage charged, and the job backs off one hour, or stops after its third claim. '
+  'unknown: the provider may have run, so the open attempt is charged at its reserve and the '
+  'job stops without automatic replay (P13).';
+
+revoke all on function
+  memory.claim_job(text),
+  memory.extend_lease(text, bigint, uuid),
+  memory.start_attempt(text, bigint, uuid, numeric),
+  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
+  memory.commit_job(text, bigint, uuid),
+  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+from public;
+grant execute on function
+  memory.claim_job(text),
+  memory.extend_lease(text, bigint, uuid),
+  memory.start_attempt(text, bigint, uuid, numeric),
+  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
+  memory.commit_job(text, bigint, uuid),
+  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+to memory_worker;
