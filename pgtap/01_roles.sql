@@ -19,12 +19,13 @@ select set_eq(
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_worker' $$,
-  array[]::text[],
+  array['claim_job', 'extend_lease', 'start_attempt', 'save_checkpoint', 'commit_job',
+        'fail_job', 'run_maintenance'],
   'memory_worker executes only the job functions');
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
-  array['resolve_scope'],
+  array['resolve_scope', 'run_maintenance'],
   'memory_operator executes the operator functions');
 
 create role pimem_test_backend login in role memory_backend;
