@@ -123,9 +123,10 @@ def show_recall(console: Console, title: str, recall: dict[str, Any]) -> None:
 
 
 def show_records(console: Console, title: str, answer: dict[str, Any]) -> None:
-    table = Table(title=title, show_lines=True)
-    for col in ("id", "title", "summary", "speakers", "sources"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=title, show_lines=True, expand=True)
+    for col, ratio in (("id", 1), ("title", 4), ("summary", 10), ("speakers", 2),
+                       ("sources", 3)):
+        table.add_column(col, overflow="fold", ratio=ratio)
     for rec in answer.get("records") or []:
         table.add_row(str(rec.get("id", rec.get("record_id"))), str(rec.get("title")),
                       str(rec.get("summary")), ", ".join(rec.get("speaker_ids") or []),
@@ -168,18 +169,21 @@ def run_demo(dsn: str | None, model: str = "offline", *, console: Console | None
         show_recall(console, f"{where}: {conv['user']} asks \"{conv['text']}\"", recall)
 
     console.rule("query_memories, the tool")
-    q = data["query"]
-    answer = db.query_memories(ws, q["request"], "call-1", q["args"])
-    out["query"] = answer
-    show_records(console, f"query_memories({json.dumps(q['args'])}) in dm-alice", answer)
+    out["queries"] = []
+    for q in data["queries"]:
+        answer = db.query_memories(ws, q["request"], f"call-{len(out['queries'])}", q["args"])
+        out["queries"].append(answer)
+        show_records(console, f"{q['request']}: query_memories({json.dumps(q['args'])})", answer)
     everything = json.dumps(out, ensure_ascii=False)
     leaked = [s for s in SECRETS if s in everything]
     out["leaked"] = leaked
-    console.print("[green]secrets redacted[/green]: none of the sample's password or key "
-                  "appears in any memory" if not leaked else f"[red]LEAKED[/red]: {leaked}")
+    console.print("[green]secrets redacted[/green]: the sample's password and deploy key appear "
+                  "in no memory ([REDACTED] instead)" if not leaked
+                  else f"[red]LEAKED[/red]: {leaked}")
 
     console.rule("forget, and its effect")
     f = data["forget"]
+    q, answer = data["queries"][0], out["queries"][0]
     mid = ask(db, data, f, provider, model_id)
     target = next((r for r in answer.get("records") or []
                    if f["match"] in (str(r.get("title")) + str(r.get("summary"))).lower()), None)

@@ -65,8 +65,8 @@ def _kind_of(sentence: str, role: str) -> str | None:
             continue
         if pattern.search(sentence):
             # An assistant's "we decided" is a proposal until a user confirms it.
-            if role == "assistant" and kind in ("preference", "correction"):
-                return None
+            if role == "assistant" and kind != "decision":
+                return None  # the assistant restating the user adds nothing
             if role == "assistant" and kind == "decision":
                 return "proposal"
             return kind
@@ -95,7 +95,8 @@ def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[st
         lines.append(line)
         if src.id not in ids:
             ids.append(src.id)
-    first = next((p for p in picked if p[1] == "request"), picked[0])
+    first = next((p for p in picked if p[1] == "decision"),
+                 next((p for p in picked if p[1] == "request"), picked[0]))
     title = _clip(f"{first[2].speaker_id}: {first[3]}", title_bytes)
     return {"title": title, "summary": "\n".join([*lines, NOTE]), "source_ids": ids}
 
