@@ -196,3 +196,67 @@ def test_an_answer_may_be_kept_only_as_long_as_its_recalled_sources(
     conn.execute("select memory.query_memories('ws1', 'r2', 'c1', '{}')")
     boundary = conn.execute("select memory.answer_retention_boundary('ws1', 'r2')").fetchone()
     assert boundary is not None and abs((boundary[0] - soon).total_seconds()) < 1
+
+
+def test_maintenance_runs_the_sweep_and_supersedes_a_checkpoint_built_on_a_removed_source(
+    conn: psycopg.Connection, world: World
+) -> None:
+    advance(conn, "31 minutes")
+    counts = conn.execute("select memory.run_maintenance('ws1')").fetchone()[0]
+    assert counts["extract_jobs_created"] == 1
+    job = conn.execute("select memory.claim_job('w1')").fetchone()[0]
+    conn.execute("select memory.start_attempt(%s, %s, %s, 0.01)",
+                 ("ws1", job["job_id"], job["token"]))
+    conn.execute("select memory.save_checkpoint(%s, %s, %s, %s, %s)",
+                 ("ws1", job["job_id"], job["token"],
+                  '{"title": "tea", "summary": "alice prefers tea", "source_ids": ["r1-u"]}',
+                  '{"input_tokens": 10, "output_tokens": 5, "cost_usd": 0.001}'))
+    world.remove("ws1", "r1-u")
+    counts = conn.execute("select memory.run_maintenance('ws1')").fetchone()[0]
+    assert counts["jobs_superseded_stale"] == 1
+    row = conn.execute("select status, checkpoint from memory_private.jobs "
+                       "where job_id = %s", (job["job_id"],)).fetchone()
+    assert row == ("superseded", None), "the checkpoint built on the removed source is erased"
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute("select memory.commit_job(%s, %s, %s)",
+                     ("ws1", job["job_id"], job["token"]))
+    assert err.value.sqlstate.startswith("MB02")
+    assert conn.execute("select count(*) from memory_private.records").fetchone() == (0,)
+
+
+def test_tombstones_keep_forgotten_messages_out_of_the_next_extraction(
+    conn: psycopg.Connection, world: World
+) -> None:
+    """Forget writes tombstones; the next maintenance tick and extraction never take the
+    forgotten messages again while they are retained (T8)."""
+    advance(conn, "31 minutes")
+    conn.execute("select memory.run_maintenance('ws1')")
+    job = conn.execute("select memory.claim_job('w1')").fetchone()[0]
+    token = job["token"]
+    conn.execute("select memory.start_attempt('ws1', %s, %s, 0.01)", (job["job_id"], token))
+    conn.execute("select memory.save_checkpoint('ws1', %s, %s, %s, %s)",
+                 (job["job_id"], token,
+                  '{"title": "tea", "summary": "alice prefers tea", "source_ids": ["r1-u"]}',
+                  '{"input_tokens": 10, "output_tokens": 5, "cost_usd": 0.001}'))
+    committed = conn.execute("select memory.commit_job('ws1', %s, %s)",
+                             (job["job_id"], token)).fetchone()[0]
+    record_id = committed["record_id"]
+    world.conversation("ws1", "r2", chat="dm-alice", user="alice",
+                       user_text="please forget that I prefer tea", reply="Done.")
+    out = conn.execute("select memory.manage_memory('ws1', 'r2', 'f1', %s)",
+                       (f'{{"action": "forget", "sourceId": "r2-u", "memoryId": {record_id}}}',)
+                       ).fetchone()[0]
+    assert out["status"] == "done", out
+    # Make the forgotten messages look new to extraction: nothing may bring them back.
+    conn.execute("delete from memory_private.extracted_sources where message_id like 'r1-%'")
+    advance(conn, "31 minutes")
+    conn.execute("select memory.run_maintenance('ws1')")
+    sources = conn.execute(
+        "select jsonb_path_query_array(input, '$.sources[*].id') from memory_private.jobs "
+        "where phase = 'extract' and status = 'pending'").fetchall()
+    for (ids,) in sources:
+        assert "r1-u" not in ids and "r1-a" not in ids, ids
+    claimed = conn.execute("select memory.claim_job('w2')").fetchone()[0]
+    if claimed is not None:
+        texts = [s["id"] for s in claimed["input"].get("sources", [])]
+        assert "r1-u" not in texts and "r1-a" not in texts
