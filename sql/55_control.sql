@@ -233,7 +233,6 @@ create function memory_private.forget_records(
   as $$
 declare
   v_ids bigint[];
-  v_more bigint[];
   v_messages text[];
   v_now timestamptz := memory_private.clock_now();
 begin
@@ -245,22 +244,20 @@ begin
   if cardinality(v_ids) = 0 then
     return v_ids;
   end if;
-  -- Every record of the scope that shares a source with one being forgotten goes too, until
-  -- nothing more overlaps (T7).
-  loop
-    v_messages := array(select distinct message_id from memory_private.record_sources
-                         where workspace_id = p_workspace_id and record_id = any(v_ids));
-    v_more := array(select distinct rs.record_id
-                      from memory_private.record_sources rs
-                      join memory_private.records r
-                        on r.workspace_id = rs.workspace_id and r.record_id = rs.record_id
-                     where rs.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-                       and rs.message_id = any(v_messages) and not rs.record_id = any(v_ids));
-    exit when cardinality(v_more) = 0;
-    v_ids := v_ids || v_more;
-  end loop;
-  -- Content-free tombstones for the sources still retained, so extraction cannot restore them
-  -- (T8); the original messages stay.
+  -- The sources being forgotten are those of the selected records. Every record of the scope
+  -- that depends on one of them goes too (T7); a record that only shares a source with such an
+  -- overlapping record stays: forgetting one statement never forgets a neighbour's.
+  v_messages := array(select distinct message_id from memory_private.record_sources
+                       where workspace_id = p_workspace_id and record_id = any(v_ids));
+  v_ids := v_ids || array(select distinct rs.record_id
+                            from memory_private.record_sources rs
+                            join memory_private.records r
+                              on r.workspace_id = rs.workspace_id and r.record_id = rs.record_id
+                           where rs.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                             and rs.message_id = any(v_messages)
+                             and not rs.record_id = any(v_ids));
+  -- Content-free tombstones for the forgotten sources still retained, so extraction cannot
+  -- restore them (T8); the original messages stay.
   insert into memory_private.tombstones (workspace_id, scope_id, message_id, created_at)
   select p_workspace_id, p_scope_id, m.message_id, v_now
     from memory_private.messages m
@@ -282,9 +279,8 @@ begin
 end
 $$;
 comment on function memory_private.forget_records(text, bigint, bigint[]) is
-  'Forgets records of one scope: deletes them and every record of the scope with overlapping '
-  'source dependencies (transitively), writes content-free tombstones for their retained '
-  'sources, withdraws in-flight frozen indexes naming them, clears the scope''s index and marks '
+  'Forgets records of one scope: writes content-free tombstones for their retained sources, '
+  'deletes them and every record of the scope that depends on one of those sources, withdraws in-flight frozen indexes naming them, clears the scope''s index and marks '
   'it for consolidation (T7, T8). Takes the workspace lock. Returns the ids deleted.';
 
 -- manage_memory --------------------------------------------------------------------------------
