@@ -11,7 +11,7 @@ $$, 'every public function but the worker''s cross-workspace pick takes the work
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
-   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname <> 'clock'
+   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname not in ('clock', 'redaction_patterns', 'maintenance_steps')
      and not exists (select 1 from pg_constraint con
                       where con.conrelid = c.oid and con.contype = 'f')
      and c.relname <> 'workspaces'
