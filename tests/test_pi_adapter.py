@@ -139,3 +139,59 @@ def test_per_call_overhead_of_the_rpc_process_is_small(pi: PiAdapter, fake: Fake
     per_call = (time.monotonic() - began) / 5
     print(f"Pi RPC per-call overhead against a local fake: {per_call * 1000:.0f} ms")
     assert per_call < 1.0
+
+
+# End to end: the worker with the real Pi CLI and a real database ---------------------------
+
+
+class Recording:
+    """Wraps the module's Pi adapter and keeps every reply, to compare Pi's reported cost."""
+
+    def __init__(self, inner: PiAdapter) -> None:
+        self.inner = inner
+        self.name = "pi"
+        self.replies: list[Any] = []
+
+    def reserve_usd(self, model: Any, prompt: Any) -> Decimal:
+        return self.inner.reserve_usd(model, prompt)
+
+    def complete(self, model: Any, prompt: Any, *, deadline: float,
+                 cancel: threading.Event) -> Any:
+        reply = self.inner.complete(model, prompt, deadline=deadline, cancel=cancel)
+        self.replies.append(reply)
+        return reply
+
+    def close(self) -> None:  # the module fixture closes the process
+        pass
+
+
+def test_pi_end_to_end_record_then_index_charged_at_pis_cost(
+        conn: Any, db_dsn: str, pi: PiAdapter, fake: FakeModel) -> None:
+    from tests.test_worker_e2e import (
+        charges,
+        finished_conversation,
+        make_worker,
+        memory_spent,
+        records,
+        rows,
+    )
+
+    finished_conversation(conn)
+    recording = Recording(pi)
+    worker = make_worker(db_dsn, recording)
+    assert worker.run(until_idle=True) == 0
+    [rec] = records(conn)
+    assert rec["title"].startswith("Fake memory: Please plan the Berlin trip")
+    scope = rows(conn, "select index_text, index_record_ids from memory_private.scopes")[0]
+    assert scope["index_record_ids"] == [rec["record_id"]]
+    assert f"[#{rec['record_id']}]" in scope["index_text"]
+    # The charge recorded on the request is exactly what Pi reported, call by call.
+    pi_costs = [r.usage.cost_usd for r in recording.replies]
+    assert len(pi_costs) == 2 and all(c > 0 for c in pi_costs)
+    assert [c["cost_usd"] for c in charges(conn)] == pi_costs
+    assert [c["kind"] for c in charges(conn)] == ["memory_extract", "memory_consolidate"]
+    assert memory_spent(conn) == sum(pi_costs)
+    # What Pi sent: no tools, our system prompt, the redacted batch.
+    assert fake.calls == 2 and fake.violations == []
+    assert all("tools" not in r and "tool_choice" not in r for r in fake.requests)
+    assert "TASK: extract" in str(fake.requests[0]) and "TASK: consolidate" in str(fake.requests[1])
