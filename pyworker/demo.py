@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ def embedded_database(console: Console) -> str:
     """A fresh ``pimem_demo`` database in the project-local embedded server."""
     from pyworker.servers import embedded_dsn
 
-    with console.status("starting the embedded PostgreSQL in .pimem/demo-pg ..."):
+    with console.status("starting the embedded PostgreSQL in .pimem/demo-pg ..."), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
         admin = embedded_dsn(DEMO_DIR)
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"drop database if exists {DEMO_DB} with (force)")
