@@ -400,7 +400,7 @@ begin
   v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
   perform memory_private.check_id('tool_call_id', p_tool_call_id);
   perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', 400)), '');
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', 1000)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
   v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, 12), 12);
   if v_request.kind <> 'interactive' then

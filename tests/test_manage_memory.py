@@ -152,8 +152,10 @@ def test_remember_takes_a_given_title_and_redacts_credentials(conn: psycopg.Conn
     source = turn(w, "r1", "remember that the deploy token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
     outcome = manage(conn, "ws1", "r1", "c1",
                      {"action": "remember", "sourceId": source, "title": "Deploy token"})
-    title, summary = conn.execute("select title, summary from memory_private.records "
-                                  "where record_id = %s", (outcome["memory_id"],)).fetchone()
+    row = conn.execute("select title, summary from memory_private.records where record_id = %s",
+                       (outcome["memory_id"],)).fetchone()
+    assert row is not None
+    title, summary = row
     assert title == "Deploy token"
     assert "ghp_abcdefghijklmnopqrstuvwxyz0123456789" not in summary
     assert summary.startswith("remember that the deploy token is")
@@ -210,9 +212,10 @@ def test_forget_removes_overlapping_records_tombstones_sources_and_clears_the_in
     assert conn.execute("select count(*) from memory_private.tombstones t "
                         "where t.message_id not in (select message_id "
                         "from memory_private.messages)").fetchone() == (0,)
-    index, due = conn.execute("select index_text, consolidation_due_at from "
-                              "memory_private.scopes where scope_id = %s",
-                              (scope_id(conn, "ws1", "h1"),)).fetchone()
+    row = conn.execute("select index_text, consolidation_due_at from memory_private.scopes "
+                       "where scope_id = %s", (scope_id(conn, "ws1", "h1"),)).fetchone()
+    assert row is not None
+    index, due = row
     assert index is None and due is not None
     # The original chat messages are kept.
     assert conn.execute("select body from memory_private.messages where message_id = %s",

@@ -196,7 +196,7 @@ def test_null_arguments_and_over_long_queries_are_refused(conn: psycopg.Connecti
         conn.execute("select memory.query_memories('ws1', 'live', 'c1', null)")
     assert err.value.sqlstate == "MB001"
     with pytest.raises(psycopg.Error) as err:
-        query(conn, "ws1", "live", "c2", {"query": "x" * 401})
+        query(conn, "ws1", "live", "c2", {"query": "x" * 1001})
     assert err.value.sqlstate == "MB004"
     with pytest.raises(psycopg.Error) as err:
         query(conn, "ws1", "live", "", {})
