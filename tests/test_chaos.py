@@ -1,0 +1,207 @@
+"""Chaos: several real worker processes against a real database and the local fake model;
+workers are killed with SIGKILL at random points and PostgreSQL is restarted once with
+`pg_ctl stop -m immediate`. Afterwards every invariant holds: no job committed twice, no
+committed record lost, no job left running past its lease, every charge accounted for, every
+scope's index consistent with its valid records.
+
+Profiles: PIMEM_CHAOS_SECONDS (default 20 for CI; the release run uses 300, see
+docs/reliability.md). Figures are printed and, with PIMEM_CHAOS_REPORT=path, written as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pyworker import schema
+from pyworker.servers import LocalCluster, find_bindir
+from tests.factory import World
+from tests.fakemodel import FakeModel, default_reply
+
+ROOT = Path(__file__).resolve().parent.parent
+PRICES = json.dumps({"fake/m": {"input": 3, "output": 15}})
+
+
+def build_world(conn: psycopg.Connection, workspaces: int, round_no: int) -> int:
+    w = World(conn)
+    made = 0
+    for i in range(workspaces):
+        ws = f"ws{i}"
+        if round_no == 0:
+            w.basic(ws)
+        for user in ("alice", "bob"):
+            req = f"r{round_no}-{user}"
+            w.conversation(ws, req, chat=f"dm-{user}", user=user,
+                           user_text=f"round {round_no}: I prefer option {i} and decided to ship",
+                           reply="Noted, shipping.")
+            made += 1
+        req = f"g{round_no}"
+        w.conversation(ws, req, chat="grp", user="bob", topic=7,
+                       user_text=f"round {round_no}: we agreed to freeze the API",
+                       reply="Freeze noted.")
+        made += 1
+    return made
+
+
+def start_worker(dsn: str, fake: FakeModel, n: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "pyworker.cli", "worker", "--dsn", dsn, "--model", "openai",
+           "--openai-base-url", fake.url, "--prices", PRICES, "--interval", "0.3",
+           "--tick-seconds", "20", "--worker-id", f"chaos-{n}", "--log-level", "WARNING"]
+    env = {**os.environ, "PIMEM_OPENAI_API_KEY": "test"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def check_invariants(conn: psycopg.Connection) -> dict[str, Any]:
+    q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
+    violations: list[str] = []
+    twice = q("""select result->>'record_id', count(*) from memory_private.jobs
+                  where status = 'succeeded' and result->>'record_id' is not null
+                  group by 1 having count(*) > 1""")
+    violations += [f"record {r} committed by {n} jobs" for r, n in twice]
+    lost = q("""select j.job_id from memory_private.jobs j
+                 where j.status = 'succeeded' and j.result->>'record_id' is not null
+                   and not exists (select 1 from memory_private.records r
+                                    where r.workspace_id = j.workspace_id
+                                      and r.record_id = (j.result->>'record_id')::bigint)""")
+    violations += [f"job {j} committed a record that is gone" for (j,) in lost]
+    extra = q("""select count(*) from memory_private.records r where r.kind = 'extracted'
+                   and not exists (select 1 from memory_private.jobs j
+                                    where j.workspace_id = r.workspace_id
+                                      and (j.result->>'record_id')::bigint = r.record_id)""")
+    if extra[0][0]:
+        violations.append(f"{extra[0][0]} extracted records without a committing job")
+    stuck = q("""select job_id from memory_private.jobs where status = 'running'
+                  and lease_expires_at <= memory_private.clock_now()""")
+    violations += [f"job {j} running past its lease" for (j,) in stuck]
+    uncharged = q("""select a.job_id, a.attempt_no from memory_private.job_attempts a
+                      where a.outcome in ('ok', 'unknown')
+                        and not exists (select 1 from memory_private.request_charges c
+                                         where c.workspace_id = a.workspace_id
+                                           and c.job_id = a.job_id
+                                           and c.attempt_no = a.attempt_no)""")
+    violations += [f"attempt {j}/{n} has no charge" for j, n in uncharged]
+    totals = q("""select r.request_id, r.memory_spent_usd, coalesce(sum(c.cost_usd), 0)
+                    from memory_private.requests r
+                    left join memory_private.request_charges c
+                      on c.workspace_id = r.workspace_id and c.request_id = r.request_id
+                   group by r.workspace_id, r.request_id, r.memory_spent_usd
+                  having r.memory_spent_usd <> coalesce(sum(c.cost_usd), 0)""")
+    violations += [f"request {r} records {a} but was charged {b}" for r, a, b in totals]
+    ws_totals = q("""select w.workspace_id from memory_private.workspaces w
+                      where w.memory_spent_usd <> (select coalesce(sum(c.cost_usd), 0)
+                                                     from memory_private.request_charges c
+                                                    where c.workspace_id = w.workspace_id)""")
+    violations += [f"workspace {w} spend differs from its charges" for (w,) in ws_totals]
+    bad_index = q("""select s.scope_id, i.id from memory_private.scopes s
+                       cross join unnest(s.index_record_ids) i(id)
+                      where s.consolidation_due_at is null
+                        and not exists (select 1 from memory_private.records r
+                                         where r.workspace_id = s.workspace_id
+                                           and r.scope_id = s.scope_id and r.record_id = i.id
+                                           and memory_private.record_invalid_reason(r, null)
+                                               is null)""")
+    violations += [f"scope {s} index names invalid record {i}" for s, i in bad_index]
+    figures = dict(q("""select status, count(*) from memory_private.jobs group by 1"""))
+    attempts = dict(q("""select outcome, count(*) from memory_private.job_attempts group by 1"""))
+    return {"violations": violations, "jobs": figures, "attempts": attempts}
+
+
+def test_workers_killed_and_a_database_crash_break_no_invariant() -> None:
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("no local PostgreSQL binaries")
+    seconds = float(os.environ.get("PIMEM_CHAOS_SECONDS", "20"))
+    rng = random.Random(int(os.environ.get("PIMEM_CHAOS_SEED", "7")))
+    cluster = LocalCluster(bindir).init().start()
+    workers: list[subprocess.Popen[bytes]] = []
+    fake = FakeModel().start()
+
+    def slow_reply(body: dict[str, Any]) -> str:
+        time.sleep(rng.uniform(0.0, 0.5))
+        return default_reply(body)
+
+    fake.responder = slow_reply
+    kills = restarts = rounds = conversations = 0
+    try:
+        dsn = cluster.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            schema.apply_canonical(conn)
+            conversations += build_world(conn, 3, 0)
+            conn.execute("select memory_private.advance_clock('31 minutes')")
+        workers = [start_worker(dsn, fake, n) for n in range(3)]
+        started = time.monotonic()
+        restarted = False
+        next_round = started + seconds / 4
+        while time.monotonic() - started < seconds:
+            time.sleep(rng.uniform(0.5, 1.5))
+            victim = rng.randrange(len(workers))
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            kills += 1
+            workers[victim] = start_worker(dsn, fake, 100 + kills)
+            if not restarted and time.monotonic() - started > seconds / 2:
+                cluster.stop("immediate")
+                time.sleep(0.5)
+                cluster.start()
+                restarted = True
+                restarts += 1
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    # Leases of killed workers expire; new conversations make new snapshots.
+                    conn.execute("select memory_private.advance_clock('3 minutes')")
+                    if time.monotonic() > next_round:
+                        rounds += 1
+                        conversations += build_world(conn, 3, rounds)
+                        conn.execute("select memory_private.advance_clock('31 minutes')")
+                        next_round = time.monotonic() + seconds / 4
+            except psycopg.OperationalError:
+                pass  # the database is coming back; the next loop tries again
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            proc.wait(timeout=30)
+        # Drain: expire what the kills left, let one clean worker finish the rest.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("select memory_private.advance_clock('3 minutes')")
+        fake.responder = default_reply
+        drain = start_worker(dsn, fake, 999)
+        deadline = time.monotonic() + 60
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                open_jobs = conn.execute(
+                    "select count(*) from memory_private.jobs "
+                    "where status in ('pending', 'running')").fetchone()
+                if open_jobs == (0,):
+                    break
+                conn.execute("select memory_private.advance_clock('3 minutes')")
+        drain.send_signal(signal.SIGTERM)
+        drain.wait(timeout=30)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            report = check_invariants(conn)
+        report.update({"seconds": seconds, "kills": kills, "database_restarts": restarts,
+                       "conversations": conversations, "model_calls": fake.calls})
+        print(json.dumps(report, indent=1))
+        if os.environ.get("PIMEM_CHAOS_REPORT"):
+            Path(os.environ["PIMEM_CHAOS_REPORT"]).write_text(json.dumps(report, indent=1))
+        assert report["violations"] == []
+        assert restarts == 1 and kills >= 3
+        assert report["jobs"].get("succeeded", 0) > 0, "the workers got work done meanwhile"
+        assert fake.violations == []
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.kill()
+        fake.stop()
+        cluster.destroy()
