@@ -10,9 +10,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.jobs_world import (advance, checkpoint, claim, commit, extraction_of,
-                              maintenance, start)
 from tests.factory import World
+from tests.jobs_world import advance, checkpoint, claim, commit, extraction_of, maintenance, start
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "pyworker" / "data" / "redaction_vectors.json"
 VECTORS = json.loads(VECTORS_PATH.read_text())

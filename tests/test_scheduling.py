@@ -7,8 +7,17 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.jobs_world import (advance, checkpoint, claim, commit, extraction_of, jobs,
-                              maintenance, run_one_extraction, start)
+from tests.jobs_world import (
+    advance,
+    checkpoint,
+    claim,
+    commit,
+    extraction_of,
+    jobs,
+    maintenance,
+    run_one_extraction,
+    start,
+)
 
 
 def extract_jobs(conn: psycopg.Connection, ws: str = "ws1", status: str = "pending") -> list[dict]:
