@@ -65,13 +65,24 @@ def worker(
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
 ) -> None:
     """Run the background worker: maintenance, claim, model call, checkpoint, commit."""
+    import psycopg
+
     from pyworker import logs
-    from pyworker.adapters import make_adapter
+    from pyworker.adapters import AdapterUnavailable, make_adapter
     from pyworker.worker import Worker, WorkerConfig
 
     logs.setup(log_level)
-    adapter = make_adapter(model, pi_models=pi_models, pi_agent_dir=pi_agent_dir,
-                           openai_base_url=openai_base_url, prices=prices)
+    try:
+        psycopg.conninfo.conninfo_to_dict(_dsn(dsn))
+    except psycopg.ProgrammingError as exc:
+        console.print(f"[red]not a connection string: {exc}[/red]")
+        raise typer.Exit(2) from None
+    try:
+        adapter = make_adapter(model, pi_models=pi_models, pi_agent_dir=pi_agent_dir,
+                               openai_base_url=openai_base_url, prices=prices)
+    except (AdapterUnavailable, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     config = WorkerConfig(dsn=_dsn(dsn), interval=interval, tick_seconds=tick_seconds,
                           workspace_id=workspace)
     if worker_id:

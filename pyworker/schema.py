@@ -37,7 +37,7 @@ def apply_canonical(conn: psycopg.Connection) -> None:
 
 def yoyo_url(dsn: str) -> str:
     """A yoyo database URL for a libpq DSN or URI (psycopg 3 backend)."""
-    if dsn.startswith("postgresql://") or dsn.startswith("postgres://"):
+    if dsn.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + dsn.split("://", 1)[1]
     # key=value DSN: let psycopg parse it, then rebuild a URL.
     info = psycopg.conninfo.conninfo_to_dict(dsn)

@@ -64,12 +64,12 @@ class LocalCluster:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         subprocess.run(cmd, check=True, capture_output=True, cwd=self.dir)
 
-    def init(self) -> "LocalCluster":
+    def init(self) -> LocalCluster:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync",
                   "-E", "UTF8", "--locale=C.UTF-8")
         return self
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         opts = f"-k {self.dir} -p {self.port} " + " ".join(
             f"-c {k}={v}" for k, v in self.settings.items())
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-o", opts, "start")

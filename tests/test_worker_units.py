@@ -183,3 +183,16 @@ def test_redaction_matches_the_shared_vectors() -> None:
     failures = [(v["name"], redact(v["input"]), v["expected"]) for v in vectors
                 if redact(v["input"]) != v["expected"]]
     assert failures == []
+
+
+def test_worker_refuses_to_start_without_pi_rather_than_failing_every_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from pyworker.cli import app
+
+    monkeypatch.setenv("PIMEM_PI_BIN", "/nonexistent/pi")
+    result = CliRunner().invoke(app, ["worker", "--dsn", "host=/nonexistent", "--model", "pi"])
+    assert result.exit_code == 2 and "Pi CLI is not installed" in result.output
+    bad = CliRunner().invoke(app, ["worker", "--dsn", "not a dsn", "--model", "offline"])
+    assert bad.exit_code == 2 and "not a connection string" in bad.output

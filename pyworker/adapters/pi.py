@@ -82,7 +82,7 @@ def find_pi() -> Path | None:
 def pi_unavailable_reason() -> str | None:
     """Why the Pi adapter cannot run here, or None when it can (Pi found, Node >= 22.19)."""
     pi = find_pi()
-    if pi is None:
+    if pi is None or not pi.exists():
         return "the Pi CLI is not installed (scripts/bootstrap installs it into .pimem/node)"
     env = pi_environment(Path(tempfile.gettempdir()))
     node = shutil.which("node", path=env["PATH"])
@@ -144,7 +144,6 @@ class PiAdapter:
     name: str = "pi"
 
     def __post_init__(self) -> None:
-        self._own_dir = self.agent_dir is None
         base = Path(tempfile.mkdtemp(prefix="pimem-pi-"))
         self.agent_dir = prepare_agent_dir(self.agent_dir or base / "agent", self.models)
         self.workdir = base / "cwd"  # neutral and empty: Pi quotes its cwd in the system prompt
@@ -270,8 +269,7 @@ class PiAdapter:
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait(5)
-        if self._own_dir:
-            shutil.rmtree(self._base, ignore_errors=True)
+        shutil.rmtree(self._base, ignore_errors=True)  # a given agent_dir lives elsewhere
 
     # the adapter interface ---------------------------------------------------------------------
 
