@@ -240,3 +240,34 @@ def test_stop_during_the_call_reports_unknown_at_once(
     model.release.set()
     assert jobs(conn)[0]["status"] == "stopped"
     assert [a["outcome"] for a in attempts(conn)] == ["unknown"]
+
+
+def test_lease_is_extended_during_the_call_and_a_lost_lease_aborts_it(
+        conn: psycopg.Connection, db_dsn: str, model: FakeModel) -> None:
+    finished_conversation(conn)
+    model.mode = "hang"
+    worker = make_worker(db_dsn, openai_adapter(model), lease_every=0.2)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(r=worker.tick()), daemon=True)
+    thread.start()
+    assert model.call_started.wait(10)
+    first = rows(conn, "select lease_expires_at from memory_private.jobs")[0]["lease_expires_at"]
+    # Real heartbeats (every 0.2 s here), so this waits for real time, up to 5 s.
+    until = time.monotonic() + 5
+    while time.monotonic() < until:
+        later = rows(conn, "select lease_expires_at from memory_private.jobs")[0][
+            "lease_expires_at"]
+        if later > first:
+            break
+        time.sleep(0.05)
+    assert later > first, "the lease was not extended during the call"
+    # Another party decides the lease is gone: the clock passes it and maintenance reclaims it.
+    conn.execute("select memory_private.advance_clock(interval '3 minutes'), "
+                 "memory.run_maintenance()")
+    thread.join(5)
+    assert not thread.is_alive(), "the call was not aborted after the lease was lost"
+    assert result["r"].status == "unknown" and result["r"].detail == "lease lost"
+    model.release.set()
+    assert jobs(conn)[0]["status"] == "stopped"
+    assert [a["outcome"] for a in attempts(conn)] == ["unknown"]
+    assert_nothing_written(conn)
