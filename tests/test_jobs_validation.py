@@ -15,7 +15,6 @@ from tests.jobs_world import (
     checkpoint,
     claim,
     commit,
-    extraction_of,
     fail,
     idle_private_world,
     job_row,
