@@ -14,7 +14,7 @@ select set_eq(
   array['upsert_workspace', 'upsert_member', 'upsert_bot', 'upsert_chat', 'upsert_topic',
         'set_repository_grant', 'upsert_request', 'upsert_message', 'remove_message',
         'recall', 'query_memories', 'manage_memory', 'request_citations',
-        'resolve_scope'],
+        'resolve_scope', 'delete_workspace', 'answer_retention_boundary'],
   'memory_backend executes the ingest API and scope resolution');
 
 select set_eq(
@@ -25,7 +25,8 @@ select set_eq(
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
-  array['resolve_scope', 'run_maintenance'],
+  array['resolve_scope', 'delete_workspace', 'run_maintenance',
+        'retry_job', 'set_workspace_paused', 'explain_record'],
   'memory_operator executes the operator functions');
 
 create role pimem_test_backend login in role memory_backend;

@@ -1,0 +1,636 @@
+-- 80_operator.sql: what a DBA sees and may do (issue 9; docs/operations.md is the runbook).
+--
+-- Views for memory_operator, one question each:
+--   memory.workspace_status        per workspace: pause, budgets, records valid/invalid by reason,
+--                                  pending consolidations, jobs by status, tombstones
+--   memory.scope_status            per scope: recall on/off, records valid/invalid by reason, index
+--                                  age and size, pending consolidation, open jobs, tombstones
+--   memory.record_status           per record: kind, dates, usage, sources, why it is invalid now
+--   memory.job_status              per job: phase, status, age, claims, next attempt, last error,
+--                                  the outcome of its last attempt, and why it cannot be retried
+--   memory.request_memory_charges  per request: what memory work charged to it (P18)
+-- No view shows message text, a title, a summary or an index text: only ids, hashes, sizes,
+-- dates, counts and the coded reasons. Validity is decided by the same read-time rule recall
+-- uses (memory_private.record_invalid_reason), without a requester: a private scope is checked
+-- for its own user; a shared scope's per-requester checks (membership, grants) need
+-- memory.explain_record with a requester.
+--
+-- Admin functions for memory_operator: memory.retry_job, memory.set_workspace_paused,
+-- memory.explain_record. memory.run_maintenance and memory.delete_workspace (the purge) are
+-- granted to the operator where they are defined.
+--
+-- The views read every workspace (a DBA's look across tenants); the functions, like every
+-- public function, take the workspace first and touch only its rows (docs/scaling.md).
+
+-- What the views call -------------------------------------------------------------------------
+-- A view reads tables with its owner's rights, but the functions it calls run with the
+-- caller's, and the read-time rules read private tables. These wrappers run them as the owner;
+-- only memory_operator may execute them (and only through the views: the operator has no usage
+-- on memory_private).
+
+create function memory_private.operator_now() returns timestamptz
+  language sql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select memory_private.clock_now() $$;
+comment on function memory_private.operator_now() is
+  'memory_private.clock_now() for the operator views (security definer).';
+
+create function memory_private.operator_record_invalid_reason(p_record memory_private.records)
+  returns text
+  language sql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select memory_private.record_invalid_reason(p_record, null) $$;
+comment on function memory_private.operator_record_invalid_reason(memory_private.records) is
+  'memory_private.record_invalid_reason without a requester, for the operator views (security '
+  'definer).';
+
+create function memory_private.operator_job_stale_reason(p_job memory_private.jobs)
+  returns text
+  language sql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select memory_private.job_stale_reason(p_job) $$;
+comment on function memory_private.operator_job_stale_reason(memory_private.jobs) is
+  'memory_private.job_stale_reason for the operator views (security definer).';
+
+-- Views --------------------------------------------------------------------------------------
+
+create view memory.record_status as
+select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
+       r.created_at, r.last_used_at, r.usage_count,
+       (select count(*) from memory_private.record_sources rs
+         where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+       octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
+       coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+       v.reason is null as valid,
+       v.reason as invalid_reason,
+       r.invalid_at
+  from memory_private.records r
+  join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
+  cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
+comment on view memory.record_status is
+  'One row per memory record, without its text: scope, kind, dates, usage, number of sources, '
+  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
+  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
+  'memory.explain_record(workspace, record) says why.';
+
+create view memory.scope_status as
+select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
+       s.recall_enabled,
+       coalesce(rc.records_valid, 0)::bigint as records_valid,
+       coalesce(rc.records_invalid, 0)::bigint as records_invalid,
+       coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+       coalesce(cardinality(s.index_record_ids), 0) as index_records,
+       octet_length(s.index_text) as index_bytes,
+       s.index_built_at,
+       memory_private.operator_now() - s.index_built_at as index_age,
+       s.consolidation_due_at is not null as consolidation_pending,
+       s.consolidation_due_at,
+       ej.job_id as extract_job_id, ej.status as extract_job_status,
+       cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+       (select count(*) from memory_private.tombstones t
+         where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+       s.created_at
+  from memory_private.scopes s
+  left join lateral (
+    select sum(g.n) filter (where g.reason is null) as records_valid,
+           sum(g.n) filter (where g.reason is not null) as records_invalid,
+           jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
+             as invalid_by_reason
+      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
+              from memory_private.records r
+             where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id
+             group by 1) g
+  ) rc on true
+  left join memory_private.jobs ej
+    on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
+   and ej.status in ('pending', 'running')
+  left join memory_private.jobs cj
+    on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
+   and cj.phase = 'consolidate' and cj.status in ('pending', 'running');
+comment on view memory.scope_status is
+  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
+  'the index (records named, bytes, when built, age), whether a consolidation is pending, the '
+  'open extraction and consolidation jobs, and the tombstone count. No text.';
+
+create view memory.workspace_status as
+select w.workspace_id, w.paused, w.config_version, w.idle_window,
+       w.budget_usd, w.spent_usd, w.memory_spent_usd,
+       w.budget_usd - w.spent_usd - w.memory_spent_usd as budget_left_usd,
+       (select count(*) from memory_private.scopes s
+         where s.workspace_id = w.workspace_id) as scopes,
+       (select count(*) from memory_private.scopes s
+         where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
+       coalesce(rc.records_valid, 0)::bigint as records_valid,
+       coalesce(rc.records_invalid, 0)::bigint as records_invalid,
+       coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+       (select count(*) from memory_private.scopes s
+         where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
+         as consolidations_pending,
+       coalesce(jc.pending, 0) as jobs_pending,
+       coalesce(jc.due, 0) as jobs_due,
+       coalesce(jc.running, 0) as jobs_running,
+       coalesce(jc.stopped, 0) as jobs_stopped,
+       coalesce(jc.succeeded, 0) as jobs_succeeded,
+       jc.oldest_pending_age,
+       (select count(*) from memory_private.tombstones t
+         where t.workspace_id = w.workspace_id) as tombstones
+  from memory_private.workspaces w
+  left join lateral (
+    select sum(g.n) filter (where g.reason is null) as records_valid,
+           sum(g.n) filter (where g.reason is not null) as records_invalid,
+           jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
+             as invalid_by_reason
+      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
+              from memory_private.records r
+             where r.workspace_id = w.workspace_id
+             group by 1) g
+  ) rc on true
+  left join lateral (
+    select count(*) filter (where j.status = 'pending') as pending,
+           count(*) filter (where j.status = 'pending'
+                              and j.next_attempt_at <= memory_private.operator_now()) as due,
+           count(*) filter (where j.status = 'running') as running,
+           count(*) filter (where j.status = 'stopped'
+                              and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+           count(*) filter (where j.status = 'succeeded') as succeeded,
+           memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+             as oldest_pending_age
+      from memory_private.jobs j
+     where j.workspace_id = w.workspace_id
+  ) jc on true;
+comment on view memory.workspace_status is
+  'One row per workspace: paused or not, config version, budget and spend (backend and memory), '
+  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
+  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
+  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
+
+-- Retry rules: one place, read by the job view and by memory.retry_job.
+create function memory_private.job_retry_refusal(p_job memory_private.jobs) returns jsonb
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_config integer;
+  v_reason text;
+  v_open memory_private.jobs;
+begin
+  if p_job.status <> 'stopped' then
+    return jsonb_build_object('code', 'MB025', 'reason',
+      format('job %s is %s; only a stopped job can be retried', p_job.job_id, p_job.status));
+  end if;
+  if p_job.result ? 'retried_as_job_id' then
+    return jsonb_build_object('code', 'MB025', 'reason',
+      format('job %s was already retried as job %s', p_job.job_id,
+             p_job.result ->> 'retried_as_job_id'));
+  end if;
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_job.workspace_id;
+  if p_job.config_version <> v_config then
+    return jsonb_build_object('code', 'MB022', 'reason',
+      format('the model/provider configuration changed since job %s was made (version %s -> '
+             '%s); maintenance schedules this work afresh under the current configuration',
+             p_job.job_id, p_job.config_version, v_config));
+  end if;
+  v_reason := memory_private.job_stale_reason(p_job);
+  if v_reason is not null then
+    return jsonb_build_object('code', 'MB021', 'reason',
+      format('the input of job %s changed (%s); a retry would replay a stale snapshot, and '
+             'maintenance schedules a fresh one of the current sources instead',
+             p_job.job_id, v_reason));
+  end if;
+  select * into v_open from memory_private.jobs
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id
+     and phase = p_job.phase and status in ('pending', 'running')
+   limit 1;
+  if found then
+    return jsonb_build_object('code', 'MB025', 'reason',
+      format('scope %s already has %s %s job %s; it covers the scope''s current input',
+             p_job.scope_id, v_open.status, v_open.phase, v_open.job_id));
+  end if;
+  if p_job.phase = 'extract'
+     and not exists (select 1
+                       from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+                      where not exists (select 1 from memory_private.extracted_sources e
+                                         where e.workspace_id = p_job.workspace_id
+                                           and e.scope_id = p_job.scope_id
+                                           and e.message_id = s.id and e.content_hash = s.hash))
+  then
+    return jsonb_build_object('code', 'MB025', 'reason',
+      format('every source of job %s has been extracted by a later job; nothing is left to do',
+             p_job.job_id));
+  end if;
+  if p_job.phase = 'consolidate'
+     and not exists (select 1 from memory_private.scopes s
+                      where s.workspace_id = p_job.workspace_id and s.scope_id = p_job.scope_id
+                        and s.consolidation_due_at is not null) then
+    return jsonb_build_object('code', 'MB025', 'reason',
+      format('the index of scope %s is current; nothing is left to do', p_job.scope_id));
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.job_retry_refusal(memory_private.jobs) is
+  'Why a job cannot be retried by an operator, as {"code", "reason"}, or NULL when it can: it '
+  'is not stopped (MB025), was already retried (MB025), was made under an older model/provider '
+  'configuration (MB022), its input changed (MB021), its scope already has an open job of the '
+  'phase (MB025), or its work was done since (MB025).';
+
+create function memory_private.operator_job_retry_refusal(p_job memory_private.jobs)
+  returns jsonb
+  language sql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select memory_private.job_retry_refusal(p_job) $$;
+comment on function memory_private.operator_job_retry_refusal(memory_private.jobs) is
+  'memory_private.job_retry_refusal for the operator views (security definer).';
+
+create view memory.job_status as
+select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
+       memory_private.operator_now() - j.created_at as age,
+       j.claims, 3 - j.claims as claims_left,
+       case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
+       j.worker_id, j.lease_expires_at,
+       j.checkpoint is not null as has_checkpoint,
+       j.last_error,
+       a.attempt_no as last_attempt_no,
+       a.outcome as last_attempt_outcome,
+       a.error as last_attempt_error,
+       a.started_at as last_attempt_at,
+       coalesce(c.cost_usd, 0) as cost_usd,
+       j.origin_request_id, j.model_provider, j.model_id, j.config_version,
+       j.config_version = w.config_version as config_current,
+       case j.phase when 'extract' then jsonb_array_length(j.input -> 'sources')
+                    else jsonb_array_length(j.input -> 'candidates') end as input_items,
+       case when j.status in ('pending', 'running', 'stopped')
+            then memory_private.operator_job_stale_reason(j) end as stale_reason,
+       case when j.status = 'stopped'
+            then memory_private.operator_job_retry_refusal(j) ->> 'reason' end as retry_refusal,
+       (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+       j.created_at, j.updated_at, j.finished_at
+  from memory_private.jobs j
+  join memory_private.workspaces w on w.workspace_id = j.workspace_id
+  left join lateral (
+    select ja.attempt_no, ja.outcome, ja.error, ja.started_at
+      from memory_private.job_attempts ja
+     where ja.workspace_id = j.workspace_id and ja.job_id = j.job_id
+     order by ja.attempt_no desc
+     limit 1
+  ) a on true
+  left join lateral (
+    select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
+     where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
+  ) c on true;
+comment on view memory.job_status is
+  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
+  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
+  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
+  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
+  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
+  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
+
+create view memory.request_memory_charges as
+select q.workspace_id, q.request_id, q.status as request_status,
+       q.model_provider, q.model_id,
+       q.budget_usd, q.spent_usd, q.memory_spent_usd,
+       q.budget_usd - q.spent_usd - q.memory_spent_usd as budget_left_usd,
+       count(*) as attempts,
+       count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
+       coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
+       count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
+       coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
+         as consolidate_usd,
+       count(*) filter (where c.outcome = 'failed') as failed_attempts,
+       count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
+       coalesce(sum(c.input_tokens), 0) as input_tokens,
+       coalesce(sum(c.output_tokens), 0) as output_tokens,
+       max(c.created_at) as last_charge_at
+  from memory_private.request_charges c
+  join memory_private.requests q
+    on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+ group by q.workspace_id, q.request_id;
+comment on view memory.request_memory_charges is
+  'One row per request that memory work charged (P18): its budget, the spend the backend '
+  'reported, the memory spend, what is left, and the memory attempts by kind '
+  '(memory_extract, memory_consolidate) and outcome with their tokens and dollars. An unknown '
+  'outcome is charged at its reserve.';
+
+-- Admin functions ----------------------------------------------------------------------------
+
+create function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_refusal jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_new bigint;
+  v_ws memory_private.workspaces;
+  v_request memory_private.requests;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id
+     for no key update;
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002', hint = 'See memory.job_status.';
+  end if;
+  v_refusal := memory_private.job_retry_refusal(v_job);
+  if v_refusal is not null then
+    raise exception '%', v_refusal ->> 'reason' using errcode = v_refusal ->> 'code',
+      hint = 'Nothing was changed. See memory.job_status.';
+  end if;
+
+  -- A fresh job with the same input, origin request and pinned model: three new claims, due
+  -- now. The stopped job stays as it was (its attempts and charges are history) and names its
+  -- successor.
+  insert into memory_private.jobs
+    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
+     model_id, config_version, next_attempt_at, last_error, created_at, updated_at)
+  values (p_workspace_id, v_job.scope_id, v_job.phase, v_job.input, v_job.input_hash,
+          v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
+          v_now,
+          left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
+                      coalesce(v_job.last_error, 'no error recorded')), 2000),
+          v_now, v_now)
+  returning job_id into v_new;
+  update memory_private.jobs
+     set result = coalesce(result, '{}'::jsonb)
+                  || jsonb_build_object('retried_as_job_id', v_new, 'retried_at', v_now),
+         updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  return jsonb_build_object(
+    'job_id', p_job_id,
+    'retried_as_job_id', v_new,
+    'status', 'pending',
+    'next_attempt_at', v_now,
+    'workspace_paused', v_ws.paused,
+    'request_budget_left_usd',
+      v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
+    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd);
+end
+$$;
+comment on function memory.retry_job(text, bigint) is
+  'Retries a stopped job: a new pending job with the same input, origin request and pinned '
+  'model, due now with three fresh claims; the stopped job stays as history and names it '
+  '(retried_as_job_id). A retry replays the model call, which may be charged again. Refused, '
+  'changing nothing, when the job is not stopped or was already retried (MB025), its '
+  'configuration is outdated (MB022: maintenance schedules the work afresh), its input changed '
+  'since (MB021: maintenance schedules a fresh snapshot), or its scope has an open job of the '
+  'phase or its work was done since (MB025). A paused workspace keeps the job until resumed.';
+
+create function memory.set_workspace_paused(p_workspace_id text, p_paused boolean)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_changed boolean;
+  v_running bigint;
+  v_pending integer;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_paused is null then
+    raise exception 'paused is required (true pauses memory work, false resumes it)'
+      using errcode = 'MB001';
+  end if;
+  update memory_private.workspaces
+     set paused = p_paused, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and paused is distinct from p_paused;
+  v_changed := found;
+  select job_id into v_running from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'running';
+  select count(*) into v_pending from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'pending';
+  return jsonb_build_object('workspace_id', p_workspace_id, 'paused', p_paused,
+                            'changed', v_changed, 'running_job_id', v_running,
+                            'pending_jobs', v_pending);
+end
+$$;
+comment on function memory.set_workspace_paused(text, boolean) is
+  'Pauses (true) or resumes (false) the background memory work of a workspace. While paused no '
+  'job is claimed and maintenance schedules no extraction or consolidation; it still expires '
+  'leases, retires stale jobs and runs the retention sweep, and recall of existing memories '
+  'goes on. A job already running finishes its current claim. Returns whether anything '
+  'changed, the running job (if any) and the pending count.';
+
+create function memory.explain_record(
+  p_workspace_id text, p_record_id bigint, p_requester text default null
+) returns jsonb
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_record memory_private.records;
+  v_scope memory_private.scopes;
+  v_chat memory_private.chats;
+  v_bot memory_private.bots;
+  v_member memory_private.members;
+  v_user text;
+  v_now timestamptz := memory_private.clock_now();
+  v_sources jsonb;
+  v_bad jsonb;
+  v_missing text[];
+  v_checks jsonb := '[]';
+  v_reason text;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_record_id is null then
+    raise exception 'record_id is required' using errcode = 'MB001';
+  end if;
+  if p_requester is not null then
+    perform memory_private.check_id('requester', p_requester);
+  end if;
+  select * into v_record from memory_private.records
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  if not found then
+    raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
+      using errcode = 'MB002', hint = 'It may have been pruned, forgotten or purged; see '
+                                      'memory.record_status.';
+  end if;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
+  select * into v_chat from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = v_scope.chat_id;
+  select * into v_bot from memory_private.bots
+   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
+  v_user := coalesce(v_scope.user_id, p_requester);
+  if v_user is not null then
+    select * into v_member from memory_private.members
+     where workspace_id = p_workspace_id and user_id = v_user;
+  end if;
+
+  -- Each source: the hash it had when used, the hash it has now, and its state, decided in the
+  -- order memory_private.record_invalid_reason decides it.
+  select coalesce(jsonb_agg(x.src order by x.message_id), '[]')
+    into v_sources
+    from (select rs.message_id, jsonb_build_object(
+                   'message_id', rs.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
+                   'recorded_hash', rs.content_hash, 'current_hash', m.content_hash,
+                   'retain_until', m.retain_until, 'removed_at', m.removed_at,
+                   'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+                   'tombstoned', t.message_id is not null,
+                   'state', case
+                              when m.removed_at is not null then 'source_removed'
+                              when m.body is null or m.retain_until <= v_now
+                                then 'source_expired'
+                              when m.content_hash <> rs.content_hash then 'source_edited'
+                              when t.message_id is not null then 'forgotten'
+                              else 'current' end) as src
+            from memory_private.record_sources rs
+            join memory_private.messages m
+              on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+            left join memory_private.tombstones t
+              on t.workspace_id = rs.workspace_id and t.scope_id = v_record.scope_id
+             and t.message_id = rs.message_id
+           where rs.workspace_id = p_workspace_id and rs.record_id = p_record_id) x;
+  select coalesce(jsonb_agg(s), '[]') into v_bad
+    from jsonb_array_elements(v_sources) s where s ->> 'state' <> 'current';
+
+  select array_agg(repo order by repo) into v_missing
+    from unnest(v_record.repositories) repo
+   where v_user is not null
+     and not exists (select 1 from memory_private.repository_grants g
+                      where g.workspace_id = p_workspace_id and g.user_id = v_user
+                        and g.repository_id = repo);
+
+  -- The checks, in the order the read-time rule applies them; the first that fails is the
+  -- reason recall gives.
+  v_checks := jsonb_build_array(
+    jsonb_build_object('check', 'not_invalidated', 'reason', v_record.invalid_reason,
+      'ok', v_record.invalid_reason is null,
+      'detail', case when v_record.invalid_reason is null
+                     then 'no permanent invalidation recorded'
+                     else format('invalidated at %s: %s', v_record.invalid_at,
+                                 v_record.invalid_reason) end),
+    jsonb_build_object('check', 'recall_enabled', 'reason', 'recall_disabled',
+      'ok', v_scope.recall_enabled,
+      'detail', case when v_scope.recall_enabled then 'recall is on in the scope'
+                     else 'recall is off in the scope (records kept, not read)' end),
+    jsonb_build_object('check', 'bot_active', 'reason', 'bot_inactive',
+      'ok', coalesce(v_bot.active, false),
+      'detail', case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
+                     when v_bot.active then format('bot %s is active', v_bot.bot_id)
+                     else format('bot %s is inactive', v_bot.bot_id) end),
+    jsonb_build_object('check', 'bot_identity', 'reason', 'bot_replaced',
+      'ok', v_bot.bot_id is null or v_bot.identity = v_record.bot_identity,
+      'detail', case when v_bot.bot_id is null then 'no bot to compare with'
+                     when v_bot.identity = v_record.bot_identity
+                       then 'made under the bot''s current identity'
+                     else format('made under identity %s; the bot is now %s',
+                                 v_record.bot_identity, v_bot.identity) end),
+    jsonb_build_object('check', 'group_linked', 'reason', 'group_unlinked',
+      'ok', v_scope.kind = 'private' or v_chat.linked,
+      'detail', case when v_scope.kind = 'private' then 'private scope: no group link needed'
+                     when v_chat.linked then format('group %s is linked', v_chat.chat_id)
+                     else format('group %s is not linked', v_chat.chat_id) end),
+    jsonb_build_object('check', 'membership', 'reason', 'membership',
+      'ok', v_user is null or coalesce(v_member.active, false),
+      'detail', case when v_user is null
+                       then 'shared scope and no requester: per-requester membership not checked'
+                     when v_member.user_id is null
+                       then format('user %s is not a member of the workspace', v_user)
+                     when v_member.active then format('user %s is an active %s', v_user,
+                                                      v_member.role)
+                     else format('user %s is an inactive member', v_user) end),
+    jsonb_build_object('check', 'requester_is_scope_user', 'reason', 'membership',
+      'ok', p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
+      'detail', case when p_requester is null then 'no requester given'
+                     when v_scope.kind <> 'private' then 'shared scope: any active member'
+                     when p_requester = v_scope.user_id
+                       then 'the requester owns the private scope'
+                     else format('the private scope belongs to %s, not %s', v_scope.user_id,
+                                 p_requester) end),
+    jsonb_build_object('check', 'sources_current',
+      'reason', v_bad -> 0 ->> 'state',
+      'ok', jsonb_array_length(v_bad) = 0,
+      'detail', case when jsonb_array_length(v_bad) = 0
+                     then format('all %s sources are retained and unchanged',
+                                 jsonb_array_length(v_sources))
+                     else format('%s of %s sources are not current: %s',
+                                 jsonb_array_length(v_bad), jsonb_array_length(v_sources),
+                                 (select string_agg((s ->> 'message_id') || ' '
+                                                    || (s ->> 'state'), ', ')
+                                    from jsonb_array_elements(v_bad) s)) end),
+    jsonb_build_object('check', 'repository_grants', 'reason', 'grant_revoked',
+      'ok', coalesce(cardinality(v_missing), 0) = 0,
+      'detail', case when cardinality(v_record.repositories) = 0
+                       then 'drew on no repository'
+                     when v_user is null
+                       then 'shared scope and no requester: per-requester grants not checked'
+                     when coalesce(cardinality(v_missing), 0) = 0
+                       then format('%s can read every repository it drew on', v_user)
+                     else format('%s can no longer read %s', v_user,
+                                 array_to_string(v_missing, ', ')) end));
+
+  v_reason := memory_private.record_invalid_reason(v_record, p_requester);
+  return jsonb_build_object(
+    'workspace_id', p_workspace_id,
+    'record_id', v_record.record_id,
+    'requester', p_requester,
+    'valid', v_reason is null,
+    'invalid_reason', v_reason,
+    'record', jsonb_build_object(
+      'kind', v_record.kind, 'created_at', v_record.created_at,
+      'last_used_at', v_record.last_used_at, 'usage_count', v_record.usage_count,
+      'title_bytes', octet_length(v_record.title),
+      'summary_bytes', octet_length(v_record.summary),
+      'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
+      'repositories', to_jsonb(v_record.repositories),
+      'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
+      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
+    'scope', jsonb_build_object(
+      'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
+      'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
+      'recall_enabled', v_scope.recall_enabled),
+    'checks', v_checks,
+    'sources', v_sources);
+end
+$$;
+comment on function memory.explain_record(text, bigint, text) is
+  'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
+  'recall decides them (for the given requester, or for the scope''s own user when NULL), '
+  'every check in the order the rule applies them (permanent invalidation, recall on, bot '
+  'active, bot identity, group linked, membership, requester owns the private scope, sources '
+  'current, repository grants) with ok and a detail, and every source with the hash it had '
+  'when used, the hash it has now and its state (current, source_removed, source_expired, '
+  'source_edited, forgotten). MB001, MB002 when the record is unknown.';
+
+-- Grants -------------------------------------------------------------------------------------
+
+revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
+              memory.job_status, memory.request_memory_charges from public;
+grant select on memory.record_status, memory.scope_status, memory.workspace_status,
+                memory.job_status, memory.request_memory_charges to memory_operator;
+
+revoke all on function
+  memory_private.operator_now(),
+  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_job_stale_reason(memory_private.jobs),
+  memory_private.operator_job_retry_refusal(memory_private.jobs)
+from public;
+grant execute on function
+  memory_private.operator_now(),
+  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_job_stale_reason(memory_private.jobs),
+  memory_private.operator_job_retry_refusal(memory_private.jobs)
+to memory_operator;
+
+revoke all on function
+  memory.retry_job(text, bigint),
+  memory.set_workspace_paused(text, boolean),
+  memory.explain_record(text, bigint, text)
+from public;
+grant execute on function
+  memory.retry_job(text, bigint),
+  memory.set_workspace_paused(text, boolean),
+  memory.explain_record(text, bigint, text)
+to memory_operator;
