@@ -5,6 +5,7 @@ replays (C9), forget with tombstones and overlap (T7, T8)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -465,3 +466,43 @@ def test_scheduled_requests_cannot_manage_memory(conn: psycopg.Connection, w: Wo
         manage(conn, "ws1", "s1", "c1", {"action": "remember", "sourceId": "s1-u"})
     assert err.value.sqlstate == "MB005"
     assert count(conn, "records") == 0 and count(conn, "scopes") == 0
+
+
+# Races --------------------------------------------------------------------------------------------
+
+
+def wait_until_blocked(conn: psycopg.Connection, pid: int) -> None:
+    """Polls until the backend ``pid`` waits on a lock (no fixed sleep)."""
+    for _ in range(2000):
+        row = conn.execute("select wait_event_type from pg_stat_activity where pid = %s",
+                           (pid,)).fetchone()
+        if row is not None and row[0] == "Lock":
+            return
+        conn.execute("select pg_sleep(0.005)")
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+@pytest.mark.parametrize("tool", ["manage_memory", "query_memories"])
+def test_a_call_replayed_concurrently_is_applied_and_counted_once(
+        conn: psycopg.Connection, db_dsn: str, w: World, tool: str) -> None:
+    h, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice", user_text="tea")
+    r = make_record(conn, "ws1", "h1", [h])
+    source = turn(w, "r1", "remember that I like jazz")
+    call = (manage, {"action": "remember", "sourceId": source}) if tool == "manage_memory" \
+        else (query, {})
+    results: list[dict[str, Any]] = []
+    with psycopg.connect(db_dsn) as first, psycopg.connect(db_dsn, autocommit=True) as second:
+        results.append(call[0](first, "ws1", "r1", "c1", call[1]))  # open transaction
+        pid = second.info.backend_pid
+        worker = threading.Thread(
+            target=lambda: results.append(call[0](second, "ws1", "r1", "c1", call[1])))
+        worker.start()
+        wait_until_blocked(conn, pid)
+        first.commit()
+        worker.join(timeout=30)
+    assert [res["replayed"] for res in results] == [False, True]
+    if tool == "manage_memory":
+        assert count(conn, "records") == 2 and results[0]["memory_id"] == results[1]["memory_id"]
+    else:
+        assert conn.execute("select usage_count from memory_private.records "
+                            "where record_id = %s", (r,)).fetchone() == (1,)
