@@ -1,11 +1,226 @@
-"""Job machinery throughput: ours (claim + checkpoint + commit) vs procrastinate (placeholder)."""
+"""Job machinery throughput: ours vs procrastinate's fetch-and-finish, on the same server.
+
+Ours: the real worker (``pyworker.worker.Worker.tick``) with the ``offline`` model, one process
+per worker; a tick is claim_job + start_attempt + the offline model + save_checkpoint +
+commit_job. Maintenance (which creates the jobs) runs before the clock starts, as the peer's
+jobs are deferred before its clock starts; each worker process connects before the start signal.
+
+Peer: procrastinate 3.x's own SQL (``procrastinate.sql.queries``: fetch_job, finish_job) from the
+same number of processes, on the same server, in a ``bench_peer`` schema. Its task does nothing,
+so the peer's figure is its queue machinery alone; ours includes the offline model's work and
+the memory writes of a commit (record, sources, charges), and the report shows how much of our
+time per job is spent in the database.
+"""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import time
+from collections import Counter
 from typing import Any
 
-from pyworker.bench_db import not_available
+import psycopg
+
+from pyworker.bench_db import has_function, not_available, summarize
+from pyworker.db import Database
+
+PEER_SCHEMA = "bench_peer"
+WORKER_COUNTS = (1, 4)
+
+
+class NoMaintenanceDatabase(Database):
+    """The worker's database module without the maintenance call: the benchmark schedules its
+    jobs before the clock starts, so a tick is exactly claim, attempt, checkpoint, commit."""
+
+    def __init__(self, dsn: str, **kwargs: Any) -> None:
+        super().__init__(dsn, **kwargs)
+        self.db_ns = 0
+
+    def run_maintenance(self, workspace_id: str | None = None) -> dict[str, Any]:
+        return {}
+
+    def call(self, function: str, *args: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return super().call(function, *args)
+        finally:
+            self.db_ns += time.perf_counter_ns() - t0
+
+
+# Jobs to work on ---------------------------------------------------------------------------------
+
+_TURNS = [
+    ("Please draft the release notes for version 2.{k}. I prefer bullet points.",
+     "Here is a draft with bullet points; the changelog section is still open."),
+    ("Correction: the launch moved to Thursday, not Tuesday. Tell the support team.",
+     "Noted, the launch is on Thursday. I drafted a message for the support team."),
+    ("We decided to keep the old pricing for existing customers until March.",
+     "Understood: existing customers keep the old pricing until March."),
+]
+
+
+def prepare_jobs(dsn: str, tag: str, n: int) -> int:
+    """n workspaces with three finished conversations each (through the public API) and an
+    extraction job each (memory.run_maintenance); returns the number of pending jobs."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        for i in range(n):
+            ws = f"bench-job-{tag}-{i:04d}"
+            cur.execute("select memory.upsert_workspace(%s, 1, 100::numeric, 0::numeric, 0)",
+                        (ws,))
+            cur.execute("select memory.upsert_member(%s, 'u1', 'owner', true)", (ws,))
+            cur.execute("select memory.upsert_bot(%s, 'b1', 'b1-identity', true)", (ws,))
+            cur.execute("select memory.upsert_chat(%s, 'dm-u1', 'private', 'u1', true)", (ws,))
+            for k, (user_text, reply) in enumerate(_TURNS):
+                rid = f"r{k}"
+                cur.execute("select memory.upsert_request(%s, %s, 'b1', 'dm-u1', 0, 'u1', "
+                            "'interactive', 'succeeded', 'fake', 'm', 1::numeric)", (ws, rid))
+                cur.execute("select memory.upsert_message(%s, %s, %s, 'user', 'u1', %s)",
+                            (ws, f"{rid}-u", rid, user_text.format(k=k)))
+                cur.execute("select memory.upsert_message(%s, %s, %s, 'assistant', 'b1', %s)",
+                            (ws, f"{rid}-a", rid, reply))
+            cur.execute("select memory.run_maintenance(%s)", (ws,))
+        row = cur.execute("select count(*) from memory_private.jobs where workspace_id like %s "
+                          "and status = 'pending'", (f"bench-job-{tag}-%",)).fetchone()
+    return int(row[0]) if row else 0
+
+
+# Ours --------------------------------------------------------------------------------------------
+
+def _ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
+    from pyworker.adapters.offline import OfflineAdapter
+    from pyworker.worker import Worker, WorkerConfig
+
+    db = NoMaintenanceDatabase(dsn)
+    worker = Worker(WorkerConfig(dsn=dsn, interval=0.1), OfflineAdapter(), db=db)
+    db._connection()  # connect before the start signal, as the peer does
+    ready.release()
+    go.wait()
+    times: list[int] = []
+    statuses: Counter[str] = Counter()
+    while True:
+        t0 = time.perf_counter_ns()
+        result = worker.tick()
+        if result.status == "idle":
+            break
+        times.append(time.perf_counter_ns() - t0)
+        statuses[result.status] += 1
+    db.close()
+    results.put({"times": times, "db_ns": db.db_ns, "statuses": dict(statuses)})
+
+
+# The peer ----------------------------------------------------------------------------------------
+
+def install_peer(dsn: str) -> str | None:
+    """procrastinate's schema in its own schema of the bench database; None when procrastinate
+    is not installed (it is the 'bench' extra)."""
+    try:
+        from procrastinate.schema import SchemaManager
+    except ImportError:
+        return None
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"drop schema if exists {PEER_SCHEMA} cascade")
+        conn.execute(f"create schema {PEER_SCHEMA}")
+        with conn.transaction():
+            conn.execute(f"set local search_path = {PEER_SCHEMA}")
+            conn.execute(SchemaManager.get_schema().encode())
+        import procrastinate
+
+        return str(procrastinate.__version__)
+
+
+def defer_peer_jobs(dsn: str, n: int) -> None:
+    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={PEER_SCHEMA}") as conn:
+        for lo in range(0, n, 500):
+            count = min(500, n - lo)
+            conn.execute(
+                "select procrastinate_defer_jobs_v1(array(select row('bench', 'bench.noop', 0, "
+                "null, null, jsonb_build_object('i', i), null)::procrastinate_job_to_defer_v1 "
+                "from generate_series(1, %s) i))", (count,))
+
+
+def _peer_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
+    from procrastinate.sql import queries
+
+    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={PEER_SCHEMA}")
+    row = conn.execute(queries["register_worker"]).fetchone()
+    worker_id = row[0] if row else None
+    ready.release()
+    go.wait()
+    times: list[int] = []
+    while True:
+        t0 = time.perf_counter_ns()
+        job = conn.execute(queries["fetch_job"], {"queues": ["bench"],
+                                                  "worker_id": worker_id}).fetchone()
+        if job is None or job[0] is None:
+            break
+        conn.execute(queries["finish_job"], {"job_id": job[0], "status": "succeeded",
+                                             "delete_job": False})
+        times.append(time.perf_counter_ns() - t0)
+    conn.execute(queries["unregister_worker"], {"worker_id": worker_id})
+    conn.close()
+    results.put({"times": times, "db_ns": sum(times), "statuses": {"succeeded": len(times)}})
+
+
+# Running N processes against one queue -----------------------------------------------------------
+
+def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
+    ctx = mp.get_context("fork")  # no connection or thread is open in this process here
+    ready = ctx.Semaphore(0)
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(dsn, ready, go, results)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        if not ready.acquire(timeout=60):
+            raise RuntimeError("a benchmark worker did not start")
+    t0 = time.perf_counter()
+    go.set()
+    parts = [results.get(timeout=900) for _ in procs]
+    seconds = time.perf_counter() - t0
+    for p in procs:
+        p.join(30)
+    times = [t for part in parts for t in part["times"]]
+    statuses: Counter[str] = Counter()
+    for part in parts:
+        statuses.update(part["statuses"])
+    jobs = len(times)
+    db_ms = sum(part["db_ns"] for part in parts) / 1e6
+    return {"status": "ok", "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
+            "jobs_per_second": round(jobs / seconds, 1) if seconds else 0.0,
+            "per_job": summarize(times) if times else {},
+            "db_ms_per_job": round(db_ms / jobs, 3) if jobs else None,
+            "outcomes": dict(statuses)}
 
 
 def measure(dsn: str, *, jobs: int, peer_jobs: int) -> dict[str, Any]:
-    return not_available("the job machinery (sql/40_jobs.sql) has not landed yet")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        missing = [s for s in ("memory.claim_job(text)", "memory.commit_job(text,bigint,uuid)",
+                               "memory.run_maintenance(text)") if not has_function(conn, s)]
+    if missing:
+        return not_available(f"the job machinery is not in the schema yet: {', '.join(missing)}")
+    ours: dict[str, Any] = {}
+    peer: dict[str, Any] = {}
+    notes = []
+    for workers in WORKER_COUNTS:
+        made = prepare_jobs(dsn, f"w{workers}", jobs)
+        r = run_processes(_ours_process, dsn, workers)
+        r["label"] = "pimem (offline model)"
+        r["jobs_prepared"] = made
+        ours[str(workers)] = r
+    version = install_peer(dsn)
+    if version is None:
+        for workers in WORKER_COUNTS:
+            peer[str(workers)] = not_available(
+                "procrastinate is not installed (pip install -e '.[bench]' or scripts/bench)")
+    else:
+        for workers in WORKER_COUNTS:
+            defer_peer_jobs(dsn, peer_jobs)
+            r = run_processes(_peer_process, dsn, workers)
+            r["label"] = f"procrastinate {version} (no-op task)"
+            peer[str(workers)] = r
+    notes.append("Ours per job: claim_job, start_attempt, the offline model, save_checkpoint, "
+                 "commit_job (which writes the record, its sources and the charge); "
+                 "db_ms_per_job is the time inside those calls. The peer's no-op task makes its "
+                 "figure pure queue machinery (fetch_job + finish_job).")
+    return {"status": "ok", "ours": ours, "peer": peer, "notes": notes}
