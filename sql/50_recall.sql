@@ -179,7 +179,7 @@ $$;
 comment on function memory_private.arg_integer(jsonb, text, bigint, bigint) is
   'An optional integer argument within bounds (JSON null or absent = NULL); raises MB001.';
 
-create function memory_private.interactive_request(p_workspace_id text, p_request_id text)
+create function memory_private.known_request(p_workspace_id text, p_request_id text)
   returns memory_private.requests
   language plpgsql stable
   set search_path = pg_catalog, pg_temp
@@ -198,7 +198,7 @@ begin
   return v_request;
 end
 $$;
-comment on function memory_private.interactive_request(text, text) is
+comment on function memory_private.known_request(text, text) is
   'The request row after validating the workspace and request ids (MB001/MB002). The caller '
   'decides what a scheduled request gets.';
 
@@ -325,7 +325,7 @@ declare
   v_index text;
   v_ids bigint[];
 begin
-  v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
   if v_request.kind <> 'interactive' then
     return jsonb_build_object('mode', 'none');  -- V5: scheduled work reads no memories
   end if;
@@ -397,7 +397,7 @@ declare
   v_records jsonb;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
   perform memory_private.check_id('tool_call_id', p_tool_call_id);
   perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
   v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', 1000)), '');
@@ -503,7 +503,7 @@ create function memory.request_citations(p_workspace_id text, p_request_id text)
 declare
   v_request memory_private.requests;
 begin
-  v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
   return query
     select distinct c.message_id
       from memory_private.request_citations c

@@ -326,7 +326,8 @@ begin
              'this.', p_source_id));
     return;
   end if;
-  if v_source.speaker_id <> p_request.user_id or v_current.message_id <> v_source.message_id then
+  if v_source.speaker_id <> p_request.user_id
+     or v_current.message_id is distinct from v_source.message_id then
     outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
       format('Message %s is not the current message of the user of this request.',
              p_source_id));
@@ -512,7 +513,7 @@ declare
   v_refusal text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.interactive_request(p_workspace_id, p_request_id);
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
   perform memory_private.check_id('tool_call_id', p_tool_call_id);
   perform memory_private.check_tool_args(p_args, array['action', 'sourceId', 'memoryId', 'title']);
   v_action := memory_private.arg_text(p_args, 'action', 40);
@@ -573,7 +574,9 @@ begin
     (workspace_id, request_id, tool_call_id, tool, args_hash, authority, outcome, record_ids,
      created_at, updated_at)
   values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_hash, v_authority,
-          v_outcome, coalesce(array[(v_outcome ->> 'memory_id')::bigint], '{}'), v_now, v_now)
+          v_outcome,
+          array(select (v_outcome ->> 'memory_id')::bigint
+                 where v_outcome ->> 'memory_id' is not null), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update
     set authority = excluded.authority, outcome = excluded.outcome,
         record_ids = excluded.record_ids, updated_at = excluded.updated_at;
