@@ -20,12 +20,12 @@ select set_eq(
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_worker' $$,
   array['claim_job', 'extend_lease', 'start_attempt', 'save_checkpoint', 'commit_job',
-        'fail_job', 'run_maintenance'],
+        'fail_job', 'run_maintenance', 'maintain_next_workspace'],
   'memory_worker executes only the job functions');
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
-  array['resolve_scope', 'delete_workspace', 'run_maintenance',
+  array['resolve_scope', 'delete_workspace', 'run_maintenance', 'maintain_next_workspace',
         'retry_job', 'set_workspace_paused', 'explain_record'],
   'memory_operator executes the operator functions');
 

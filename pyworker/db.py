@@ -6,6 +6,7 @@ becomes :class:`DatabaseUnavailable` and the next call reconnects.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -75,8 +76,26 @@ class Database:
 
     # The job functions (memory_worker role) ----------------------------------------------------
 
-    def run_maintenance(self, workspace_id: str | None = None) -> dict[str, Any]:
-        return self.call("run_maintenance", workspace_id) or {}  # type: ignore[no-any-return]
+    def run_maintenance(self, workspace_id: str | None = None,
+                        budget_seconds: float = 30.0) -> dict[str, Any]:
+        """Maintenance for one workspace, or for every workspace one at a time (each its
+        own short transaction, so no workspace lock is held across workspaces), until all were
+        visited or ``budget_seconds`` have passed. Returns the summed counts."""
+        if workspace_id is not None:
+            return self.call("run_maintenance", workspace_id) or {}  # type: ignore[no-any-return]
+        total: dict[str, Any] = {"workspaces": 0}
+        deadline = time.monotonic() + budget_seconds
+        after: str | None = None
+        while time.monotonic() < deadline:
+            counts = self.call("maintain_next_workspace", after)
+            if not counts:
+                break
+            after = counts["workspace_id"]
+            total["workspaces"] += 1
+            for key, value in counts.items():
+                if isinstance(value, (int, float)):
+                    total[key] = total.get(key, 0) + value
+        return total
 
     def claim_job(self, worker_id: str) -> dict[str, Any] | None:
         return self.call("claim_job", worker_id)  # type: ignore[no-any-return]

@@ -17,12 +17,14 @@ create table memory_private.workspaces (
   idle_window interval not null default interval '30 minutes'
     check (idle_window >= interval '0' and idle_window <= interval '30 days'),
   paused boolean not null default false,
+  maintained_at timestamptz,
   created_at timestamptz not null,
   updated_at timestamptz not null
 );
 comment on table memory_private.workspaces is
   'Tenants. config_version is the model/provider configuration version; spent_usd is what the '
-  'backend reports, memory_spent_usd what memory jobs charged.';
+  'backend reports, memory_spent_usd what memory jobs charged; maintained_at when maintenance '
+  'last ran for it.';
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,

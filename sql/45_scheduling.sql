@@ -367,14 +367,39 @@ comment on function memory_private.schedule_jobs(text) is
   'consolidation for every scope whose index is due (nothing while the workspace is paused). '
   'Returns counts.';
 
+create function memory_private.maintain_workspace(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_step regproc;
+  v_counts jsonb;
+  v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                      'leases_expired', 0);
+begin
+  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
+     for no key update;
+  for v_step in
+    select step::oid::regproc from memory_private.maintenance_steps order by position
+  loop
+    execute format('select %s($1)', v_step) into v_counts using p_workspace_id;
+    v_total := memory_private.add_counts(v_total, v_counts);
+  end loop;
+  update memory_private.workspaces set maintained_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id;
+  return v_total;
+end
+$$;
+comment on function memory_private.maintain_workspace(text) is
+  'Runs every maintenance step for one workspace under its row lock and stamps maintained_at. '
+  'Returns the summed counts.';
+
 create function memory.run_maintenance(p_workspace_id text default null) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ws text;
-  v_step regproc;
-  v_counts jsonb;
   v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                       'leases_expired', 0);
   v_workspaces integer := 0;
@@ -387,28 +412,51 @@ begin
      where p_workspace_id is null or workspace_id = p_workspace_id
      order by workspace_id
   loop
-    perform 1 from memory_private.workspaces where workspace_id = v_ws for no key update;
-    for v_step in
-      select step::oid::regproc from memory_private.maintenance_steps order by position
-    loop
-      execute format('select %s($1)', v_step) into v_counts using v_ws;
-      v_total := memory_private.add_counts(v_total, v_counts);
-    end loop;
+    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
   end loop;
   return v_total || jsonb_build_object('workspaces', v_workspaces);
 end
 $$;
 comment on function memory.run_maintenance(text) is
-  'One maintenance tick for one workspace (or all when NULL): expires leases, retires jobs '
-  'whose config or input changed, schedules extraction and consolidation jobs, plus any step '
-  'other areas registered. Returns summed counts: extract_jobs_created, '
-  'consolidate_jobs_created, leases_expired, batches_skipped, ...';
+  'One maintenance tick for one workspace (or all when NULL, in one transaction: for small '
+  'installs, tests and psql; the worker uses maintain_next_workspace so that no workspace lock '
+  'is held longer than its own steps): expires leases, sweeps retention, retires jobs whose '
+  'config or input changed, schedules extraction and consolidation jobs, plus any step other '
+  'areas registered. Returns summed counts: extract_jobs_created, consolidate_jobs_created, '
+  'leases_expired, batches_skipped, ...';
+
+create function memory.maintain_next_workspace(p_after_workspace_id text default null)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  select workspace_id into v_ws from memory_private.workspaces
+   where p_after_workspace_id is null or workspace_id > p_after_workspace_id
+   order by workspace_id
+   limit 1
+     for no key update skip locked;
+  if not found then
+    return null;
+  end if;
+  return memory_private.maintain_workspace(v_ws) || jsonb_build_object('workspace_id', v_ws);
+end
+$$;
+comment on function memory.maintain_next_workspace(text) is
+  'Maintains the next workspace after p_after_workspace_id in id order (the first when NULL), '
+  'skipping one another worker is maintaining right now, and answers its counts with its '
+  'workspace_id; NULL when there is none left. The worker walks all workspaces with it, one '
+  'short transaction each, so no lock is held across workspaces (P16).';
 
 insert into memory_private.maintenance_steps (position, name, step) values
   (10, 'expire_leases', 'memory_private.expire_leases(text)'),
   (20, 'retire_stale_jobs', 'memory_private.retire_stale_jobs(text)'),
   (90, 'schedule_jobs', 'memory_private.schedule_jobs(text)');
 
-revoke all on function memory.run_maintenance(text) from public;
-grant execute on function memory.run_maintenance(text) to memory_worker, memory_operator;
+revoke all on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
+  from public;
+grant execute on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
+  to memory_worker, memory_operator;
