@@ -87,7 +87,10 @@ class FakeModel:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                fake._handle(self, body)
+                try:
+                    fake._handle(self, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away mid-answer (a killed worker): nothing to send
 
             def do_GET(self) -> None:
                 self._json(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
