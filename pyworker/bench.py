@@ -161,7 +161,13 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             log(f"ingest at W={have}")
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
             log("EXPLAIN of the hot paths")
+            if run_jobs_available(target.dsn):
+                from pyworker import bench_jobs
+
+                bench_jobs.prepare_jobs(target.dsn, "explain", 1)  # a job for claim_job's plan
             result["explain"] = db.explain_hot_paths(conn, have)
+            conn.execute("delete from memory_private.workspaces "
+                         "where workspace_id like 'bench-job-explain-%%'")
         log("job machinery")
         result["jobs"] = run_jobs(profile, target.dsn)
         log("worker overhead and memory")
@@ -373,16 +379,20 @@ def markdown(result: Section) -> str:
     lines += ["", "## Job machinery", ""]
     jobs = result.get("jobs", {})
     if jobs.get("status") == "ok":
-        lines += ["| system | workers | jobs | seconds | jobs/s | per job p50 ms | p99 ms |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [("| system | workers | jobs | seconds | jobs/s | per job p50 ms | p99 ms | "
+                  "in the database, ms per job |"),
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for system in ("ours", "peer"):
             for workers, r in jobs[system].items():
                 if r.get("status", "ok") != "ok":
-                    lines.append(f"| {system} | {workers} | {r.get('reason')} | | | | |")
+                    lines.append(f"| {system} | {workers} | {r.get('reason')} | | | | | |")
                     continue
+                split = ", ".join(f"{k} {_fmt(v)}"
+                                  for k, v in r.get("db_ms_per_job_by_function", {}).items())
                 lines.append(f"| {r.get('label', system)} | {workers} | {r['jobs']} | "
                              f"{_fmt(r['seconds'])} | {_fmt(r['jobs_per_second'])} | "
-                             f"{_fmt(r['per_job']['p50_ms'])} | {_fmt(r['per_job']['p99_ms'])} |")
+                             f"{_fmt(r['per_job']['p50_ms'])} | {_fmt(r['per_job']['p99_ms'])} | "
+                             f"{_fmt(r['db_ms_per_job'])}{f' ({split})' if split else ''} |")
         for note in jobs.get("notes", []):
             lines.append(f"\n{note}")
     else:

@@ -275,11 +275,16 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
                           "select memory.query_memories(%s, %s, %s, %s::jsonb)",
                           (*pairs[0], "ex-1", search)))
         calls.append(("upsert_message", UPSERT_SQL, ingest_rows(width, 1, "ex-ing")[0]))
+        if has_function(conn, "memory.claim_job(text)"):
+            # Rolled back below: the claim is explained, the job stays pending.
+            calls.append(("claim_job (rolled back)", "select memory.claim_job(%s)",
+                          ("bench-explain",)))
         for name, sql, args in calls:
             for key, value in settings.items():
                 conn.execute("select set_config(%s, %s, false)", (key, value))
             current.clear()
-            conn.execute(sql, args)
+            with conn.transaction(force_rollback=name.endswith("(rolled back)")):
+                conn.execute(sql, args)
             conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
             plans[name] = [p for p in current if "select set_config" not in p]
     finally:

@@ -35,8 +35,9 @@ class NoMaintenanceDatabase(Database):
     def __init__(self, dsn: str, **kwargs: Any) -> None:
         super().__init__(dsn, **kwargs)
         self.db_ns = 0
+        self.by_function: Counter[str] = Counter()
 
-    def run_maintenance(self, workspace_id: str | None = None) -> dict[str, Any]:
+    def run_maintenance(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {}
 
     def call(self, function: str, *args: Any) -> Any:
@@ -44,7 +45,9 @@ class NoMaintenanceDatabase(Database):
         try:
             return super().call(function, *args)
         finally:
-            self.db_ns += time.perf_counter_ns() - t0
+            spent = time.perf_counter_ns() - t0
+            self.db_ns += spent
+            self.by_function[function] += spent
 
 
 # Jobs to work on ---------------------------------------------------------------------------------
@@ -105,7 +108,8 @@ def _ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
         times.append(time.perf_counter_ns() - t0)
         statuses[result.status] += 1
     db.close()
-    results.put({"times": times, "db_ns": db.db_ns, "statuses": dict(statuses)})
+    results.put({"times": times, "db_ns": db.db_ns, "statuses": dict(statuses),
+                 "by_function": dict(db.by_function)})
 
 
 # The peer ----------------------------------------------------------------------------------------
@@ -158,7 +162,8 @@ def _peer_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
         times.append(time.perf_counter_ns() - t0)
     conn.execute(queries["unregister_worker"], {"worker_id": worker_id})
     conn.close()
-    results.put({"times": times, "db_ns": sum(times), "statuses": {"succeeded": len(times)}})
+    results.put({"times": times, "db_ns": sum(times), "statuses": {"succeeded": len(times)},
+                 "by_function": {}})
 
 
 # Running N processes against one queue -----------------------------------------------------------
@@ -186,10 +191,16 @@ def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
         statuses.update(part["statuses"])
     jobs = len(times)
     db_ms = sum(part["db_ns"] for part in parts) / 1e6
+    by_function: Counter[str] = Counter()
+    for part in parts:
+        by_function.update(part["by_function"])
     return {"status": "ok", "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
             "jobs_per_second": round(jobs / seconds, 1) if seconds else 0.0,
             "per_job": summarize(times) if times else {},
             "db_ms_per_job": round(db_ms / jobs, 3) if jobs else None,
+            "db_ms_per_job_by_function": {name: round(ns / 1e6 / jobs, 3)
+                                          for name, ns in by_function.most_common()} if jobs
+            else {},
             "outcomes": dict(statuses)}
 
 

@@ -63,6 +63,11 @@ def worker(
     openai_base_url: str = typer.Option(None, help="OpenAI-compatible base URL (openai adapter)"),
     prices: str = typer.Option(None, help="price table JSON or file (openai adapter; PIMEM_PRICES)"),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
+    metrics_port: Annotated[int | None, typer.Option(
+        envvar="PIMEM_METRICS_PORT",
+        help="serve Prometheus metrics at /metrics on this port (off by default)")] = None,
+    metrics_addr: Annotated[str, typer.Option(
+        help="address the metrics endpoint binds (0.0.0.0 to expose it)")] = "127.0.0.1",
 ) -> None:
     """Run the background worker: maintenance, claim, model call, checkpoint, commit."""
     import psycopg
@@ -87,6 +92,11 @@ def worker(
                           workspace_id=workspace)
     if worker_id:
         config.worker_id = worker_id
+    if metrics_port is not None:
+        from pyworker import metrics
+
+        port = metrics.serve(metrics_port, metrics_addr)
+        logs.event("metrics_serving", addr=metrics_addr, port=port)
     w = Worker(config, adapter)
     w.install_signals()
     raise typer.Exit(w.run(until_idle=once, max_jobs=max_jobs))
@@ -110,7 +120,7 @@ def bench(
 
     profile = benchmark.profile_for(quick, sizes)
     result = benchmark.run(profile, dsn=dsn, out_dir=out)
-    console.print((out / "bench.md").read_text(), markup=False, highlight=False)
+    typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
     console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
                   f"{len(missed)} target(s) missed", markup=False)
@@ -137,6 +147,68 @@ def demo(
     if result.get("leaked"):
         raise typer.Exit(1)
 
+
+
+# Operator commands (docs/operations.md): the memory_operator views as tables ------------------
+
+
+@app.command()
+def status(
+    dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
+    workspace: Annotated[str | None, typer.Option(
+        help="one workspace (default: all, and only the scopes that need a look)")] = None,
+    limit: Annotated[int, typer.Option(help="rows per table (scopes, jobs, charges)")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+) -> None:
+    """Workspaces, scopes, jobs needing attention and memory charges (role memory_operator)."""
+    import json
+
+    from pyworker import errors
+    from pyworker.db import Database, DatabaseUnavailable
+    from pyworker.status import gather_status, render_status
+
+    db = Database(_dsn(dsn), application_name="pimem-status")
+    try:
+        data = gather_status(db, workspace, limit)
+    except (DatabaseUnavailable, errors.MemoryError_) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    finally:
+        db.close()
+    if as_json:
+        typer.echo(json.dumps(data, default=str, indent=2))
+    else:
+        render_status(data, console)
+
+
+@app.command()
+def explain(
+    workspace: Annotated[str, typer.Argument(help="the workspace id")],
+    memory_id: Annotated[int, typer.Argument(help="the memory (record) id")],
+    dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
+    requester: Annotated[str | None, typer.Option(
+        help="check for this user (membership, grants); default: the scope's own user")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the explanation as JSON")] = False,
+) -> None:
+    """Why a memory is or is not valid now: its checks and its sources (role memory_operator)."""
+    import json
+
+    from pyworker import errors
+    from pyworker.db import Database, DatabaseUnavailable
+    from pyworker.status import render_explain
+
+    db = Database(_dsn(dsn), application_name="pimem-status")
+    try:
+        data = db.explain_record(workspace, memory_id, requester)
+    except (DatabaseUnavailable, errors.MemoryError_) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    finally:
+        db.close()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        render_explain(data, console)
 
 if __name__ == "__main__":
     app()
