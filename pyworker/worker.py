@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from pyworker import errors
+from pyworker import errors, metrics
 from pyworker.adapters.base import Adapter, ModelFailure
 from pyworker.db import Database, DatabaseUnavailable
 from pyworker.logs import event
@@ -70,6 +70,7 @@ class Worker:
 
     def _log(self, name: str, level: int = logging.INFO, **fields: Any) -> None:
         event(name, level, worker_id=self.config.worker_id, adapter=self.adapter.name, **fields)
+        metrics.observe(name, self.adapter.name, fields)  # counters follow the log events
 
     # signals ---------------------------------------------------------------------------------
 

@@ -516,3 +516,54 @@ def test_dba_flow_stopped_job_retry_explain_and_purge(
         assert not rows(operator, f"select * from memory.{view} where workspace_id = 'ws1'")
     assert [r["workspace_id"] for r in rows(operator, "select * from memory.workspace_status")
             ] == ["ws2"]
+
+
+# pimem status / pimem explain ------------------------------------------------------------------
+
+
+def operator_dsn(conn: psycopg.Connection, db_dsn: str) -> str:
+    name = "op_" + str(value(conn, "select current_database()"))
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    info["user"] = name
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+
+
+def test_pimem_status_and_explain_show_the_views_as_tables(
+        conn: psycopg.Connection, db_dsn: str, operator: psycopg.Connection) -> None:
+    from typer.testing import CliRunner
+
+    from pyworker.cli import app
+
+    w = idle_private_world(conn)
+    job = stopped_job(conn)
+    w.conversation("ws1", "b1", chat="dm-bob", user="bob", user_text="I prefer tea")
+    record_id = make_record(conn, "ws1", "b1", ["b1-u", "b1-a"])
+    w.message("ws1", "b1-u", "b1", "user", "bob", "I prefer coffee")
+    dsn = operator_dsn(conn, db_dsn)
+    runner = CliRunner()
+
+    result = runner.invoke(app, ["status", "--dsn", dsn], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for heading in ("Workspaces", "Scopes", "Jobs needing attention", "Memory charges"):
+        assert heading in result.output
+    assert "retry" in result.output and "stopped" in result.output
+    assert "source_edited" in result.output
+    assert "prefer" not in result.output and "coffee" not in result.output
+
+    result = runner.invoke(app, ["status", "--dsn", dsn, "--workspace", "ws1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert [(j["job_id"], j["retry_refusal"]) for j in data["jobs"]] == [(job["job_id"], None)]
+    assert data["workspaces"][0]["records_invalid"] == 1
+
+    result = runner.invoke(app, ["explain", "ws1", str(record_id), "--dsn", dsn],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "INVALID" in result.output and "source_edited" in result.output
+    assert "b1-u" in result.output and "coffee" not in result.output
+    result = runner.invoke(app, ["explain", "ws1", str(record_id), "--dsn", dsn, "--json",
+                                 "--requester", "alice"])
+    assert json.loads(result.output)["invalid_reason"] == "membership"
+
+    result = runner.invoke(app, ["explain", "ws1", "999999", "--dsn", dsn])
+    assert result.exit_code == 1 and "unknown" in result.output
