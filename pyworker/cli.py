@@ -120,7 +120,7 @@ def bench(
 
     profile = benchmark.profile_for(quick, sizes)
     result = benchmark.run(profile, dsn=dsn, out_dir=out)
-    console.print((out / "bench.md").read_text(), markup=False, highlight=False)
+    typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
     console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
                   f"{len(missed)} target(s) missed", markup=False)

@@ -12,6 +12,8 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pyworker.errors import translate
@@ -145,3 +147,61 @@ class Database:
                       args: dict[str, Any]) -> dict[str, Any]:
         return self.call("manage_memory", workspace_id, request_id,  # type: ignore[no-any-return]
                          tool_call_id, args)
+
+    # Operator (memory_operator role): views and admin functions ------------------------------
+    # Used by ``pimem status`` and ``pimem explain`` (pyworker/status.py). Owned by the
+    # operations issue; views are read by name from OPERATOR_VIEWS only.
+
+    def view_rows(self, view: str, *, where: dict[str, Any] | None = None,
+                  order_by: tuple[str, ...] = (), limit: int | None = None
+                  ) -> list[dict[str, Any]]:
+        """Rows of an operator view (``memory.<view>``) as dicts. ``where`` maps a column to a
+        value (equality) or a list (any of); ``order_by`` names columns, ``-col`` descending."""
+        if view not in OPERATOR_VIEWS:
+            raise ValueError(f"not an operator view: {view}")
+        query = sql.SQL("select * from {}").format(sql.Identifier("memory", view))
+        params: list[Any] = []
+        conditions = []
+        for column, wanted in (where or {}).items():
+            if isinstance(wanted, (list, tuple)):
+                conditions.append(sql.SQL("{} = any(%s)").format(sql.Identifier(column)))
+                params.append(list(wanted))
+            else:
+                conditions.append(sql.SQL("{} = %s").format(sql.Identifier(column)))
+                params.append(wanted)
+        if conditions:
+            query += sql.SQL(" where ") + sql.SQL(" and ").join(conditions)
+        if order_by:
+            query += sql.SQL(" order by ") + sql.SQL(", ").join(
+                sql.SQL("{} desc nulls last").format(sql.Identifier(c[1:])) if c.startswith("-")
+                else sql.SQL("{}").format(sql.Identifier(c)) for c in order_by)
+        if limit is not None:
+            query += sql.SQL(" limit %s")
+            params.append(limit)
+        conn = self._connection()
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(query, params).fetchall()
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn.broken or conn.closed:
+                self.close()
+                raise DatabaseUnavailable(str(exc).strip()) from exc
+            raise translate(exc) from exc
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def explain_record(self, workspace_id: str, record_id: int,
+                       requester: str | None = None) -> dict[str, Any]:
+        return self.call("explain_record", workspace_id, record_id,  # type: ignore[no-any-return]
+                         requester)
+
+    def retry_job(self, workspace_id: str, job_id: int) -> dict[str, Any]:
+        return self.call("retry_job", workspace_id, job_id)  # type: ignore[no-any-return]
+
+    def set_workspace_paused(self, workspace_id: str, paused: bool) -> dict[str, Any]:
+        return self.call("set_workspace_paused", workspace_id,  # type: ignore[no-any-return]
+                         paused)
+
+
+OPERATOR_VIEWS = frozenset({"workspace_status", "scope_status", "record_status", "job_status",
+                            "request_memory_charges"})
