@@ -417,6 +417,16 @@ def markdown(result: Section) -> str:
             lines.append(f"| {name} | {_fmt(mib)} |")
     else:
         lines.append(f"\nMemory not available: {mem.get('reason')}")
+    explain = result.get("explain", {})
+    if explain.get("status") == "ok":
+        lines += ["", (f"## Where one call spends its time (auto_explain, W={explain['workspaces']};"
+                  " full plans in explain.txt)"), ""]
+        for name, rows in explain.get("top_statements", {}).items():
+            lines += [f"**{name}**", "", "| ms | calls | statement |", "| --- | --- | --- |"]
+            for r in rows:
+                text = r["statement"].replace("|", "\\|")
+                lines.append(f"| {_fmt(r['ms'])} | {r['calls']} | `{text}` |")
+            lines.append("")
     ds = result.get("dataset", {})
     lines += ["", "## Dataset", "",
               (f"{ds.get('records_per_workspace')} records per workspace; sizes "

@@ -291,4 +291,21 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
         conn.remove_notice_handler(on_notice)
         conn.execute("reset client_min_messages")
         conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
-    return {"status": "ok", "workspaces": width, "plans": plans}
+    return {"status": "ok", "workspaces": width, "plans": plans,
+            "top_statements": {name: top_statements(p) for name, p in plans.items()}}
+
+
+def top_statements(plans: Sequence[str], n: int = 8) -> list[dict[str, Any]]:
+    """The statements that took longest in one call (auto_explain's duration, under ANALYZE,
+    so inflated alike), grouped by their text; the call itself comes first."""
+    import re
+
+    totals: dict[str, list[float]] = {}
+    for plan in plans:
+        d = re.search(r"duration: ([\d.]+) ms", plan)
+        q = re.search(r"Query Text: (.*?)\n(?:Query Parameters|[A-Z][a-zA-Z ]+  \(cost)", plan,
+                      re.DOTALL)
+        text = " ".join((q.group(1) if q else "?").split())[:160]
+        totals.setdefault(text, []).append(float(d.group(1)) if d else 0.0)
+    rows = [{"statement": k, "calls": len(v), "ms": round(sum(v), 3)} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["ms"])[:n]
