@@ -307,5 +307,5 @@ def top_statements(plans: Sequence[str], n: int = 8) -> list[dict[str, Any]]:
                       re.DOTALL)
         text = " ".join((q.group(1) if q else "?").split())[:160]
         totals.setdefault(text, []).append(float(d.group(1)) if d else 0.0)
-    rows = [{"statement": k, "calls": len(v), "ms": round(sum(v), 3)} for k, v in totals.items()]
-    return sorted(rows, key=lambda r: -r["ms"])[:n]
+    ranked = sorted(totals.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return [{"statement": k, "calls": len(v), "ms": round(sum(v), 3)} for k, v in ranked]
