@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -567,3 +568,18 @@ def test_pimem_status_and_explain_show_the_views_as_tables(
 
     result = runner.invoke(app, ["explain", "ws1", "999999", "--dsn", dsn])
     assert result.exit_code == 1 and "unknown" in result.output
+
+
+def test_the_pg_cron_procedure_of_the_runbook_maintains_every_workspace(
+        conn: psycopg.Connection) -> None:
+    """docs/operations.md's procedure, called as pg_cron would call it."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    procedure = doc.split("create procedure public.pimem_maintenance()")[1].split("$$;")[0]
+    conn.execute(("create procedure public.pimem_maintenance()" + procedure + "$$;").encode())
+    for ws in ("ws1", "ws2", "ws3"):
+        idle_private_world(conn, ws, idle="0 minutes")
+    advance(conn, "31 minutes")
+    conn.execute("call public.pimem_maintenance()")
+    assert [r["workspace_id"] for r in rows(
+        conn, "select distinct workspace_id from memory_private.jobs order by 1")] == [
+        "ws1", "ws2", "ws3"]
