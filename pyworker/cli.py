@@ -55,6 +55,8 @@ def worker(
     once: bool = typer.Option(False, "--once", help="exit when no job is left"),
     max_jobs: int = typer.Option(None, help="exit after this many jobs"),
     workspace: str = typer.Option(None, help="run maintenance for this workspace only"),
+    maintenance: bool = typer.Option(True, "--maintenance/--no-maintenance",
+                                     help="run maintenance (off when pg_cron runs it)"),
     worker_id: str = typer.Option(None, help="name in claims and logs (default host:pid:rand)"),
     pi_models: Annotated[Path | None, typer.Option(
         help="models.json with custom Pi providers")] = None,
@@ -89,6 +91,7 @@ def worker(
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     config = WorkerConfig(dsn=_dsn(dsn), interval=interval, tick_seconds=tick_seconds,
+                          maintenance=maintenance,
                           workspace_id=workspace)
     if worker_id:
         config.worker_id = worker_id

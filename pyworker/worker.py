@@ -40,6 +40,7 @@ class WorkerConfig:
     commit_margin: float = 10.0  # kept from the model call for checkpoint and commit
     lease_every: float = 30.0  # heartbeat period (the lease is two minutes)
     workspace_id: str | None = None  # maintenance of one workspace only (default: all)
+    maintenance: bool = True  # False when pg_cron runs maintenance (docs/operations.md)
     worker_id: str = field(default_factory=lambda: (
         f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"))
 
@@ -67,6 +68,27 @@ class Worker:
         self._abort = threading.Event()  # aborts the call in flight
         self._signals = 0
         self.jobs_done = 0
+        self._walked_at: float | None = None  # when maintenance last walked every workspace
+        self._touched: str | None = None  # the workspace of the last job handled
+
+    def maintain(self) -> dict[str, Any]:
+        """Walks every workspace once per ``interval``; in between, maintains only the
+        workspace of the last job, so that the work its commit calls for (a consolidation)
+        is scheduled at once without walking every workspace for every job."""
+        if not self.config.maintenance:
+            return {}
+        if self.config.workspace_id is not None:
+            return self.db.run_maintenance(self.config.workspace_id)
+        now = time.monotonic()
+        if self._walked_at is None or now - self._walked_at >= self.config.interval:
+            counts = self.db.run_maintenance(None)
+            self._walked_at, self._touched = now, None
+            return counts
+        if self._touched is not None:
+            counts = self.db.run_maintenance(self._touched)
+            self._touched = None  # only once it ran: a lost connection tries again
+            return counts
+        return {}
 
     def _log(self, name: str, level: int = logging.INFO, **fields: Any) -> None:
         event(name, level, worker_id=self.config.worker_id, adapter=self.adapter.name, **fields)
@@ -123,7 +145,7 @@ class Worker:
         """Maintenance, then at most one job, within the tick deadline."""
         start = time.monotonic()
         deadline = start + self.config.tick_seconds
-        counts = self.db.run_maintenance(self.config.workspace_id)
+        counts = self.maintain()
         if counts and any(counts.values()):
             self._log("maintenance", counts=counts)
         if self.stop.is_set():
@@ -132,6 +154,7 @@ class Worker:
         if raw is None:
             return TickResult("idle")
         job = ClaimPayload.model_validate(raw)
+        self._touched = job.workspace_id
         ids = job.log_fields()
         self._log("job_claimed", attempt=job.attempt, model=job.model.qualified,
                   resumed=job.checkpoint is not None, **ids)

@@ -86,3 +86,37 @@ def test_an_unknown_cursor_is_just_a_position(conn: psycopg.Connection) -> None:
     assert next_ws(conn, "zzz") is None
     with pytest.raises(psycopg.Error):
         conn.execute("select memory.maintain_next_workspace(1, 2)")
+
+
+def test_the_worker_walks_all_once_per_interval_and_in_between_only_its_last_job_workspace(
+    conn: psycopg.Connection, db_dsn: str
+) -> None:
+    from pyworker.adapters import make_adapter
+    from pyworker.worker import Worker, WorkerConfig
+
+    w = World(conn)
+    for ws in ("a", "b"):
+        w.basic(ws)
+    w.conversation("a", "r1", chat="dm-alice", user="alice",
+                   user_text="Please remember that I prefer tea. We decided to ship on Friday.",
+                   reply="Noted: tea, and shipping on Friday.")
+    advance(conn, "31 minutes")
+
+    def stamps() -> dict[str, Any]:
+        return dict(conn.execute("select workspace_id, maintained_at "
+                                 "from memory_private.workspaces").fetchall())
+
+    worker = Worker(WorkerConfig(dsn=db_dsn, interval=3600), make_adapter("offline"))
+    try:
+        first = worker.tick()  # walks a and b, then extracts in a
+        assert first.status == "committed"
+        walked = stamps()
+        assert all(walked.values())
+        advance(conn, "1 minute")
+        second = worker.tick()  # maintains only a: its consolidation is scheduled at once
+        assert (second.status, second.phase) == ("committed", "consolidate")
+        now = stamps()
+        assert now["a"] > walked["a"] and now["b"] == walked["b"]
+    finally:
+        worker.adapter.close()
+        worker.db.close()
