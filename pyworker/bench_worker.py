@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -213,7 +212,8 @@ def rss_child(adapter_name: str, url: str, dsn: str | None, calls: int) -> dict[
             pi_mib = _vm_hwm_mib(proc.pid)
     finally:
         adapter.close()
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not getrusage's ru_maxrss: the latter keeps the parent's peak across fork + exec.
+    own = _vm_hwm_mib(os.getpid()) or 0.0
     return {"worker_mib": round(own, 1), "pi_mib": round(pi_mib, 1) if pi_mib else None,
             "units": done}
 
