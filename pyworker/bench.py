@@ -249,9 +249,12 @@ def verdict(result: Section) -> list[dict[str, Any]]:
         out.append(db.target(f"recall p50 / floor p50 at W={widths[-1]}",
                              _ratio(big["recall"]["p50_ms"], big["floor"]["p50_ms"]),
                              TARGETS["recall_p50_x_floor"]))
-        out.append(db.target(f"recall p99 / floor p99 at W={widths[-1]}",
-                             _ratio(big["recall"]["p99_ms"], big["floor"]["p99_ms"]),
-                             TARGETS["recall_p99_x_floor"]))
+        p99 = db.target(f"recall p99 / floor p99 at W={widths[-1]}",
+                        _ratio(big["recall"]["p99_ms"], big["floor"]["p99_ms"]),
+                        TARGETS["recall_p99_x_floor"])
+        # A floor's p99 is where a shared machine's noise lands; show the stricter reading too.
+        p99["vs_floor_p50"] = round(_ratio(big["recall"]["p99_ms"], big["floor"]["p50_ms"]), 3)
+        out.append(p99)
         flat = db.target(f"recall p50 at W={widths[-1]} / at W={widths[0]}",
                          _ratio(big["recall"]["p50_ms"], small["recall"]["p50_ms"]),
                          TARGETS["recall_flat_p50"])
@@ -344,8 +347,10 @@ def markdown(result: Section) -> str:
         if v.get("met") is None:
             lines.append(f"| {v['name']} | {v.get('note')} | | n/a |")
         else:
-            lines.append(f"| {v['name']} | {_fmt(v['value'])} | {v['op']} {_fmt(v['limit'])} | "
-                         f"{'yes' if v['met'] else '**no**'} |")
+            extra = "".join(f" ({k.replace('_', ' ')}: {_fmt(x)})" for k, x in v.items()
+                            if k in ("vs_floor_p50", "floor_normalised"))
+            lines.append(f"| {v['name']} | {_fmt(v['value'])}{extra} | {v['op']} "
+                         f"{_fmt(v['limit'])} | {'yes' if v['met'] else '**no**'} |")
     lines += ["", "## Latency beside the floor (ms)", "",
               "| figure | W | n | p50 | p99 | floor p50 | floor p99 | p50 ratio | p99 ratio |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
