@@ -169,10 +169,12 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             conn.execute("delete from memory_private.workspaces "
                          "where workspace_id like 'bench-job-explain-%%'")
         log("job machinery")
-        result["jobs"] = run_jobs(profile, target.dsn)
+        result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn))
         log("worker overhead and memory")
-        overhead, memory = run_worker(profile, target.dsn)
-        result["worker_overhead"], result["memory"] = overhead, memory
+        both = guarded(lambda: dict(zip(("worker_overhead", "memory"),
+                                        run_worker(profile, target.dsn), strict=True)))
+        result["worker_overhead"] = both.get("worker_overhead", both)
+        result["memory"] = both.get("memory", both)
     finally:
         target.cleanup()
     result["growth"] = growth(result)
@@ -181,6 +183,15 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
     result["seconds"] = round(time.monotonic() - started, 1)
     write_outputs(result, out_dir)
     return result
+
+
+def guarded(part: Callable[[], Section]) -> Section:
+    """A part that fails is reported as an error with its reason; the other parts still run."""
+    try:
+        return part()
+    except Exception as exc:  # noqa: BLE001 - reported in the output, never hidden
+        log(f"failed: {type(exc).__name__}: {exc}")
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def run_jobs(profile: Profile, dsn: str) -> Section:
@@ -401,7 +412,8 @@ def markdown(result: Section) -> str:
         for note in jobs.get("notes", []):
             lines.append(f"\n{note}")
     else:
-        lines.append(f"Not available: {jobs.get('reason')}")
+        lines.append(f"{'Failed' if jobs.get('status') == 'error' else 'Not available'}: "
+                     f"{jobs.get('reason')}")
     lines += ["", "## Worker overhead per model call and memory", ""]
     over = result.get("worker_overhead", {})
     if over.get("status") == "ok":

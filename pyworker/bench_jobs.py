@@ -15,6 +15,7 @@ time per job is spent in the database.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import time
 from collections import Counter
 from typing import Any
@@ -181,7 +182,14 @@ def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
             raise RuntimeError("a benchmark worker did not start")
     t0 = time.perf_counter()
     go.set()
-    parts = [results.get(timeout=900) for _ in procs]
+    parts: list[dict[str, Any]] = []
+    while len(parts) < len(procs):
+        try:
+            parts.append(results.get(timeout=1))
+        except queue.Empty:
+            crashed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if crashed:
+                raise RuntimeError(f"a benchmark worker exited with {crashed[0]}") from None
     seconds = time.perf_counter() - t0
     for p in procs:
         p.join(30)

@@ -118,7 +118,6 @@ def measure_overhead(url: str, calls: int) -> dict[str, Any]:
     def via(adapter: Any) -> None:
         adapter.complete(model, prompt, deadline=time.monotonic() + 30, cancel=cancel)
 
-    adapters: dict[str, Any] = {}
     notes: list[str] = []
     reason = pi_unavailable_reason()
     pi: PiAdapter | None = None
@@ -126,7 +125,12 @@ def measure_overhead(url: str, calls: int) -> dict[str, Any]:
     if reason is None:
         pi = PiAdapter(models=fake_models(url), env={"FAKE_API_KEY": "fake-key"})
         t0 = time.perf_counter()
-        via(pi)  # the first call starts the Pi process
+        try:
+            via(pi)  # the first call starts the Pi process
+        except Exception as exc:  # noqa: BLE001 - reported, and the other adapters still run
+            reason = f"the first Pi call failed: {exc}"
+            pi.close()
+            pi = None
         pi_start_ms = round((time.perf_counter() - t0) * 1000, 1)
     samples: dict[str, list[int]] = {"http (httpx POST)": [], "openai adapter (direct HTTP)": []}
     if pi is not None:
