@@ -75,12 +75,27 @@ class Target:
     cleanup: Callable[[], None]
 
 
-def open_target(dsn: str | None, data_dir: Path) -> Target:
+def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Target:
     """The database to measure in. With a DSN: that database (it should be a scratch database:
     the bench writes ~256k records into it, and a ``bench_peer`` schema for procrastinate);
     the canonical schema is applied when missing and earlier bench workspaces are removed.
-    Without: the embedded PostgreSQL in ``data_dir``, with a fresh ``pimem_bench`` database."""
-    if dsn is None:
+    Without: the embedded PostgreSQL in ``data_dir`` (``server="embedded"``) or a throwaway
+    cluster of the machine's own server binaries (``server="local"``, as the tests use), with a
+    fresh ``pimem_bench`` database."""
+    cleanup: Callable[[], None] = lambda: None
+    if dsn is None and server == "local":
+        from pyworker.servers import LocalCluster, find_bindir
+
+        bindir = find_bindir()
+        if bindir is None:
+            raise SystemExit("no local PostgreSQL binaries (initdb/pg_ctl) for --server local")
+        cluster = LocalCluster(bindir).init().start()
+        cleanup = cluster.destroy
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("create database pimem_bench")
+        dsn = cluster.dsn("pimem_bench")
+        description = f"a throwaway cluster of {bindir} (LocalCluster settings)"
+    elif dsn is None:
         from pyworker.servers import embedded_dsn
 
         admin = embedded_dsn(data_dir)
@@ -100,7 +115,7 @@ def open_target(dsn: str | None, data_dir: Path) -> Target:
         if not conn.execute("select 1 from pg_namespace where nspname = 'memory'").fetchone():
             schema.apply_canonical(conn)
         conn.execute("delete from memory_private.workspaces where workspace_id like 'bench%%'")
-    return Target(dsn, description, lambda: None)
+    return Target(dsn, description, cleanup)
 
 
 def machine_facts() -> dict[str, Any]:
@@ -123,11 +138,15 @@ def log(msg: str) -> None:
 
 
 def run(profile: Profile, *, dsn: str | None, out_dir: Path,
-        data_dir: Path = ROOT / ".pimem" / "bench-pg") -> Section:
+        data_dir: Path = ROOT / ".pimem" / "bench-pg", server: str = "embedded") -> Section:
     started = time.monotonic()
-    target = open_target(dsn, data_dir)
-    result: Section = {"profile": asdict(profile), "targets": TARGETS,
-                       "command": "pimem bench" + (" --quick" if profile.name == "quick" else ""),
+    target = open_target(dsn, data_dir, server)
+    command = "pimem bench" + (" --quick" if profile.name == "quick" else "")
+    if profile.sizes != PROFILES[profile.name].sizes:
+        command += " --sizes " + ",".join(str(w) for w in profile.sizes)
+    command += " --dsn <scratch database>" if dsn else (" --server local"
+                                                        if server == "local" else "")
+    result: Section = {"profile": asdict(profile), "targets": TARGETS, "command": command,
                        "server": {"where": target.description},
                        "machine": {"platform": platform.platform(), "start": machine_facts()}}
     try:

