@@ -186,7 +186,7 @@ def status(
     if as_json:
         typer.echo(json.dumps(data, default=str, indent=2))
     else:
-        render_status(data, console)
+        render_status(data, Console())  # sized for the terminal (or COLUMNS) of this run
 
 
 @app.command()
@@ -216,7 +216,8 @@ def explain(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        render_explain(data, console)
+        render_explain(data, Console())
+
 
 if __name__ == "__main__":
     app()
