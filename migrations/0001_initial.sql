@@ -1361,8 +1361,9 @@ comment on function memory_private.mark_consolidation_due(text, bigint) is
   'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
   'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
 
-create function memory_private.scope_candidates(p_workspace_id text, p_scope_id bigint)
-  returns bigint[]
+create function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer
+) returns bigint[]
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
@@ -1372,27 +1373,12 @@ create function memory_private.scope_candidates(p_workspace_id text, p_scope_id 
            where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
              and memory_private.record_invalid_reason(r, null) is null
            order by r.created_at desc, r.record_id desc
-           limit 48) c
+           limit p_limit) c
 $$;
-comment on function memory_private.scope_candidates(text, bigint) is
-  'The consolidation candidates of a scope: its 48 most recent valid records, newest first.';
-
-create function memory_private.scope_existing_records(p_workspace_id text, p_scope_id bigint)
-  returns bigint[]
-  language sql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select coalesce(array_agg(record_id order by created_at desc, record_id desc), '{}')
-    from (select r.record_id, r.created_at
-            from memory_private.records r
-           where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-             and memory_private.record_invalid_reason(r, null) is null
-           order by r.created_at desc, r.record_id desc
-           limit 4) c
-$$;
-comment on function memory_private.scope_existing_records(text, bigint) is
-  'The existing valid memories that accompany a new extraction batch (P5): the scope''s four '
-  'most recent valid records. Their titles and summaries are sent, not their sources.';
+comment on function memory_private.recent_valid_records(text, bigint, integer) is
+  'The ids of a scope''s most recent valid records, newest first: 48 are the consolidation '
+  'candidates (P9); 4 accompany a new extraction batch (P5: their titles and summaries are '
+  'sent, not their sources).';
 
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
@@ -2203,8 +2189,8 @@ begin
     v_ids := array(select jsonb_array_elements_text(v_output -> 'record_ids')::bigint);
     -- A record made after the snapshot changes the candidates: the index is still written, and
     -- the scope stays due for another consolidation.
-    v_still_due := array(select x from unnest(memory_private.scope_candidates(
-                                  p_workspace_id, v_job.scope_id)) x order by x)
+    v_still_due := array(select x from unnest(memory_private.recent_valid_records(
+                                  p_workspace_id, v_job.scope_id, 48)) x order by x)
                    <> array(select x::bigint from jsonb_array_elements_text(
                                   v_job.input -> 'candidates') x order by 1);
     update memory_private.scopes
@@ -2491,7 +2477,7 @@ begin
   v_input := jsonb_build_object(
     'bot_identity', v_identity,
     'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.scope_existing_records(p_workspace_id, p_scope_id)));
+    'existing', to_jsonb(memory_private.recent_valid_records(p_workspace_id, p_scope_id, 4)));
   v_hash := memory_private.content_hash(v_input::text);
 
   -- One open extraction job per scope. A running one finishes first; a pending one is replaced
@@ -2571,7 +2557,7 @@ begin
     return v_result;
   end if;
 
-  v_candidates := memory_private.scope_candidates(p_workspace_id, p_scope_id);
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id, 48);
   if cardinality(v_candidates) = 0 then
     if v_open.job_id is not null then
       perform memory_private.release_job(v_open, 'superseded', 'no valid record is left');

@@ -175,7 +175,7 @@ begin
   v_input := jsonb_build_object(
     'bot_identity', v_identity,
     'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.scope_existing_records(p_workspace_id, p_scope_id)));
+    'existing', to_jsonb(memory_private.recent_valid_records(p_workspace_id, p_scope_id, 4)));
   v_hash := memory_private.content_hash(v_input::text);
 
   -- One open extraction job per scope. A running one finishes first; a pending one is replaced
@@ -255,7 +255,7 @@ begin
     return v_result;
   end if;
 
-  v_candidates := memory_private.scope_candidates(p_workspace_id, p_scope_id);
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id, 48);
   if cardinality(v_candidates) = 0 then
     if v_open.job_id is not null then
       perform memory_private.release_job(v_open, 'superseded', 'no valid record is left');

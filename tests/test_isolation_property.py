@@ -24,7 +24,7 @@ from tests.conftest import TEMPLATE, Server
 from tests.factory import World
 from tests.records import make_record
 
-settings.register_profile("ci", max_examples=12, stateful_step_count=25, deadline=None,
+settings.register_profile("ci", max_examples=25, stateful_step_count=25, deadline=None,
                           suppress_health_check=list(HealthCheck), derandomize=False)
 settings.register_profile("release", max_examples=300, deadline=None,
                           suppress_health_check=list(HealthCheck))
