@@ -14,8 +14,9 @@ def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:
 
 def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[str], *,
                 title: str = "a memory", summary: str = "something worth keeping",
-                kind: str = "extracted") -> int:
-    """A record in the scope of ``request`` depending on ``sources`` at their current hashes."""
+                kind: str = "extracted", speakers: list[str] | None = None) -> int:
+    """A record in the scope of ``request`` built on ``sources`` at their current hashes, as a
+    consolidated pipeline would leave it. Speakers default to the user messages' speakers."""
     scope = scope_of(conn, ws, request)
     row = conn.execute(
         """
@@ -23,7 +24,9 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
           (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
            bot_identity, origin_request_id, created_at)
         select %(ws)s, %(scope)s, %(kind)s, %(title)s, %(summary)s,
-               coalesce((select array_agg(distinct m.speaker_id) from memory_private.messages m
+               coalesce(%(speakers)s::text[],
+                        (select array_agg(distinct m.speaker_id order by m.speaker_id)
+                           from memory_private.messages m
                           where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)
                             and m.role = 'user'), '{}'),
                coalesce((select array_agg(distinct q.thread_id) from memory_private.messages m
@@ -39,17 +42,24 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
         returning record_id
         """,
         {"ws": ws, "scope": scope, "kind": kind, "title": title, "summary": summary,
-         "src": sources, "req": request},
+         "src": sources, "req": request, "speakers": speakers},
     ).fetchone()
     assert row is not None
     record_id = int(row[0])
-    conn.execute(
+    inserted = conn.execute(
         """insert into memory_private.record_sources (workspace_id, record_id, message_id,
                                                       content_hash)
            select workspace_id, %s, message_id, content_hash from memory_private.messages
-            where workspace_id = %s and message_id = any(%s)""",
-        (record_id, ws, sources))
+            where workspace_id = %s and message_id = any(%s) and content_hash is not null""",
+        (record_id, ws, sources)).rowcount
+    assert inserted == len(sources), "every source must be a retained message"
+    # Each record a moment after the previous one, so "newest first" is well defined.
+    conn.execute("select memory_private.advance_clock('1 second')")
     return record_id
+
+
+
+scope_id = scope_of
 
 
 def invalid_reason(conn: psycopg.Connection, ws: str, record_id: int,

@@ -14,60 +14,9 @@ import psycopg
 import pytest
 
 from tests.factory import World
+from tests.records import make_record, scope_id
 
 # Helpers ------------------------------------------------------------------------------------
-
-
-def scope_id(conn: psycopg.Connection, ws: str, request: str) -> int:
-    row = conn.execute("select scope_id from memory.resolve_scope(%s, %s)", (ws, request)).fetchone()
-    assert row is not None and row[0] is not None
-    return int(row[0])
-
-
-def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[str], *,
-                title: str = "a memory", summary: str = "something worth keeping",
-                kind: str = "extracted", speakers: list[str] | None = None) -> int:
-    """A record in the scope of ``request`` built on ``sources`` at their current hashes, as a
-    consolidated pipeline would leave it. Speakers default to the user messages' speakers."""
-    scope = scope_id(conn, ws, request)
-    row = conn.execute(
-        """
-        insert into memory_private.records
-          (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-           bot_identity, origin_request_id, created_at)
-        select %(ws)s, %(scope)s, %(kind)s, %(title)s, %(summary)s,
-               coalesce(%(speakers)s::text[],
-                        (select array_agg(distinct m.speaker_id order by m.speaker_id)
-                           from memory_private.messages m
-                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)
-                            and m.role = 'user'), '{}'),
-               coalesce((select array_agg(distinct q.thread_id) from memory_private.messages m
-                          join memory_private.requests q using (workspace_id, request_id)
-                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)), '{}'),
-               coalesce((select array_agg(distinct repo) from memory_private.messages m,
-                                 unnest(m.repositories) repo
-                          where m.workspace_id = %(ws)s and m.message_id = any(%(src)s)), '{}'),
-               b.identity, %(req)s, memory_private.clock_now()
-          from memory_private.scopes s
-          join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-         where s.workspace_id = %(ws)s and s.scope_id = %(scope)s
-        returning record_id
-        """,
-        {"ws": ws, "scope": scope, "kind": kind, "title": title, "summary": summary,
-         "src": sources, "req": request, "speakers": speakers},
-    ).fetchone()
-    assert row is not None
-    record_id = int(row[0])
-    inserted = conn.execute(
-        """insert into memory_private.record_sources (workspace_id, record_id, message_id,
-                                                      content_hash)
-           select workspace_id, %s, message_id, content_hash from memory_private.messages
-            where workspace_id = %s and message_id = any(%s) and content_hash is not null""",
-        (record_id, ws, sources)).rowcount
-    assert inserted == len(sources), "every source must be a retained message"
-    # Each record a moment after the previous one, so "newest first" is well defined.
-    conn.execute("select memory_private.advance_clock('1 second')")
-    return record_id
 
 
 def set_index(conn: psycopg.Connection, ws: str, request: str, record_ids: list[int],
