@@ -64,7 +64,7 @@ def start_worker(dsn: str, fake: FakeModel, n: int) -> subprocess.Popen[bytes]:
 
 
 def check_invariants(conn: psycopg.Connection) -> dict[str, Any]:
-    q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
+    q = lambda sql: conn.execute(sql).fetchall()
     violations: list[str] = []
     twice = q("""select result->>'record_id', count(*) from memory_private.jobs
                   where status = 'succeeded' and result->>'record_id' is not null

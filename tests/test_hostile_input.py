@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -30,8 +30,8 @@ INT_ATTACKS: list[Any] = [None, -1, 0, 2**31 - 1, 2**63 - 1, -(2**63)]
 NUMERIC_ATTACKS: list[Any] = [None, Decimal(-1), Decimal("NaN"), Decimal("1e30"),
                               Decimal("0.0000001")]
 BOOL_ATTACKS: list[Any] = [None]
-TS_ATTACKS: list[Any] = [None, datetime(1, 1, 1, tzinfo=timezone.utc),
-                         datetime(9999, 12, 31, tzinfo=timezone.utc)]
+TS_ATTACKS: list[Any] = [None, datetime(1, 1, 1, tzinfo=UTC),
+                         datetime(9999, 12, 31, tzinfo=UTC)]
 ARRAY_ATTACKS: list[Any] = [None, [], [None], [""], ["x" * 300], ["a"] * 500,
                             ["'; drop table x; --"]]
 DEEP = "[" * 5000 + "]" * 5000

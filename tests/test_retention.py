@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -44,7 +44,7 @@ def test_a_removed_source_hides_and_then_deletes_the_record(
 def test_expiry_hides_the_record_and_the_sweep_erases_the_text(
     conn: psycopg.Connection, world: World
 ) -> None:
-    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    soon = datetime.now(UTC) + timedelta(hours=1)
     world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
     rec = make_record(conn, "ws1", "r1", ["r1-u", "r1-a"])
     assert invalid_reason(conn, "ws1", rec) is None
@@ -120,7 +120,7 @@ def test_an_index_naming_a_deleted_record_is_dropped(conn: psycopg.Connection,
 
 def test_tombstones_last_while_the_original_is_retained(conn: psycopg.Connection,
                                                         world: World) -> None:
-    soon = datetime.now(timezone.utc) + timedelta(days=2)
+    soon = datetime.now(UTC) + timedelta(days=2)
     world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
     conn.execute("insert into memory_private.tombstones (workspace_id, scope_id, message_id, "
                  "created_at) select 'ws1', scope_id, 'r1-u', now() "
@@ -145,7 +145,7 @@ def test_deleting_a_workspace_leaves_no_row_of_it_in_any_table(
            where n.nspname = 'memory_private' and c.relkind = 'r'""").fetchall()
     assert len(tables) >= 10
     for (table,) in tables:
-        left = conn.execute(f"select count(*) from memory_private.{table} "  # noqa: S608
+        left = conn.execute(f"select count(*) from memory_private.{table} "
                             "where workspace_id = 'ws1'").fetchone()
         assert left == (0,), f"{table} kept rows of the deleted workspace"
     kept = conn.execute("select count(*) from memory_private.records "
@@ -187,7 +187,7 @@ def test_a_chain_of_derived_answers_and_records_goes_with_its_first_source(
 def test_an_answer_may_be_kept_only_as_long_as_its_recalled_sources(
     conn: psycopg.Connection, world: World
 ) -> None:
-    soon = datetime.now(timezone.utc) + timedelta(days=3)
+    soon = datetime.now(UTC) + timedelta(days=3)
     world.message("ws1", "r1-u", "r1", "user", "alice", "I prefer tea", retain_until=soon)
     make_record(conn, "ws1", "r1", ["r1-u", "r1-a"], title="tea", summary="alice likes tea")
     world.conversation("ws1", "r2", chat="dm-alice", user="alice")
