@@ -187,6 +187,10 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             result["explain"] = db.explain_hot_paths(conn, have)
             conn.execute("delete from memory_private.workspaces "
                          "where workspace_id like 'bench-job-explain-%%'")
+            # Last: it leaves every scope due for consolidation.
+            log(f"recall while consolidation is pending at W={have}")
+            result["recall_directory"] = db.measure_recall_directory(
+                conn, have, max(200, profile.recall_samples // 4))
         log("job machinery")
         result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn))
         log("worker overhead and memory")
@@ -397,6 +401,10 @@ def markdown(result: Section) -> str:
                 rec["recall"], rec["floor"])
         else:
             lines.append(f"| recall | {width} | {rec.get('reason')} | | | | | | |")
+    rd = result.get("recall_directory", {})
+    if rd.get("status") == "ok":
+        row(f"recall, consolidation pending ({', '.join(f'{k}: {v}' for k, v in rd['modes'].items())})",
+            rd["workspaces"], rd["recall"], rd["floor"])
     for width, q in result.get("query", {}).items():
         if q.get("status") == "ok":
             row(f"query_memories search '{q['args'].get('query')}'", width, q["query"], q["floor"])

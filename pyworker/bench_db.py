@@ -148,6 +148,18 @@ def measure_recall(conn: psycopg.Connection, width: int, n: int) -> Section:
             "requests": pairs[:n]}
 
 
+def measure_recall_directory(conn: psycopg.Connection, width: int, n: int) -> Section:
+    """memory.recall while every scope's consolidation is pending: the directory of up to eight
+    valid records instead of the index (R2). Marks all bench scopes due first (it stays so)."""
+    if not has_function(conn, RECALL_SIGNATURE):
+        return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
+    conn.execute("update memory_private.scopes set consolidation_due_at = index_built_at "
+                 "where workspace_id like 'bench-%%' and consolidation_due_at is null")
+    section = measure_recall(conn, width, n)
+    section.pop("requests", None)
+    return section
+
+
 def measure_query(conn: psycopg.Connection, pairs: Sequence[tuple[str, str]], n: int,
                   args: dict[str, Any], label: str) -> Section:
     """memory.query_memories over a full 256-record scope, vs the SELECT 1 floor. Each sample is
