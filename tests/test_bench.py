@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from pyworker.cli import app
 
-SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "ingest", "explain",
-            "jobs", "worker_overhead", "memory", "growth", "verdict")
+SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "recall_directory",
+            "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
 
 
 def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_path: Path) -> None:
@@ -28,7 +28,8 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     assert (tmp_path / "bench.md").read_text().startswith("# pimem bench (quick)")
 
     # Each measured part either ran or says why it could not (never a made-up number).
-    parts = [report["floor"], report["ingest"], report["explain"], report["jobs"],
+    parts = [report["floor"], report["recall_directory"], report["ingest"], report["explain"],
+             report["jobs"],
              report["worker_overhead"], report["memory"], report["growth"],
              *report["recall"].values(), *report["query"].values()]
     for part in parts:
