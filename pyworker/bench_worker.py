@@ -161,7 +161,7 @@ def measure_overhead(url: str, calls: int) -> dict[str, Any]:
         added = round(adapters["pi adapter (RPC)"]["p50_ms"]
                       - adapters["http (httpx POST)"]["p50_ms"], 2)
         notes.append("Pi's added cost is its p50 minus the bare HTTP call's p50 (one reused "
-                     "httpx client, the same request body, the same fake server).")
+                     "httpx client, the same prompt, the same fake server; Pi streams its answer).")
         notes.append(f"The Pi process starts once per worker (first call {pi_start_ms} ms); "
                      "every later call reuses it.")
     else:
