@@ -1027,6 +1027,12 @@ create function memory_private.record_invalid_reason(
                          where t.workspace_id = rs.workspace_id
                            and t.scope_id = p_record.scope_id
                            and t.message_id = rs.message_id))
+      -- Several bad sources: the first reason in the order above wins (removed, expired,
+      -- edited, forgotten), so the answer is deterministic and the set form agrees.
+      order by case when m.removed_at is not null then 1
+                    when m.body is null or m.retain_until <= memory_private.clock_now() then 2
+                    when m.content_hash <> rs.content_hash then 3
+                    else 4 end
       limit 1),
     (select 'grant_revoked'
        from memory_private.scopes s
@@ -1046,6 +1052,128 @@ comment on function memory_private.record_invalid_reason(memory_private.records,
   'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
+
+create function memory_private.invalid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
+) returns table (record_id bigint, reason text)
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  -- The set form of record_invalid_reason: the same reasons in the same order, decided once
+  -- for the scope (scope, bot, chat, membership, clock) and in one pass over the sources of all
+  -- the records, instead of three sub-queries per record. plpgsql rather than one SQL function
+  -- so that its plan is cached for the session (a SQL function with SET is planned on every
+  -- call). The records are found by primary key; ids that are not records of the scope are
+  -- not returned. A test keeps the two forms equal for every reason.
+  return query
+    with sc as materialized (
+      select s.recall_enabled, s.kind, s.user_id, b.bot_id, b.active, b.identity, c.linked,
+             coalesce(s.user_id, p_requester) as reader,
+             coalesce(s.user_id, p_requester) is not null
+               and not exists (select 1 from memory_private.members m
+                                where m.workspace_id = s.workspace_id
+                                  and m.user_id = coalesce(s.user_id, p_requester)
+                                  and m.active) as not_member,
+             memory_private.clock_now() as now
+        from memory_private.scopes s
+        left join memory_private.bots b
+          on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+        join memory_private.chats c
+          on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+       where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+    ), recs as materialized (
+      select r.record_id, r.invalid_reason, r.bot_identity, r.repositories
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+         and r.scope_id = p_scope_id
+    ), bad_sources as (
+      select x.record_id,
+             (array['source_removed', 'source_expired', 'source_edited',
+                    'forgotten'])[min(x.rank)] as reason
+        from (select rs.record_id,
+                     case when m.removed_at is not null then 1
+                          when m.body is null or m.retain_until <= sc.now then 2
+                          when m.content_hash <> rs.content_hash then 3
+                          when t.message_id is not null then 4 end as rank
+                from recs
+                cross join sc
+                join memory_private.record_sources rs
+                  on rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id
+                join memory_private.messages m
+                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+                left join memory_private.tombstones t
+                  on t.workspace_id = rs.workspace_id and t.scope_id = p_scope_id
+                 and t.message_id = rs.message_id) x
+       where x.rank is not null
+       group by x.record_id
+    ), revoked as (
+      select distinct recs.record_id
+        from recs
+        cross join sc
+        cross join lateral unnest(recs.repositories) as repo(repository_id)
+       where sc.reader is not null
+         and not exists (select 1 from memory_private.repository_grants g
+                          where g.workspace_id = p_workspace_id and g.user_id = sc.reader
+                            and g.repository_id = repo.repository_id)
+    )
+    select recs.record_id,
+           coalesce(
+             recs.invalid_reason,
+             case
+               when not sc.recall_enabled then 'recall_disabled'
+               when sc.bot_id is null or not sc.active then 'bot_inactive'
+               when sc.identity <> recs.bot_identity then 'bot_replaced'
+               when sc.kind = 'shared' and not sc.linked then 'group_unlinked'
+               when sc.not_member then 'membership'
+               when p_requester is not null and sc.kind = 'private'
+                    and p_requester <> sc.user_id then 'membership'
+             end,
+             bad.reason,
+             case when rv.record_id is not null then 'grant_revoked' end)
+      from recs
+      cross join sc
+      left join bad_sources bad on bad.record_id = recs.record_id
+      left join revoked rv on rv.record_id = recs.record_id;
+end
+$$;
+comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
+  'The set form of record_invalid_reason for records of one scope: each given id that is a '
+  'record of the scope, with why it may not be recalled now for the requester (NULL when it '
+  'may). Same reasons, same order, same semantics; one query for the whole set.';
+
+create function memory_private.first_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
+  p_requester text
+) returns bigint[]
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_from integer := 1;
+  v_size integer := p_limit + 4;
+begin
+  -- Candidates are validated in growing chunks (limit + 4, then four times more each round),
+  -- so a scope whose newest records are valid costs one set validation of a few records.
+  while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
+    v_chunk := p_record_ids[v_from:v_from + v_size - 1];
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.invalid_records(p_workspace_id, p_scope_id, v_chunk, p_requester) v
+          on v.record_id = c.record_id and v.reason is null
+       order by c.pos);
+    v_from := v_from + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid[1:p_limit];
+end
+$$;
+comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
+  'The first p_limit of the given record ids (in their order) that are records of the scope '
+  'and valid now for the requester (memory_private.invalid_records).';
 
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;
@@ -1362,23 +1490,23 @@ comment on function memory_private.mark_consolidation_due(text, bigint) is
   'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
 
 create function memory_private.recent_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null
 ) returns bigint[]
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
-  select coalesce(array_agg(record_id order by created_at desc, record_id desc), '{}')
-    from (select r.record_id, r.created_at
-            from memory_private.records r
-           where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-             and memory_private.record_invalid_reason(r, null) is null
-           order by r.created_at desc, r.record_id desc
-           limit p_limit) c
+  select memory_private.first_valid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                  order by r.created_at desc, r.record_id desc),
+           p_limit, p_requester)
 $$;
-comment on function memory_private.recent_valid_records(text, bigint, integer) is
+comment on function memory_private.recent_valid_records(text, bigint, integer, text) is
   'The ids of a scope''s most recent valid records, newest first: 48 are the consolidation '
   'candidates (P9); 4 accompany a new extraction batch (P5: their titles and summaries are '
-  'sent, not their sources).';
+  'sent, not their sources); 8 make recall''s directory (for the requester). Validated set-wise '
+  'in chunks (memory_private.first_valid_records).';
 
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
@@ -1424,17 +1552,21 @@ begin
   end if;
 
   -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
-  -- must still exist and be valid.
+  -- must still exist in the scope and be valid (validated as one set).
   select format('memory %s %s', e.id,
-           coalesce('is no longer valid (' || memory_private.record_invalid_reason(r, null) || ')',
-                    'is gone'))
+           coalesce('is no longer valid (' || v.reason || ')', 'is gone'))
     into v_reason
     from jsonb_array_elements_text(
-           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) as e(id)
-    left join memory_private.records r
-      on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
-   where r.record_id is null or r.scope_id <> p_job.scope_id
-      or memory_private.record_invalid_reason(r, null) is not null
+           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates'))
+         with ordinality as e(id, pos)
+    left join memory_private.invalid_records(
+                p_job.workspace_id, p_job.scope_id,
+                array(select x::bigint from jsonb_array_elements_text(
+                        coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) x),
+                null) v
+      on v.record_id = e.id::bigint
+   where v.record_id is null or v.reason is not null
+   order by e.pos
    limit 1;
   return v_reason;
 end
@@ -2986,53 +3118,54 @@ comment on function memory_private.record_brief(memory_private.records, boolean)
   'A record as recall shows it: id, kind, title, speakers, date and (directory mode) the first '
   '300 characters of the summary. query_memories gives the whole record.';
 
-create function memory_private.record_source_list(p_record memory_private.records)
-  returns table (message_id text, content_hash text, rank bigint)
+create function memory_private.shown_sources(p_workspace_id text, p_record_ids bigint[])
+  returns table (record_id bigint, message_id text, content_hash text, rank bigint,
+                 total bigint)
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
-  select rs.message_id, rs.content_hash,
-         row_number() over (order by m.created_at, rs.message_id)
+  select rs.record_id, rs.message_id, rs.content_hash,
+         row_number() over (partition by rs.record_id order by m.created_at, rs.message_id),
+         count(*) over (partition by rs.record_id)
     from memory_private.record_sources rs
     join memory_private.messages m
       on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-   where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
+   where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
 $$;
-comment on function memory_private.record_source_list(memory_private.records) is
-  'The source messages of a record in conversation order, ranked (query_memories shows the '
-  'first 20).';
+comment on function memory_private.shown_sources(text, bigint[]) is
+  'The source messages of the given records in one pass: each in conversation order, ranked '
+  'within its record (query_memories shows and cites the first 20), with the record''s source '
+  'count.';
 
-create function memory_private.record_detail(p_record memory_private.records) returns jsonb
-  language sql stable
+create function memory_private.record_detail(
+  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint
+) returns jsonb
+  language sql immutable
   set search_path = pg_catalog, pg_temp
   as $$
   select jsonb_build_object(
            'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
            'summary', p_record.summary, 'speaker_ids', to_jsonb(p_record.speaker_ids),
            'thread_ids', to_jsonb(p_record.thread_ids),
-           'source_ids', coalesce((select jsonb_agg(s.message_id order by s.rank)
-                                     from memory_private.record_source_list(p_record) s
-                                    where s.rank <= 20), '[]'::jsonb),
-           'source_count', (select count(*) from memory_private.record_sources rs
-                             where rs.workspace_id = p_record.workspace_id
-                               and rs.record_id = p_record.record_id),
-           'sources_overflow', greatest((select count(*) from memory_private.record_sources rs
-                                          where rs.workspace_id = p_record.workspace_id
-                                            and rs.record_id = p_record.record_id) - 20, 0),
+           'source_ids', p_source_ids,
+           'source_count', p_source_count,
+           'sources_overflow', greatest(p_source_count - 20, 0),
            'created_at', p_record.created_at, 'last_used_at', p_record.last_used_at)
 $$;
-comment on function memory_private.record_detail(memory_private.records) is
+comment on function memory_private.record_detail(memory_private.records, jsonb, bigint) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5).';
+  'source ids, how many sources there are and how many were not shown, dates (R5). The '
+  'sources come from memory_private.shown_sources.';
 
 create function memory_private.recall_payload(
-  p_frozen memory_private.request_recall, p_requester text
+  p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
 ) returns jsonb
   language plpgsql stable
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_scope memory_private.scopes;
+  v_valid bigint[] := p_valid_ids;
   v_records jsonb;
   v_shown integer;
   v_withdrawn boolean;
@@ -3046,7 +3179,14 @@ begin
   if p_frozen.mode = 'none' then
     return jsonb_build_object('mode', 'none');
   end if;
-  -- Re-check every frozen record against current facts; drop those no longer valid (R3).
+  -- Re-check every frozen record against current facts; drop those no longer valid (R3). The
+  -- first call has just validated them (p_valid_ids) and does not do it twice.
+  if v_valid is null then
+    v_valid := array(select v.record_id
+                       from memory_private.invalid_records(p_frozen.workspace_id,
+                              p_frozen.scope_id, p_frozen.record_ids, p_requester) v
+                      where v.reason is null);
+  end if;
   select coalesce(jsonb_agg(memory_private.record_brief(r, p_frozen.mode = 'directory')
                             order by f.pos), '[]'::jsonb),
          count(*)
@@ -3054,8 +3194,7 @@ begin
     from unnest(p_frozen.record_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_frozen.workspace_id and r.record_id = f.record_id
-     and r.scope_id = p_frozen.scope_id
-   where memory_private.record_invalid_reason(r, p_requester) is null;
+   where f.record_id = any(v_valid);
   v_withdrawn := p_frozen.mode = 'index'
                  and (p_frozen.index_withdrawn or v_shown < cardinality(p_frozen.record_ids));
   return jsonb_build_object(
@@ -3072,10 +3211,11 @@ begin
               else '{}'::jsonb end;
 end
 $$;
-comment on function memory_private.recall_payload(memory_private.request_recall, text) is
-  'Builds the recall answer from the frozen content, re-checking each record now: invalid ones '
-  'are dropped, and an index that names a dropped record is withdrawn (its text may carry what '
-  'the record said). Recall turned off since shows nothing.';
+comment on function memory_private.recall_payload(memory_private.request_recall, text, bigint[]) is
+  'Builds the recall answer from the frozen content, re-checking the records now in one set '
+  '(memory_private.invalid_records) unless the caller has just validated them (p_valid_ids): '
+  'invalid ones are dropped, and an index that names a dropped record is withdrawn (its text '
+  'may carry what the record said). Recall turned off since shows nothing.';
 
 -- Recall ---------------------------------------------------------------------------------------
 
@@ -3099,38 +3239,46 @@ begin
 
   select * into v_frozen from memory_private.request_recall
    where workspace_id = p_workspace_id and request_id = p_request_id;
-  if not found then
-    if not v_scope.recall_enabled then
-      v_mode := 'disabled';
-      v_ids := '{}';
-    elsif v_scope.index_text is not null and v_scope.consolidation_due_at is null
-          and not exists (
-            select 1 from unnest(v_scope.index_record_ids) as i(record_id)
-              left join memory_private.records r
-                on r.workspace_id = p_workspace_id and r.record_id = i.record_id
-               and r.scope_id = v_scope.scope_id
-             where r.record_id is null
-                or memory_private.record_invalid_reason(r, v_request.user_id) is not null) then
-      v_mode := 'index';
-      v_index := v_scope.index_text;
-      v_ids := v_scope.index_record_ids;
-    else
+  if found then
+    return memory_private.recall_payload(v_frozen, v_request.user_id);
+  end if;
+
+  if not v_scope.recall_enabled then
+    v_mode := 'disabled';
+    v_ids := '{}';
+  else
+    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
+      -- The index holds when every record it names is still valid (one set validation).
+      v_ids := array(select v.record_id
+                       from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
+                              v_scope.index_record_ids, v_request.user_id) v
+                      where v.reason is null);
+      if v_scope.index_record_ids <@ v_ids then
+        v_mode := 'index';
+        v_index := v_scope.index_text;
+        v_ids := v_scope.index_record_ids;
+      end if;
+    end if;
+    if v_mode is null then
       -- Consolidation pending, no index, or the index names a record no longer valid (R2).
-      v_ids := array(select r.record_id from memory_private.records r
-                      where r.workspace_id = p_workspace_id and r.scope_id = v_scope.scope_id
-                        and memory_private.record_invalid_reason(r, v_request.user_id) is null
-                      order by r.created_at desc, r.record_id desc
-                      limit 8);
+      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, 8,
+                                                   v_request.user_id);
       v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
     end if;
-    insert into memory_private.request_recall
-      (workspace_id, request_id, scope_id, mode, index_text, record_ids, created_at)
-    values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids,
-            memory_private.clock_now())
-    on conflict (workspace_id, request_id) do nothing;
-    select * into strict v_frozen from memory_private.request_recall
-     where workspace_id = p_workspace_id and request_id = p_request_id;
   end if;
+  insert into memory_private.request_recall
+    (workspace_id, request_id, scope_id, mode, index_text, record_ids, created_at)
+  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids,
+          memory_private.clock_now())
+  on conflict (workspace_id, request_id) do nothing
+  returning * into v_frozen;
+  if found then
+    -- Frozen now from records validated above: the payload does not validate them again.
+    return memory_private.recall_payload(v_frozen, v_request.user_id, v_ids);
+  end if;
+  -- A concurrent first call froze it first: show what it froze, checked now.
+  select * into strict v_frozen from memory_private.request_recall
+   where workspace_id = p_workspace_id and request_id = p_request_id;
   return memory_private.recall_payload(v_frozen, v_request.user_id);
 end
 $$;
@@ -3203,32 +3351,44 @@ begin
   end if;
 
   -- Browse (newest first) or literal, case-insensitive substring search; valid records only.
-  v_ids := array(
-    select r.record_id from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.scope_id = v_scope.scope_id
-       and (v_id is null or r.record_id = v_id)
-       and (v_query is null
-            or strpos(lower(r.title), lower(v_query)) > 0
-            or strpos(lower(r.summary), lower(v_query)) > 0)
-       and memory_private.record_invalid_reason(r, v_request.user_id) is null
-     order by r.created_at desc, r.record_id desc
-     limit v_limit);
+  -- The matches are found first, then validated set-wise in order until the limit is reached.
+  v_ids := memory_private.first_valid_records(
+    p_workspace_id, v_scope.scope_id,
+    array(select r.record_id from memory_private.records r
+           where r.workspace_id = p_workspace_id and r.scope_id = v_scope.scope_id
+             and (v_id is null or r.record_id = v_id)
+             and (v_query is null
+                  or strpos(lower(r.title), lower(v_query)) > 0
+                  or strpos(lower(r.summary), lower(v_query)) > 0)
+           order by r.created_at desc, r.record_id desc),
+    v_limit, v_request.user_id);
 
-  select coalesce(jsonb_agg(memory_private.record_detail(r) order by f.pos), '[]'::jsonb)
+  -- One pass over the shown records' sources feeds the details (first 20 ids, count,
+  -- overflow) and the request's citation set (R6; idempotent on replay).
+  with src as materialized (
+    select s.record_id, s.message_id, s.content_hash, s.rank, s.total
+      from memory_private.shown_sources(p_workspace_id, v_ids) s
+  ), cited as (
+    insert into memory_private.request_citations
+      (workspace_id, request_id, message_id, record_id, scope_id, content_hash, created_at)
+    select p_workspace_id, p_request_id, src.message_id, src.record_id, v_scope.scope_id,
+           src.content_hash, v_now
+      from src
+     where src.rank <= 20
+    on conflict do nothing
+  )
+  select coalesce(jsonb_agg(memory_private.record_detail(r,
+                    coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
+                  order by f.pos), '[]'::jsonb)
     into v_records
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
-      on r.workspace_id = p_workspace_id and r.record_id = f.record_id;
-
-  -- The source ids shown join the request's citation set (R6); idempotent on replay.
-  insert into memory_private.request_citations
-    (workspace_id, request_id, message_id, record_id, scope_id, content_hash, created_at)
-  select p_workspace_id, p_request_id, s.message_id, r.record_id, r.scope_id, s.content_hash,
-         v_now
-    from memory_private.records r
-   cross join lateral memory_private.record_source_list(r) s
-   where r.workspace_id = p_workspace_id and r.record_id = any(v_ids) and s.rank <= 20
-  on conflict do nothing;
+      on r.workspace_id = p_workspace_id and r.record_id = f.record_id
+    left join (select src.record_id,
+                      jsonb_agg(src.message_id order by src.rank)
+                        filter (where src.rank <= 20) as source_ids,
+                      max(src.total) as total
+                 from src group by src.record_id) d on d.record_id = f.record_id;
 
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then

@@ -230,6 +230,12 @@ create function memory_private.record_invalid_reason(
                          where t.workspace_id = rs.workspace_id
                            and t.scope_id = p_record.scope_id
                            and t.message_id = rs.message_id))
+      -- Several bad sources: the first reason in the order above wins (removed, expired,
+      -- edited, forgotten), so the answer is deterministic and the set form agrees.
+      order by case when m.removed_at is not null then 1
+                    when m.body is null or m.retain_until <= memory_private.clock_now() then 2
+                    when m.content_hash <> rs.content_hash then 3
+                    else 4 end
       limit 1),
     (select 'grant_revoked'
        from memory_private.scopes s
@@ -249,6 +255,128 @@ comment on function memory_private.record_invalid_reason(memory_private.records,
   'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
+
+create function memory_private.invalid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
+) returns table (record_id bigint, reason text)
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  -- The set form of record_invalid_reason: the same reasons in the same order, decided once
+  -- for the scope (scope, bot, chat, membership, clock) and in one pass over the sources of all
+  -- the records, instead of three sub-queries per record. plpgsql rather than one SQL function
+  -- so that its plan is cached for the session (a SQL function with SET is planned on every
+  -- call). The records are found by primary key; ids that are not records of the scope are
+  -- not returned. A test keeps the two forms equal for every reason.
+  return query
+    with sc as materialized (
+      select s.recall_enabled, s.kind, s.user_id, b.bot_id, b.active, b.identity, c.linked,
+             coalesce(s.user_id, p_requester) as reader,
+             coalesce(s.user_id, p_requester) is not null
+               and not exists (select 1 from memory_private.members m
+                                where m.workspace_id = s.workspace_id
+                                  and m.user_id = coalesce(s.user_id, p_requester)
+                                  and m.active) as not_member,
+             memory_private.clock_now() as now
+        from memory_private.scopes s
+        left join memory_private.bots b
+          on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+        join memory_private.chats c
+          on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+       where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+    ), recs as materialized (
+      select r.record_id, r.invalid_reason, r.bot_identity, r.repositories
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+         and r.scope_id = p_scope_id
+    ), bad_sources as (
+      select x.record_id,
+             (array['source_removed', 'source_expired', 'source_edited',
+                    'forgotten'])[min(x.rank)] as reason
+        from (select rs.record_id,
+                     case when m.removed_at is not null then 1
+                          when m.body is null or m.retain_until <= sc.now then 2
+                          when m.content_hash <> rs.content_hash then 3
+                          when t.message_id is not null then 4 end as rank
+                from recs
+                cross join sc
+                join memory_private.record_sources rs
+                  on rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id
+                join memory_private.messages m
+                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+                left join memory_private.tombstones t
+                  on t.workspace_id = rs.workspace_id and t.scope_id = p_scope_id
+                 and t.message_id = rs.message_id) x
+       where x.rank is not null
+       group by x.record_id
+    ), revoked as (
+      select distinct recs.record_id
+        from recs
+        cross join sc
+        cross join lateral unnest(recs.repositories) as repo(repository_id)
+       where sc.reader is not null
+         and not exists (select 1 from memory_private.repository_grants g
+                          where g.workspace_id = p_workspace_id and g.user_id = sc.reader
+                            and g.repository_id = repo.repository_id)
+    )
+    select recs.record_id,
+           coalesce(
+             recs.invalid_reason,
+             case
+               when not sc.recall_enabled then 'recall_disabled'
+               when sc.bot_id is null or not sc.active then 'bot_inactive'
+               when sc.identity <> recs.bot_identity then 'bot_replaced'
+               when sc.kind = 'shared' and not sc.linked then 'group_unlinked'
+               when sc.not_member then 'membership'
+               when p_requester is not null and sc.kind = 'private'
+                    and p_requester <> sc.user_id then 'membership'
+             end,
+             bad.reason,
+             case when rv.record_id is not null then 'grant_revoked' end)
+      from recs
+      cross join sc
+      left join bad_sources bad on bad.record_id = recs.record_id
+      left join revoked rv on rv.record_id = recs.record_id;
+end
+$$;
+comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
+  'The set form of record_invalid_reason for records of one scope: each given id that is a '
+  'record of the scope, with why it may not be recalled now for the requester (NULL when it '
+  'may). Same reasons, same order, same semantics; one query for the whole set.';
+
+create function memory_private.first_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
+  p_requester text
+) returns bigint[]
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_from integer := 1;
+  v_size integer := p_limit + 4;
+begin
+  -- Candidates are validated in growing chunks (limit + 4, then four times more each round),
+  -- so a scope whose newest records are valid costs one set validation of a few records.
+  while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
+    v_chunk := p_record_ids[v_from:v_from + v_size - 1];
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.invalid_records(p_workspace_id, p_scope_id, v_chunk, p_requester) v
+          on v.record_id = c.record_id and v.reason is null
+       order by c.pos);
+    v_from := v_from + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid[1:p_limit];
+end
+$$;
+comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
+  'The first p_limit of the given record ids (in their order) that are records of the scope '
+  'and valid now for the requester (memory_private.invalid_records).';
 
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;

@@ -202,23 +202,23 @@ comment on function memory_private.mark_consolidation_due(text, bigint) is
   'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
 
 create function memory_private.recent_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null
 ) returns bigint[]
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
-  select coalesce(array_agg(record_id order by created_at desc, record_id desc), '{}')
-    from (select r.record_id, r.created_at
-            from memory_private.records r
-           where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-             and memory_private.record_invalid_reason(r, null) is null
-           order by r.created_at desc, r.record_id desc
-           limit p_limit) c
+  select memory_private.first_valid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                  order by r.created_at desc, r.record_id desc),
+           p_limit, p_requester)
 $$;
-comment on function memory_private.recent_valid_records(text, bigint, integer) is
+comment on function memory_private.recent_valid_records(text, bigint, integer, text) is
   'The ids of a scope''s most recent valid records, newest first: 48 are the consolidation '
   'candidates (P9); 4 accompany a new extraction batch (P5: their titles and summaries are '
-  'sent, not their sources).';
+  'sent, not their sources); 8 make recall''s directory (for the requester). Validated set-wise '
+  'in chunks (memory_private.first_valid_records).';
 
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
@@ -264,17 +264,21 @@ begin
   end if;
 
   -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
-  -- must still exist and be valid.
+  -- must still exist in the scope and be valid (validated as one set).
   select format('memory %s %s', e.id,
-           coalesce('is no longer valid (' || memory_private.record_invalid_reason(r, null) || ')',
-                    'is gone'))
+           coalesce('is no longer valid (' || v.reason || ')', 'is gone'))
     into v_reason
     from jsonb_array_elements_text(
-           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) as e(id)
-    left join memory_private.records r
-      on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
-   where r.record_id is null or r.scope_id <> p_job.scope_id
-      or memory_private.record_invalid_reason(r, null) is not null
+           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates'))
+         with ordinality as e(id, pos)
+    left join memory_private.invalid_records(
+                p_job.workspace_id, p_job.scope_id,
+                array(select x::bigint from jsonb_array_elements_text(
+                        coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) x),
+                null) v
+      on v.record_id = e.id::bigint
+   where v.record_id is null or v.reason is not null
+   order by e.pos
    limit 1;
   return v_reason;
 end

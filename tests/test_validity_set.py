@@ -1,0 +1,142 @@
+"""The set form of the validity rule (memory_private.invalid_records) agrees with the rule for
+one record (memory_private.record_invalid_reason) on a world with every kind of invalidity, for
+every requester, including records with several bad sources (the first reason in the rule's
+order wins in both)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import psycopg
+
+from tests.factory import World
+from tests.records import advance, make_record, scope_of
+
+REASONS = {"recall_disabled", "bot_inactive", "bot_replaced", "group_unlinked", "membership",
+           "source_removed", "source_expired", "source_edited", "forgotten", "grant_revoked",
+           "pruned_by_test"}
+REQUESTERS = (None, "alice", "bob", "carol", "dave")
+
+
+def _world(conn: psycopg.Connection) -> None:
+    w = World(conn)
+    ws = "ws1"
+    w.basic(ws, users=("alice", "bob", "carol"))
+    w.bot(ws, "bot2")
+    w.group_chat(ws, "grp2")
+    w.grant(ws, "alice", "repo-a")
+    w.grant(ws, "bob", "repo-a")
+    w.grant(ws, "alice", "repo-b")
+    soon = datetime(2000, 1, 1, tzinfo=UTC)  # retained until a date the clock passes below
+
+    def conv(req: str, chat: str, user: str, n: int, *, bot: str = "bot1", topic: int = 0,
+             repos: list[str] | None = None, retain: bool = False) -> list[str]:
+        w.request(ws, req, chat=chat, user=user, bot=bot, topic=topic)
+        ids = []
+        for i in range(n):
+            mid = f"{req}-m{i}"
+            w.message(ws, mid, req, "user" if i % 2 == 0 else "assistant",
+                      user if i % 2 == 0 else bot, f"message {i} of {req}",
+                      repositories=repos if i == 0 else None,
+                      retain_until=soon if retain and i == 1 else None)
+            ids.append(mid)
+        return ids
+
+    # alice's private scope: one record per source-level reason, and mixtures.
+    a = conv("ra", "dm-alice", "alice", 12, retain=True)
+    a_repo = conv("ra2", "dm-alice", "alice", 2, repos=["repo-b"])
+    valid = make_record(conn, ws, "ra", [a[0], a[2]])
+    removed = make_record(conn, ws, "ra", [a[3], a[4]])
+    expired = make_record(conn, ws, "ra", [a[1], a[5]])
+    edited = make_record(conn, ws, "ra", [a[6]])
+    forgotten = make_record(conn, ws, "ra", [a[7], a[8]])
+    mixed1 = make_record(conn, ws, "ra", [a[3], a[6], a[7]])  # removed, edited, forgotten
+    mixed2 = make_record(conn, ws, "ra", [a[6], a[8], a[1]])  # edited, forgotten, expired
+    mixed3 = make_record(conn, ws, "ra", [a[8], a[6]])         # forgotten, edited
+    make_record(conn, ws, "ra2", a_repo)                       # repo-b: alice's grant revoked
+    pruned = make_record(conn, ws, "ra", [a[9]])
+    replaced = make_record(conn, ws, "ra", [a[10]])
+    make_record(conn, ws, "ra", [a[11], a[0]])
+    scope_a = scope_of(conn, ws, "ra")
+    w.remove(ws, a[3])
+    w.message(ws, a[6], "ra", "user", "alice", "message 6 of ra, edited")
+    conn.execute("insert into memory_private.tombstones values (%s, %s, %s, "
+                 "memory_private.clock_now())", (ws, scope_a, a[8]))
+    conn.execute("insert into memory_private.tombstones values (%s, %s, %s, "
+                 "memory_private.clock_now())", (ws, scope_a, a[7]))
+    conn.execute("update memory_private.records set invalid_at = memory_private.clock_now(), "
+                 "invalid_reason = 'pruned_by_test' where workspace_id = %s and record_id = %s",
+                 (ws, pruned))
+    conn.execute("update memory_private.records set bot_identity = 'an-older-identity' "
+                 "where workspace_id = %s and record_id = %s", (ws, replaced))
+    w.grant(ws, "alice", "repo-b", granted=False)
+    assert {valid, removed, expired, edited, forgotten, mixed1, mixed2, mixed3}
+
+    # The group (topic 0): statements of alice and bob; repo-a is granted to both, repo-b to
+    # nobody now; carol becomes inactive, dave was never a member.
+    g = conv("rg", "grp", "alice", 4, repos=["repo-a"])
+    g2 = conv("rg2", "grp", "bob", 2, repos=["repo-b"])
+    make_record(conn, ws, "rg", g[:2])
+    make_record(conn, ws, "rg", g[2:])
+    make_record(conn, ws, "rg2", g2)
+    w.member(ws, "carol", "member", active=False)
+
+    # bob's private scope (membership for anyone else), carol's (inactive member).
+    make_record(conn, ws, "rb", conv("rb", "dm-bob", "bob", 2))
+    make_record(conn, ws, "rc", conv("rc", "dm-carol", "carol", 2))
+
+    # An unlinked group, a deactivated bot, recall turned off.
+    make_record(conn, ws, "ru", conv("ru", "grp2", "alice", 2))
+    w.group_chat(ws, "grp2", linked=False)
+    make_record(conn, ws, "rbot", conv("rbot", "dm-alice", "alice", 2, bot="bot2"))
+    w.bot(ws, "bot2", active=False)
+    make_record(conn, ws, "roff", conv("roff", "grp", "bob", 2, topic=7))
+    conn.execute("update memory_private.scopes set recall_enabled = false "
+                 "where workspace_id = %s and scope_id = %s", (ws, scope_of(conn, ws, "roff")))
+    advance(conn, "1 day")  # past retain_until of a[1]
+
+
+def test_set_validity_agrees_with_the_rule_for_every_reason_and_requester(
+        conn: psycopg.Connection) -> None:
+    _world(conn)
+    seen: set[str | None] = set()
+    scopes = [int(r[0]) for r in conn.execute(
+        "select scope_id from memory_private.scopes where workspace_id = 'ws1'").fetchall()]
+    assert len(scopes) == 7
+    for scope in scopes:
+        ids = [int(r[0]) for r in conn.execute(
+            "select record_id from memory_private.records where workspace_id = 'ws1' "
+            "and scope_id = %s order by record_id", (scope,)).fetchall()]
+        for requester in REQUESTERS:
+            one = dict(conn.execute(
+                "select record_id, memory_private.record_invalid_reason(r, %s) "
+                "from memory_private.records r where workspace_id = 'ws1' and scope_id = %s",
+                (requester, scope)).fetchall())
+            # A foreign id (another scope's record, an unknown id) is not returned.
+            many = dict(conn.execute(
+                "select record_id, reason from memory_private.invalid_records('ws1', %s, %s, %s)",
+                (scope, [*ids, 999999, *(s for s in scopes if s != scope)], requester)).fetchall())
+            assert set(many) <= set(ids) | set(scopes)
+            many = {k: v for k, v in many.items() if k in ids}
+            assert many == one, (scope, requester)
+            seen.update(one.values())
+    assert REASONS | {None} <= seen, sorted(REASONS - seen)
+
+
+def test_first_valid_records_keeps_the_order_and_the_limit(conn: psycopg.Connection) -> None:
+    _world(conn)
+    scope = scope_of(conn, "ws1", "ra")
+    ordered = [int(r[0]) for r in conn.execute(
+        "select record_id from memory_private.records where workspace_id = 'ws1' "
+        "and scope_id = %s order by created_at desc, record_id desc", (scope,)).fetchall()]
+    valid = [i for i in ordered if conn.execute(
+        "select memory_private.record_invalid_reason(r, 'alice') from memory_private.records r "
+        "where workspace_id = 'ws1' and record_id = %s", (i,)).fetchone() == (None,)]
+    assert len(valid) == 2
+    for limit in (1, 2, 5):
+        row = conn.execute("select memory_private.first_valid_records('ws1', %s, %s, %s, "
+                           "'alice')", (scope, ordered, limit)).fetchone()
+        assert row is not None and row[0] == valid[:limit]
+    row = conn.execute("select memory_private.recent_valid_records('ws1', %s, 8, 'alice')",
+                       (scope,)).fetchone()
+    assert row is not None and row[0] == valid
