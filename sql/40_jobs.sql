@@ -76,8 +76,10 @@ create unique index jobs_one_running_per_workspace on memory_private.jobs (works
   where status = 'running';
 create unique index jobs_one_open_per_scope_phase on memory_private.jobs
   (workspace_id, scope_id, phase) where status in ('pending', 'running');
+-- claim_job reads the due jobs from here (the oldest first), then checks their workspaces: its
+-- cost follows the jobs that are due, not the number of workspaces.
 create index jobs_claimable_idx on memory_private.jobs (next_attempt_at, workspace_id)
-  where status = 'pending';
+  where status = 'pending' and claims < 3;
 create index jobs_input_idx on memory_private.jobs (workspace_id, scope_id, phase, input_hash);
 create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_request_id);
 
@@ -756,16 +758,18 @@ declare
   v_reason text;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
+  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace.
   for v_ws in
-    select w.workspace_id
-      from memory_private.workspaces w
-      join lateral (select min(j.next_attempt_at) as due from memory_private.jobs j
-                     where j.workspace_id = w.workspace_id and j.status = 'pending'
-                       and j.next_attempt_at <= v_now and j.claims < 3) d on d.due is not null
+    select d.workspace_id
+      from (select j.workspace_id, min(j.next_attempt_at) as due
+              from memory_private.jobs j
+             where j.status = 'pending' and j.next_attempt_at <= v_now and j.claims < 3
+             group by j.workspace_id) d
+      join memory_private.workspaces w on w.workspace_id = d.workspace_id
      where not w.paused
-       and not exists (select 1 from memory_private.jobs j
-                        where j.workspace_id = w.workspace_id and j.status = 'running')
-     order by d.due, w.workspace_id
+       and not exists (select 1 from memory_private.jobs r
+                        where r.workspace_id = d.workspace_id and r.status = 'running')
+     order by d.due, d.workspace_id
   loop
     -- The workspace lock, without waiting: another claim or a memory write holds it briefly.
     select config_version into v_config from memory_private.workspaces
