@@ -127,11 +127,11 @@ def new_requests(conn: psycopg.Connection, width: int, n: int, tag: str) -> list
     return pairs
 
 
-def measure_recall(conn: psycopg.Connection, width: int, n: int) -> Section:
+def measure_recall(conn: psycopg.Connection, width: int, n: int, tag: str = "rc") -> Section:
     """memory.recall for a request that has not recalled yet, vs the SELECT 1 floor."""
     if not has_function(conn, RECALL_SIGNATURE):
         return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
-    pairs = new_requests(conn, width, n + 20, f"rc{width}")
+    pairs = new_requests(conn, width, n + 20, f"{tag}{width}")
     modes: dict[str, int] = {}
 
     def recall(i: int) -> None:
@@ -155,7 +155,7 @@ def measure_recall_directory(conn: psycopg.Connection, width: int, n: int) -> Se
         return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
     conn.execute("update memory_private.scopes set consolidation_due_at = index_built_at "
                  "where workspace_id like 'bench-%%' and consolidation_due_at is null")
-    section = measure_recall(conn, width, n)
+    section = measure_recall(conn, width, n, tag="rd")  # new requests: none has recalled yet
     section.pop("requests", None)
     return section
 
