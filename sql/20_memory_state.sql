@@ -56,6 +56,8 @@ create table memory_private.records (
   usage_count integer not null default 0 check (usage_count >= 0),
   invalid_at timestamptz,
   invalid_reason text,
+  search_text text not null
+    generated always as (lower(title) || e'\n' || lower(summary)) stored,
   primary key (workspace_id, record_id),
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   check ((invalid_at is null) = (invalid_reason is null))
@@ -64,6 +66,10 @@ comment on table memory_private.records is
   'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
   'repositories they came from and the bot identity that made them. invalid_at is set by sweeps '
   'once a record can never be valid again; reads decide validity from current facts anyway.';
+
+comment on column memory_private.records.search_text is
+  'Title and summary case-folded at write time (lower(title), a newline, lower(summary)), so '
+  'query_memories'' literal search does not fold every record of the scope on each call.';
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
 

@@ -459,9 +459,13 @@ begin
     array(select r.record_id from memory_private.records r
            where r.workspace_id = p_workspace_id and r.scope_id = v_scope.scope_id
              and (v_id is null or r.record_id = v_id)
+             -- search_text is the folded title and summary; the re-check on title and
+             -- summary apart only runs for its matches (a query spanning the newline between
+             -- them is not a match).
              and (v_query is null
-                  or strpos(lower(r.title), lower(v_query)) > 0
-                  or strpos(lower(r.summary), lower(v_query)) > 0)
+                  or (strpos(r.search_text, lower(v_query)) > 0
+                      and (strpos(lower(r.title), lower(v_query)) > 0
+                           or strpos(lower(r.summary), lower(v_query)) > 0)))
            order by r.created_at desc, r.record_id desc),
     v_limit, v_request.user_id);
 

@@ -1,0 +1,32 @@
+"""query_memories' literal search reads the case-folded copy of title and summary stored on the
+record (records.search_text); the answer is the same as folding title and summary apart."""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.factory import World
+from tests.test_recall import ids, make_record, query
+
+
+def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
+        conn: psycopg.Connection) -> None:
+    w = World(conn)
+    w.basic()
+    w.request("ws1", "live", chat="dm-alice", user="alice", status="running")
+    u, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice")
+    rec = make_record(conn, "ws1", "h1", [u], title="Green ΣΟΦΊΑ",
+                      summary="Alpha\nBeta 花生 ÄÖÜ")
+    row = conn.execute("select search_text = lower(title) || e'\\n' || lower(summary) "
+                       "from memory_private.records where record_id = %s", (rec,)).fetchone()
+    assert row == (True,)
+    assert ids(query(conn, "ws1", "live", "q1", {"query": "σοφία"})) == [rec]
+    assert ids(query(conn, "ws1", "live", "q2", {"query": "äöü"})) == [rec]
+    assert ids(query(conn, "ws1", "live", "q3", {"query": "alpha\nbeta"})) == [rec]
+    # The newline joining title and summary in search_text is not text of the record.
+    assert ids(query(conn, "ws1", "live", "q4", {"query": "σοφία\nalpha"})) == []
+    # An edited title is folded again (a generated column), as a note's would be.
+    conn.execute("update memory_private.records set title = 'Black Coffee' "
+                 "where record_id = %s", (rec,))
+    assert ids(query(conn, "ws1", "live", "q5", {"query": "COFFEE"})) == [rec]
+    assert ids(query(conn, "ws1", "live", "q6", {"query": "green"})) == []
