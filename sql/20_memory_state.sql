@@ -268,82 +268,93 @@ create function memory_private.invalid_records(
   language plpgsql stable
   set search_path = pg_catalog, pg_temp
   as $$
+declare
+  v_kind text;
+  v_user_id text;
+  v_recall_enabled boolean;
+  v_bot_ok boolean;
+  v_identity text; -- the bot identity a record must carry
+  v_linked boolean;
+  v_reader text;
+  v_before text;   -- the scope's reasons that come before bot_replaced in the rule's order
+  v_after text;    -- and those after it
+  v_now timestamptz := memory_private.clock_now();
 begin
-  -- The set form of record_invalid_reason: the same reasons in the same order, decided once
-  -- for the scope (scope, bot, chat, membership, clock) and in one pass over the sources of all
-  -- the records, instead of three sub-queries per record. plpgsql rather than one SQL function
-  -- so that its plan is cached for the session (a SQL function with SET is planned on every
-  -- call). The records are found by primary key; ids that are not records of the scope are
-  -- not returned. A test keeps the two forms equal for every reason.
+  -- The set form of record_invalid_reason: the same reasons in the same order. The facts of
+  -- the scope (scope, bot, chat, membership) are read once, then one query decides every
+  -- record, found by primary key, with index probes of its sources and grants. plpgsql so
+  -- that the plans are cached for the session (a SQL function with SET is planned on every
+  -- call). Ids that are not records of the scope are not returned. A test keeps the two forms
+  -- equal for every reason (tests/test_validity_set.py).
+  select s.kind, s.user_id, s.recall_enabled, b.bot_id is not null and b.active, b.identity,
+         c.linked
+    into v_kind, v_user_id, v_recall_enabled, v_bot_ok, v_identity, v_linked
+    from memory_private.scopes s
+    left join memory_private.bots b
+      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+    left join memory_private.chats c
+      on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
+  if not found then
+    return;  -- no scope, no records of it
+  end if;
+  v_reader := coalesce(v_user_id, p_requester);
+  if v_linked is not null then  -- the rule reads the scope joined to its chat (a foreign key)
+    v_before := case
+                  when not v_recall_enabled then 'recall_disabled'
+                  when not v_bot_ok then 'bot_inactive'
+                end;
+    v_after := case
+                 when v_kind = 'shared' and not v_linked then 'group_unlinked'
+                 when v_reader is not null
+                      and not exists (select 1 from memory_private.members m
+                                       where m.workspace_id = p_workspace_id
+                                         and m.user_id = v_reader and m.active)
+                   then 'membership'
+                 when p_requester is not null and v_kind = 'private'
+                      and p_requester <> v_user_id then 'membership'
+               end;
+  else
+    v_identity := null;
+  end if;
   return query
-    with sc as materialized (
-      select s.recall_enabled, s.kind, s.user_id, b.bot_id, b.active, b.identity, c.linked,
-             coalesce(s.user_id, p_requester) as reader,
-             coalesce(s.user_id, p_requester) is not null
-               and not exists (select 1 from memory_private.members m
-                                where m.workspace_id = s.workspace_id
-                                  and m.user_id = coalesce(s.user_id, p_requester)
-                                  and m.active) as not_member,
-             memory_private.clock_now() as now
-        from memory_private.scopes s
-        left join memory_private.bots b
-          on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-        join memory_private.chats c
-          on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
-       where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
-    ), recs as materialized (
-      select r.record_id, r.invalid_reason, r.bot_identity, r.repositories
+    with recs as materialized (
+      -- By primary key; the scope is checked after the lookup.
+      select r.record_id, r.scope_id, r.invalid_reason, r.bot_identity, r.repositories
         from memory_private.records r
        where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-         and r.scope_id = p_scope_id
-    ), bad_sources as (
-      select x.record_id,
-             (array['source_removed', 'source_expired', 'source_edited',
-                    'forgotten'])[min(x.rank)] as reason
-        from (select rs.record_id,
-                     case when m.removed_at is not null then 1
-                          when m.body is null or m.retain_until <= sc.now then 2
-                          when m.content_hash <> rs.content_hash then 3
-                          when t.message_id is not null then 4 end as rank
-                from recs
-                cross join sc
-                join memory_private.record_sources rs
-                  on rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id
-                join memory_private.messages m
-                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-                left join memory_private.tombstones t
-                  on t.workspace_id = rs.workspace_id and t.scope_id = p_scope_id
-                 and t.message_id = rs.message_id) x
-       where x.rank is not null
-       group by x.record_id
-    ), revoked as (
-      select distinct recs.record_id
-        from recs
-        cross join sc
-        cross join lateral unnest(recs.repositories) as repo(repository_id)
-       where sc.reader is not null
-         and not exists (select 1 from memory_private.repository_grants g
-                          where g.workspace_id = p_workspace_id and g.user_id = sc.reader
-                            and g.repository_id = repo.repository_id)
     )
     select recs.record_id,
            coalesce(
              recs.invalid_reason,
-             case
-               when not sc.recall_enabled then 'recall_disabled'
-               when sc.bot_id is null or not sc.active then 'bot_inactive'
-               when sc.identity <> recs.bot_identity then 'bot_replaced'
-               when sc.kind = 'shared' and not sc.linked then 'group_unlinked'
-               when sc.not_member then 'membership'
-               when p_requester is not null and sc.kind = 'private'
-                    and p_requester <> sc.user_id then 'membership'
-             end,
-             bad.reason,
-             case when rv.record_id is not null then 'grant_revoked' end)
+             v_before,
+             case when v_identity <> recs.bot_identity then 'bot_replaced' end,
+             v_after,
+             -- The first bad source in the rule's order: removed, expired, edited, forgotten.
+             (select (array['source_removed', 'source_expired', 'source_edited',
+                            'forgotten'])[min(
+                       case when m.removed_at is not null then 1
+                            when m.body is null or m.retain_until <= v_now then 2
+                            when m.content_hash <> rs.content_hash then 3
+                            when exists (select 1 from memory_private.tombstones t
+                                          where t.workspace_id = rs.workspace_id
+                                            and t.scope_id = p_scope_id
+                                            and t.message_id = rs.message_id) then 4
+                       end)]
+                from memory_private.record_sources rs
+                join memory_private.messages m
+                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+               where rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id),
+             (select 'grant_revoked'
+                from unnest(recs.repositories) as repo(repository_id)
+               where v_reader is not null
+                 and not exists (select 1 from memory_private.repository_grants g
+                                  where g.workspace_id = p_workspace_id
+                                    and g.user_id = v_reader
+                                    and g.repository_id = repo.repository_id)
+               limit 1))
       from recs
-      cross join sc
-      left join bad_sources bad on bad.record_id = recs.record_id
-      left join revoked rv on rv.record_id = recs.record_id;
+     where recs.scope_id = p_scope_id;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is

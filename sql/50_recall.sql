@@ -204,17 +204,21 @@ comment on function memory_private.known_request(text, text) is
 
 create function memory_private.record_brief(p_record memory_private.records, p_with_summary boolean)
   returns jsonb
-  language sql immutable
+  language plpgsql immutable
   set search_path = pg_catalog, pg_temp
   as $$
-  select jsonb_build_object(
+begin
+  -- plpgsql rather than SQL: the expression is prepared once per session (a SQL function with
+  -- SET is planned on every call, twelve times per recall).
+  return jsonb_build_object(
            'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
            'speaker_ids', to_jsonb(p_record.speaker_ids), 'created_at', p_record.created_at)
       || case when p_with_summary
               then jsonb_build_object('summary',
                      case when char_length(p_record.summary) <= 300 then p_record.summary
                           else left(p_record.summary, 299) || '…' end)
-              else '{}'::jsonb end
+              else '{}'::jsonb end;
+end
 $$;
 comment on function memory_private.record_brief(memory_private.records, boolean) is
   'A record as recall shows it: id, kind, title, speakers, date and (directory mode) the first '
