@@ -3143,25 +3143,6 @@ comment on function memory_private.record_brief(memory_private.records, boolean)
   'A record as recall shows it: id, kind, title, speakers, date and (directory mode) the first '
   '300 characters of the summary. query_memories gives the whole record.';
 
-create function memory_private.shown_sources(p_workspace_id text, p_record_ids bigint[])
-  returns table (record_id bigint, message_id text, content_hash text, rank bigint,
-                 total bigint)
-  language sql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select rs.record_id, rs.message_id, rs.content_hash,
-         row_number() over (partition by rs.record_id order by m.created_at, rs.message_id),
-         count(*) over (partition by rs.record_id)
-    from memory_private.record_sources rs
-    join memory_private.messages m
-      on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-   where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
-$$;
-comment on function memory_private.shown_sources(text, bigint[]) is
-  'The source messages of the given records in one pass: each in conversation order, ranked '
-  'within its record (query_memories shows and cites the first 20), with the record''s source '
-  'count.';
-
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids jsonb, p_source_count bigint
 ) returns jsonb
@@ -3179,8 +3160,8 @@ create function memory_private.record_detail(
 $$;
 comment on function memory_private.record_detail(memory_private.records, jsonb, bigint) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5). The '
-  'sources come from memory_private.shown_sources.';
+  'source ids, how many sources there are and how many were not shown, dates (R5). '
+  'query_memories ranks the sources of all shown records in one pass and passes them in.';
 
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
@@ -3395,8 +3376,14 @@ begin
   -- One pass over the shown records' sources feeds the details (first 20 ids, count,
   -- overflow) and the request's citation set (R6; idempotent on replay).
   with src as materialized (
-    select s.record_id, s.message_id, s.content_hash, s.rank, s.total
-      from memory_private.shown_sources(p_workspace_id, v_ids) s
+    select rs.record_id, rs.message_id, rs.content_hash,
+           row_number() over (partition by rs.record_id order by m.created_at, rs.message_id)
+             as rank,
+           count(*) over (partition by rs.record_id) as total
+      from memory_private.record_sources rs
+      join memory_private.messages m
+        on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
   ), cited as (
     insert into memory_private.request_citations
       (workspace_id, request_id, message_id, record_id, scope_id, content_hash, created_at)
@@ -3405,6 +3392,12 @@ begin
       from src
      where src.rank <= 20
     on conflict do nothing
+  ), per_record as materialized (
+    select src.record_id,
+           jsonb_agg(src.message_id order by src.rank) filter (where src.rank <= 20)
+             as source_ids,
+           max(src.total) as total
+      from src group by src.record_id
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
@@ -3413,11 +3406,7 @@ begin
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join (select src.record_id,
-                      jsonb_agg(src.message_id order by src.rank)
-                        filter (where src.rank <= 20) as source_ids,
-                      max(src.total) as total
-                 from src group by src.record_id) d on d.record_id = f.record_id;
+    left join per_record d on d.record_id = f.record_id;
 
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
