@@ -118,6 +118,23 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
     return Target(dsn, description, cleanup)
 
 
+def source_facts() -> dict[str, Any]:
+    """Which code was measured: the commit, and the schema files that differ from it (the
+    schema is applied from the work tree, so uncommitted changes are measured too)."""
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(["git", *args], cwd=ROOT, check=False, capture_output=True,
+                                 text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout if out.returncode == 0 else ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "sql").splitlines()
+             if len(line) > 3]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip() or "unknown",
+            "uncommitted_sql": dirty}
+
+
 def machine_facts() -> dict[str, Any]:
     """What else was running: the load average and the other test runs at this moment."""
     try:
@@ -147,6 +164,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
     command += " --dsn <scratch database>" if dsn else (" --server local"
                                                         if server == "local" else "")
     result: Section = {"profile": asdict(profile), "targets": TARGETS, "command": command,
+                       "source": source_facts(),
                        "server": {"where": target.description},
                        "machine": {"platform": platform.platform(), "start": machine_facts()}}
     try:
@@ -371,6 +389,8 @@ def markdown(result: Section) -> str:
               f"PostgreSQL {srv.get('server_version', '?')} ({srv.get('where', '?')}; "
               f"fsync={srv.get('fsync')}, synchronous_commit={srv.get('synchronous_commit')}, "
               f"jit={srv.get('jit')})."),
+             (f"Code: commit {result.get('source', {}).get('commit')}; schema files changed "
+              f"since: {', '.join(result.get('source', {}).get('uncommitted_sql') or []) or 'none'}."),
              (f"Machine: {m.get('start', {}).get('cpus')} CPUs; load average at start "
               f"{m.get('start', {}).get('load_average')}, at end "
               f"{m.get('end', {}).get('load_average')}; pytest processes running at start/end: "
