@@ -6,7 +6,9 @@
 -- record that stopped being valid since (R3). memory.query_memories browses or literally searches
 -- the valid records of the request's scope; the source ids it returns join the request's citation
 -- set, and usage is counted once per tool call id (R4-R7). Every read decides validity from
--- current facts with memory_private.record_invalid_reason (V6). Scheduled requests read nothing
+-- current facts with memory_private.record_invalid_reason (V6), through its set form
+-- memory_private.invalid_records (the same rule, kept equal by a test), which validates the
+-- records a call shows in one query. Scheduled requests read nothing
 -- (V5); a scope with recall turned off shows nothing (C8).
 
 create table memory_private.request_recall (
