@@ -3448,23 +3448,36 @@ create function memory.request_citations(p_workspace_id text, p_request_id text)
   as $$
 declare
   v_request memory_private.requests;
+  v_now timestamptz := memory_private.clock_now();
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   return query
+    with cited as materialized (
+      select c.* from memory_private.request_citations c
+       where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+    ), checked as materialized (
+      -- The records that carried them, validated as one set per scope.
+      select v.record_id, v.reason
+        from (select distinct cited.scope_id from cited) s
+       cross join lateral memory_private.invalid_records(
+               p_workspace_id, s.scope_id,
+               array(select distinct x.record_id from cited x where x.scope_id = s.scope_id),
+               v_request.user_id) v
+    )
     select distinct c.message_id
-      from memory_private.request_citations c
+      from cited c
       join memory_private.messages m
         on m.workspace_id = c.workspace_id and m.message_id = c.message_id
       left join memory_private.records r
         on r.workspace_id = c.workspace_id and r.record_id = c.record_id
-     where c.workspace_id = p_workspace_id and c.request_id = p_request_id
-       and m.body is not null and m.content_hash = c.content_hash
-       and (m.retain_until is null or m.retain_until > memory_private.clock_now())
+      left join checked v on v.record_id = c.record_id
+     where m.body is not null and m.content_hash = c.content_hash
+       and (m.retain_until is null or m.retain_until > v_now)
        and not exists (select 1 from memory_private.tombstones t
                         where t.workspace_id = c.workspace_id and t.scope_id = c.scope_id
                           and t.message_id = c.message_id)
-       and (r.record_id is null
-            or memory_private.record_invalid_reason(r, v_request.user_id) is null)
+       -- Pruned since (no record) still counts; an existing record must be valid now.
+       and (r.record_id is null or (v.record_id is not null and v.reason is null))
      order by 1;
 end
 $$;

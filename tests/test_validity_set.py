@@ -140,3 +140,36 @@ def test_first_valid_records_keeps_the_order_and_the_limit(conn: psycopg.Connect
     row = conn.execute("select memory_private.recent_valid_records('ws1', %s, 8, 'alice')",
                        (scope,)).fetchone()
     assert row is not None and row[0] == valid
+
+
+def test_request_citations_follow_the_record_set_wise_and_survive_a_pruned_record(
+        conn: psycopg.Connection) -> None:
+    w = World(conn)
+    w.basic()
+    w.request("ws1", "live", chat="dm-alice", user="alice", status="running")
+    u1, a1 = w.conversation("ws1", "h1", chat="dm-alice", user="alice", user_text="tea")
+    u2, _ = w.conversation("ws1", "h2", chat="dm-alice", user="alice", user_text="jazz")
+    u3, _ = w.conversation("ws1", "h3", chat="dm-alice", user="alice", user_text="rain")
+    both = make_record(conn, "ws1", "h1", [u1, a1], summary="tea")
+    gone = make_record(conn, "ws1", "h2", [u2], summary="jazz")
+    make_record(conn, "ws1", "h3", [u3], summary="rain")
+    conn.execute("select memory.query_memories('ws1', 'live', 'c1', '{}'::jsonb)")
+
+    def cited() -> list[str]:
+        return [r[0] for r in conn.execute(
+            "select message_id from memory.request_citations('ws1', 'live')")]
+
+    assert cited() == sorted([u1, a1, u2, u3])
+    # The record that carried u1 becomes invalid through its other source: u1 (unchanged) is
+    # no longer citable through it.
+    w.message("ws1", a1, "h1", "assistant", "bot1", "a different reply")
+    assert cited() == sorted([u2, u3])
+    # A record pruned since still lets its sources be cited (the answer's provenance).
+    conn.execute("delete from memory_private.records where workspace_id = 'ws1' "
+                 "and record_id = %s", (gone,))
+    assert cited() == sorted([u2, u3])
+    # Recall off makes every record invalid.
+    conn.execute("update memory_private.scopes set recall_enabled = false "
+                 "where workspace_id = 'ws1' and scope_id = %s", (scope_of(conn, "ws1", "live"),))
+    assert cited() == [u2]
+    assert both
