@@ -341,6 +341,10 @@ def verdict(result: Section) -> list[dict[str, Any]]:
                 out.append(db.target(f"jobs/s ours / procrastinate, {workers} worker(s)",
                                      _ratio(ours["jobs_per_second"], peer["jobs_per_second"]),
                                      TARGETS["jobs_x_peer"], at_least=True))
+            else:
+                out.append({"name": f"jobs/s ours / procrastinate, {workers} worker(s)",
+                            "met": None, "note": peer.get("reason") or ours.get("reason")
+                            or "no jobs were measured"})
     else:
         out.append({"name": "job machinery", "met": None,
                     "note": jobs.get("reason", "not available yet")})
