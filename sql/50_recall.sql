@@ -439,22 +439,10 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only.
-  -- The matches are found first, then validated set-wise in order until the limit is reached.
-  v_ids := memory_private.first_valid_records(
-    p_workspace_id, v_scope.scope_id,
-    array(select r.record_id from memory_private.records r
-           where r.workspace_id = p_workspace_id and r.scope_id = v_scope.scope_id
-             and (v_id is null or r.record_id = v_id)
-             -- search_text is the folded title and summary; the re-check on title and
-             -- summary apart only runs for its matches (a query spanning the newline between
-             -- them is not a match).
-             and (v_query is null
-                  or (strpos(r.search_text, lower(v_query)) > 0
-                      and (strpos(lower(r.title), lower(v_query)) > 0
-                           or strpos(lower(r.summary), lower(v_query)) > 0)))
-           order by r.created_at desc, r.record_id desc),
-    v_limit, v_request.user_id);
+  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
+  -- validated set-wise a page at a time.
+  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                               v_request.user_id, v_query, v_id);
 
   -- One pass over the shown records' sources feeds the details (first 20 ids, count,
   -- overflow) and the request's citation set (R6; idempotent on replay).
