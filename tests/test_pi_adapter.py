@@ -108,6 +108,7 @@ def test_hanging_provider_is_aborted_at_the_deadline_as_unknown(
 
 def test_cancel_aborts_the_call_in_flight(pi: PiAdapter, fake: FakeModel) -> None:
     fake.mode = "hang"
+    fake.call_started.clear()
     cancel = threading.Event()
 
     def cancel_when_called() -> None:
@@ -119,7 +120,7 @@ def test_cancel_aborts_the_call_in_flight(pi: PiAdapter, fake: FakeModel) -> Non
     with pytest.raises(Cancelled) as info:
         call(pi, cancel=cancel)
     assert info.value.outcome == "unknown"
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 10, "the abort must not wait for the hanging provider"
     fake.release.set()
 
 
@@ -131,14 +132,15 @@ def test_cut_off_reply_is_a_failure_with_its_usage(pi: PiAdapter, fake: FakeMode
     assert info.value.usage.cost_usd == Decimal("0.0081")
 
 
-def test_per_call_overhead_of_the_rpc_process_is_small(pi: PiAdapter, fake: FakeModel) -> None:
+def test_one_rpc_process_serves_every_call(pi: PiAdapter, fake: FakeModel) -> None:
+    """The process is started once and reused (its per-call cost is measured by pimem bench,
+    not asserted here)."""
     call(pi)
-    began = time.monotonic()
-    for _ in range(5):
+    assert pi._proc is not None
+    pid = pi._proc.pid
+    for _ in range(3):
         call(pi)
-    per_call = (time.monotonic() - began) / 5
-    print(f"Pi RPC per-call overhead against a local fake: {per_call * 1000:.0f} ms")
-    assert per_call < 1.0
+    assert pi._proc is not None and pi._proc.pid == pid and pi._proc.poll() is None
 
 
 # End to end: the worker with the real Pi CLI and a real database ---------------------------
