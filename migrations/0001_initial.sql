@@ -2539,6 +2539,27 @@ $$;
 comment on function memory_private.add_counts(jsonb, jsonb) is
   'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
 
+create function memory_private.create_job(
+  p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
+  p_origin_request_id text, p_config_version integer
+) returns bigint
+  language sql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+  insert into memory_private.jobs
+    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
+     model_id, config_version, next_attempt_at, created_at, updated_at)
+  select p_workspace_id, p_scope_id, p_phase, p_input, p_input_hash, r.request_id,
+         r.model_provider, r.model_id, p_config_version, memory_private.clock_now(),
+         memory_private.clock_now(), memory_private.clock_now()
+    from memory_private.requests r
+   where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
+  returning job_id
+$$;
+comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer) is
+  'Creates a pending job due now, pinned to the originating request''s model/provider and the '
+  'workspace configuration version it was made under (P17, P20).';
+
 create function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
   returns jsonb
   language plpgsql volatile
@@ -2686,14 +2707,8 @@ begin
     return v_result || jsonb_build_object('replays_blocked', 1);
   end if;
 
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_origin;
-  insert into memory_private.jobs
-    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
-     model_id, config_version, next_attempt_at, created_at, updated_at)
-  values (p_workspace_id, p_scope_id, 'extract', v_input, v_hash, v_origin,
-          v_request.model_provider, v_request.model_id, v_ws.config_version, v_now, v_now,
-          v_now);
+  perform memory_private.create_job(p_workspace_id, p_scope_id, 'extract', v_input, v_hash,
+                                    v_origin, v_ws.config_version);
   return v_result || jsonb_build_object('extract_jobs_created', 1);
 end
 $$;
@@ -2717,7 +2732,6 @@ declare
   v_hash text;
   v_open memory_private.jobs;
   v_origin text;
-  v_request memory_private.requests;
   v_result jsonb := '{}';
 begin
   select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
@@ -2780,14 +2794,8 @@ begin
   if v_origin is null then
     return v_result || jsonb_build_object('consolidations_without_origin', 1);
   end if;
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_origin;
-  insert into memory_private.jobs
-    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
-     model_id, config_version, next_attempt_at, created_at, updated_at)
-  values (p_workspace_id, p_scope_id, 'consolidate', v_input, v_hash, v_origin,
-          v_request.model_provider, v_request.model_id, v_ws.config_version, v_now, v_now,
-          v_now);
+  perform memory_private.create_job(p_workspace_id, p_scope_id, 'consolidate', v_input, v_hash,
+                                    v_origin, v_ws.config_version);
   return v_result || jsonb_build_object('consolidate_jobs_created', 1);
 end
 $$;
