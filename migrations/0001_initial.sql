@@ -22,7 +22,6 @@
 --   MB023 bad_model_output      the model output fails validation
 --   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
 --   MB025 job_state             the job is not in a state that allows this
---   MB026 job_stopped           the job is stopped and will not be replayed automatically
 
 create schema memory;
 create schema memory_private;
@@ -851,18 +850,16 @@ create table memory_private.records (
   created_at timestamptz not null,
   last_used_at timestamptz,
   usage_count integer not null default 0 check (usage_count >= 0),
-  invalid_at timestamptz,
-  invalid_reason text,
   search_text text not null
     generated always as (lower(title) || e'\n' || lower(summary)) stored,
   primary key (workspace_id, record_id),
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
-  check ((invalid_at is null) = (invalid_reason is null))
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
 comment on table memory_private.records is
   'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
-  'repositories they came from and the bot identity that made them. invalid_at is set by sweeps '
-  'once a record can never be valid again; reads decide validity from current facts anyway.';
+  'repositories they came from and the bot identity that made them. Validity is decided from '
+  'current facts on every read; the retention sweep deletes records that can never be valid '
+  'again.';
 
 comment on column memory_private.records.search_text is
   'Title and summary case-folded at write time (lower(title), a newline, lower(summary)), so '
@@ -992,7 +989,6 @@ create function memory_private.record_invalid_reason(
   set search_path = pg_catalog, pg_temp
   as $$
   select coalesce(
-    p_record.invalid_reason,
     (select case
               when not s.recall_enabled then 'recall_disabled'
               when b.bot_id is null or not b.active then 'bot_inactive'
@@ -1053,8 +1049,8 @@ create function memory_private.record_invalid_reason(
   )
 $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
-  'Why a record may not be recalled now for the requesting user, or NULL when it may: a '
-  'permanent invalidation, recall off, bot inactive or replaced, group unlinked, membership, a '
+  'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
+  'off, bot inactive or replaced, group unlinked, membership, a '
   'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
@@ -1117,13 +1113,12 @@ begin
   return query
     with recs as materialized (
       -- By primary key; the scope is checked after the lookup.
-      select r.record_id, r.scope_id, r.invalid_reason, r.bot_identity, r.repositories
+      select r.record_id, r.scope_id, r.bot_identity, r.repositories
         from memory_private.records r
        where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
     )
     select recs.record_id,
            coalesce(
-             recs.invalid_reason,
              v_before,
              case when v_identity <> recs.bot_identity then 'bot_replaced' end,
              v_after,
@@ -4435,8 +4430,7 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
-       v.reason as invalid_reason,
-       r.invalid_at
+       v.reason as invalid_reason
   from memory_private.records r
   join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
   cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
@@ -4486,7 +4480,7 @@ comment on view memory.scope_status is
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
-select w.workspace_id, w.paused, w.config_version, w.idle_window,
+select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_at,
        w.budget_usd, w.spent_usd, w.memory_spent_usd,
        w.budget_usd - w.spent_usd - w.memory_spent_usd as budget_left_usd,
        (select count(*) from memory_private.scopes s
@@ -4532,7 +4526,8 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window,
      where j.workspace_id = w.workspace_id
   ) jc on true;
 comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, budget and spend (backend and memory), '
+  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
+  'budget and spend (backend and memory), '
   'scopes (and how many have recall off), records valid and invalid (by reason), pending '
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
   'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
@@ -4878,12 +4873,6 @@ begin
   -- The checks, in the order the read-time rule applies them; the first that fails is the
   -- reason recall gives.
   v_checks := jsonb_build_array(
-    jsonb_build_object('check', 'not_invalidated', 'reason', v_record.invalid_reason,
-      'ok', v_record.invalid_reason is null,
-      'detail', case when v_record.invalid_reason is null
-                     then 'no permanent invalidation recorded'
-                     else format('invalidated at %s: %s', v_record.invalid_at,
-                                 v_record.invalid_reason) end),
     jsonb_build_object('check', 'recall_enabled', 'reason', 'recall_disabled',
       'ok', v_scope.recall_enabled,
       'detail', case when v_scope.recall_enabled then 'recall is on in the scope'
@@ -4971,7 +4960,7 @@ $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
-  'every check in the order the rule applies them (permanent invalidation, recall on, bot '
+  'every check in the order the rule applies them (recall on, bot '
   'active, bot identity, group linked, membership, requester owns the private scope, sources '
   'current, repository grants) with ok and a detail, and every source with the hash it had '
   'when used, the hash it has now and its state (current, source_removed, source_expired, '

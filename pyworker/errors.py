@@ -68,15 +68,11 @@ class JobState(MemoryError_):
     code = "MB025"
 
 
-class JobStopped(MemoryError_):
-    code = "MB026"
-
-
 BY_CODE: dict[str, type[MemoryError_]] = {
     cls.code: cls
     for cls in (
         InvalidArgument, NotFound, Conflict, TooLarge, NoScope, NotAllowed, JobLost, JobStale,
-        JobConfigChanged, BadModelOutput, BudgetExceeded, JobState, JobStopped,
+        JobConfigChanged, BadModelOutput, BudgetExceeded, JobState,
     )
 }
 

@@ -176,7 +176,7 @@ class Worker:
             attempt = db.start_attempt(job.workspace_id, job.job_id, job.token, reserve)
         except errors.BudgetExceeded as exc:
             return self._fail(job, ids, "failed", f"budget: {exc.message}", None)
-        except (errors.JobLost, errors.JobStopped, errors.JobState) as exc:
+        except (errors.JobLost, errors.JobState) as exc:
             self._log("job_lost", logging.WARNING, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)
         self._log("model_call", attempt=attempt, reserve_usd=str(reserve),
@@ -209,7 +209,7 @@ class Worker:
                                usage)
         except errors.BadModelOutput as exc:
             return self._fail(job, ids, "failed", f"output refused: {exc.message}", usage)
-        except (errors.JobLost, errors.JobStopped, errors.JobState) as exc:
+        except (errors.JobLost, errors.JobState) as exc:
             self._log("job_lost", logging.WARNING, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)
         self._log("checkpoint_saved", **ids)
@@ -222,7 +222,7 @@ class Worker:
     def _commit(self, job: ClaimPayload, ids: dict[str, Any]) -> TickResult:
         try:
             result = self.db.commit_job(job.workspace_id, job.job_id, job.token)
-        except (errors.JobLost, errors.JobStopped) as exc:
+        except errors.JobLost as exc:
             self._log("job_lost", logging.WARNING, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)
         except errors.MemoryError_ as exc:

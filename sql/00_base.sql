@@ -17,7 +17,6 @@
 --   MB023 bad_model_output      the model output fails validation
 --   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
 --   MB025 job_state             the job is not in a state that allows this
---   MB026 job_stopped           the job is stopped and will not be replayed automatically
 
 create schema memory;
 create schema memory_private;

@@ -54,18 +54,16 @@ create table memory_private.records (
   created_at timestamptz not null,
   last_used_at timestamptz,
   usage_count integer not null default 0 check (usage_count >= 0),
-  invalid_at timestamptz,
-  invalid_reason text,
   search_text text not null
     generated always as (lower(title) || e'\n' || lower(summary)) stored,
   primary key (workspace_id, record_id),
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
-  check ((invalid_at is null) = (invalid_reason is null))
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
 comment on table memory_private.records is
   'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
-  'repositories they came from and the bot identity that made them. invalid_at is set by sweeps '
-  'once a record can never be valid again; reads decide validity from current facts anyway.';
+  'repositories they came from and the bot identity that made them. Validity is decided from '
+  'current facts on every read; the retention sweep deletes records that can never be valid '
+  'again.';
 
 comment on column memory_private.records.search_text is
   'Title and summary case-folded at write time (lower(title), a newline, lower(summary)), so '
@@ -195,7 +193,6 @@ create function memory_private.record_invalid_reason(
   set search_path = pg_catalog, pg_temp
   as $$
   select coalesce(
-    p_record.invalid_reason,
     (select case
               when not s.recall_enabled then 'recall_disabled'
               when b.bot_id is null or not b.active then 'bot_inactive'
@@ -256,8 +253,8 @@ create function memory_private.record_invalid_reason(
   )
 $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
-  'Why a record may not be recalled now for the requesting user, or NULL when it may: a '
-  'permanent invalidation, recall off, bot inactive or replaced, group unlinked, membership, a '
+  'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
+  'off, bot inactive or replaced, group unlinked, membership, a '
   'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
@@ -320,13 +317,12 @@ begin
   return query
     with recs as materialized (
       -- By primary key; the scope is checked after the lookup.
-      select r.record_id, r.scope_id, r.invalid_reason, r.bot_identity, r.repositories
+      select r.record_id, r.scope_id, r.bot_identity, r.repositories
         from memory_private.records r
        where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
     )
     select recs.record_id,
            coalesce(
-             recs.invalid_reason,
              v_before,
              case when v_identity <> recs.bot_identity then 'bot_replaced' end,
              v_after,

@@ -62,8 +62,7 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
-       v.reason as invalid_reason,
-       r.invalid_at
+       v.reason as invalid_reason
   from memory_private.records r
   join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
   cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
@@ -113,7 +112,7 @@ comment on view memory.scope_status is
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
-select w.workspace_id, w.paused, w.config_version, w.idle_window,
+select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_at,
        w.budget_usd, w.spent_usd, w.memory_spent_usd,
        w.budget_usd - w.spent_usd - w.memory_spent_usd as budget_left_usd,
        (select count(*) from memory_private.scopes s
@@ -159,7 +158,8 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window,
      where j.workspace_id = w.workspace_id
   ) jc on true;
 comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, budget and spend (backend and memory), '
+  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
+  'budget and spend (backend and memory), '
   'scopes (and how many have recall off), records valid and invalid (by reason), pending '
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
   'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
@@ -505,12 +505,6 @@ begin
   -- The checks, in the order the read-time rule applies them; the first that fails is the
   -- reason recall gives.
   v_checks := jsonb_build_array(
-    jsonb_build_object('check', 'not_invalidated', 'reason', v_record.invalid_reason,
-      'ok', v_record.invalid_reason is null,
-      'detail', case when v_record.invalid_reason is null
-                     then 'no permanent invalidation recorded'
-                     else format('invalidated at %s: %s', v_record.invalid_at,
-                                 v_record.invalid_reason) end),
     jsonb_build_object('check', 'recall_enabled', 'reason', 'recall_disabled',
       'ok', v_scope.recall_enabled,
       'detail', case when v_scope.recall_enabled then 'recall is on in the scope'
@@ -598,7 +592,7 @@ $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
-  'every check in the order the rule applies them (permanent invalidation, recall on, bot '
+  'every check in the order the rule applies them (recall on, bot '
   'active, bot identity, group linked, membership, requester owns the private scope, sources '
   'current, repository grants) with ok and a detail, and every source with the hash it had '
   'when used, the hash it has now and its state (current, source_removed, source_expired, '

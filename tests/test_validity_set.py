@@ -13,8 +13,7 @@ from tests.factory import World
 from tests.records import advance, make_record, scope_of
 
 REASONS = {"recall_disabled", "bot_inactive", "bot_replaced", "group_unlinked", "membership",
-           "source_removed", "source_expired", "source_edited", "forgotten", "grant_revoked",
-           "pruned_by_test"}
+           "source_removed", "source_expired", "source_edited", "forgotten", "grant_revoked"}
 REQUESTERS = (None, "alice", "bob", "carol", "dave")
 
 
@@ -54,7 +53,7 @@ def _world(conn: psycopg.Connection) -> None:
     mixed2 = make_record(conn, ws, "ra", [a[6], a[8], a[1]])  # edited, forgotten, expired
     mixed3 = make_record(conn, ws, "ra", [a[8], a[6]])         # forgotten, edited
     make_record(conn, ws, "ra2", a_repo)                       # repo-b: alice's grant revoked
-    pruned = make_record(conn, ws, "ra", [a[9]])
+    make_record(conn, ws, "ra", [a[9]])
     replaced = make_record(conn, ws, "ra", [a[10]])
     make_record(conn, ws, "ra", [a[11], a[0]])
     scope_a = scope_of(conn, ws, "ra")
@@ -64,9 +63,6 @@ def _world(conn: psycopg.Connection) -> None:
                  "memory_private.clock_now())", (ws, scope_a, a[8]))
     conn.execute("insert into memory_private.tombstones values (%s, %s, %s, "
                  "memory_private.clock_now())", (ws, scope_a, a[7]))
-    conn.execute("update memory_private.records set invalid_at = memory_private.clock_now(), "
-                 "invalid_reason = 'pruned_by_test' where workspace_id = %s and record_id = %s",
-                 (ws, pruned))
     conn.execute("update memory_private.records set bot_identity = 'an-older-identity' "
                  "where workspace_id = %s and record_id = %s", (ws, replaced))
     w.grant(ws, "alice", "repo-b", granted=False)
@@ -132,7 +128,7 @@ def test_first_valid_records_keeps_the_order_and_the_limit(conn: psycopg.Connect
     valid = [i for i in ordered if conn.execute(
         "select memory_private.record_invalid_reason(r, 'alice') from memory_private.records r "
         "where workspace_id = 'ws1' and record_id = %s", (i,)).fetchone() == (None,)]
-    assert len(valid) == 2
+    assert len(valid) == 3
     for limit in (1, 2, 5):
         row = conn.execute("select memory_private.first_valid_records('ws1', %s, %s, %s, "
                            "'alice')", (scope, ordered, limit)).fetchone()
