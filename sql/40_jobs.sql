@@ -163,7 +163,7 @@ begin
      and (old.status, new.status) not in (
        ('pending', 'running'), ('pending', 'superseded'), ('pending', 'stopped'),
        ('running', 'pending'), ('running', 'succeeded'), ('running', 'stopped'),
-       ('running', 'superseded'), ('stopped', 'pending')) then
+       ('running', 'superseded')) then
     raise exception 'job % cannot go from % to %', old.job_id, old.status, new.status
       using errcode = 'MB025';
   end if;
@@ -171,8 +171,8 @@ begin
 end
 $$;
 comment on function memory_private.jobs_check_transition() is
-  'Raises MB025 on an illegal job status transition (e.g. out of succeeded or skipped). '
-  'stopped -> pending is reserved for an operator''s explicit retry.';
+  'Raises MB025 on an illegal job status transition: succeeded, stopped, skipped and '
+  'superseded are final (an operator''s retry of a stopped job makes a new job).';
 
 create trigger jobs_check_transition before update of status on memory_private.jobs
   for each row execute function memory_private.jobs_check_transition();
