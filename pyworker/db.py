@@ -117,9 +117,11 @@ class Database:
         return self.call("commit_job", workspace_id, job_id, token) or {}  # type: ignore[no-any-return]
 
     def fail_job(self, workspace_id: str, job_id: int, token: str, outcome: str, error: str,
-                 usage: dict[str, Any] | None = None) -> None:
-        self.call("fail_job", workspace_id, job_id, token, outcome, error[:1000],
-                  Jsonb(usage) if usage is not None else None)
+                 usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Reports the failed claim; answers the job's new status as the database decided it
+        (``{"status": "pending" | "stopped", "why": ...}``)."""
+        return self.call("fail_job", workspace_id, job_id, token,  # type: ignore[no-any-return]
+                         outcome, error[:1000], Jsonb(usage) if usage is not None else None)
 
     def advance_clock(self, interval: str) -> datetime:
         """Moves the memory clock (``memory_private.advance_clock``; superuser, demo and tests

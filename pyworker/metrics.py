@@ -11,8 +11,8 @@ Exposed (prometheus_client appends ``_total`` to counters):
 ``pimem_jobs_claimed_total{phase}``          claims made (a resumed checkpoint counts too)
 ``pimem_jobs_committed_total{phase}``        commits (an empty extraction no-op counts too)
 ``pimem_jobs_failed_total{phase,outcome}``   claims reported with ``fail_job``: failed | unknown
-``pimem_jobs_stopped_total{phase,why}``      of those, the ones that stopped the job: unknown
-                                             outcome, or a failure on the third claim
+``pimem_jobs_stopped_total{phase,why}``      of those, the ones the database stopped (fail_job's
+                                             answer): unknown_outcome | third_claim
 ``pimem_jobs_refused_total{phase,code}``     commits the database refused (MB021 stale input,
                                              MB022 config changed, ...): the work is dropped
 ``pimem_jobs_lost_total{phase}``             claims lost to an expired lease or another worker
@@ -64,8 +64,7 @@ DATABASE_UNAVAILABLE = Counter("pimem_database_unavailable",
                                "Ticks lost to a database that did not answer.",
                                registry=REGISTRY)
 
-# Per job in hand: the claim number (to tell a third failed claim) and when the call began.
-_claims: dict[int, int] = {}
+# Per job in hand: when the model call began.
 _calls: dict[int, float] = {}
 _lock = threading.Lock()
 
@@ -88,9 +87,6 @@ def observe(name: str, adapter: str, fields: dict[str, Any]) -> None:
     job_id = fields.get("job_id")
     if name == "job_claimed":
         JOBS_CLAIMED.labels(phase).inc()
-        if isinstance(job_id, int):
-            with _lock:
-                _claims[job_id] = int(fields.get("attempt") or 0)
     elif name == "model_call":
         if isinstance(job_id, int):
             with _lock:
@@ -105,15 +101,11 @@ def observe(name: str, adapter: str, fields: dict[str, Any]) -> None:
         JOBS_FAILED.labels(phase, outcome).inc()
         with _lock:
             began = _calls.pop(job_id, None)  # type: ignore[arg-type]
-            claim = _claims.pop(job_id, 0)  # type: ignore[arg-type]
         if began is not None:
             MODEL_SECONDS.labels(adapter, phase, outcome).observe(time.monotonic() - began)
         _usage(adapter, phase, fields.get("usage"))
-        # fail_job's rule (sql/40_jobs.sql): unknown stops; a failure on the third claim stops.
-        if outcome == "unknown":
-            JOBS_STOPPED.labels(phase, "unknown_outcome").inc()
-        elif claim >= 3:
-            JOBS_STOPPED.labels(phase, "third_claim").inc()
+    elif name == "job_stopped":  # the database's answer to fail_job, not a rule of ours
+        JOBS_STOPPED.labels(phase, str(fields.get("why") or "unknown")).inc()
     elif name == "job_committed":
         JOBS_COMMITTED.labels(phase).inc()
         _forget(job_id)
@@ -129,7 +121,6 @@ def observe(name: str, adapter: str, fields: dict[str, Any]) -> None:
 
 def _forget(job_id: Any) -> None:
     with _lock:
-        _claims.pop(job_id, None)
         _calls.pop(job_id, None)
 
 

@@ -244,7 +244,9 @@ class Worker:
                 usage: dict[str, Any] | None) -> None:
         self._log("job_failed", logging.WARNING, outcome=outcome, error=why, usage=usage, **ids)
         try:
-            self.db.fail_job(job.workspace_id, job.job_id, job.token, outcome, why, usage)
+            state = self.db.fail_job(job.workspace_id, job.job_id, job.token, outcome, why, usage)
+            if state.get("status") == "stopped":
+                self._log("job_stopped", logging.WARNING, why=state.get("why"), **ids)
         except errors.MemoryError_ as exc:
             # Lost the job meanwhile: the database already decided (an expired lease with an
             # open attempt is unknown there too).

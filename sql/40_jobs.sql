@@ -1098,7 +1098,7 @@ comment on function memory.commit_job(text, bigint, uuid) is
 create function memory.fail_job(
   p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,
   p_usage jsonb default null
-) returns void
+) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
@@ -1127,7 +1127,8 @@ begin
     perform memory_private.close_open_attempt_unknown(v_job, v_error);
     perform memory_private.release_job(v_job, 'stopped',
       'outcome unknown, not replayed: ' || v_error);
-    return;
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
+                              'why', 'unknown_outcome');
   end if;
 
   if v_attempt.attempt_no is not null then
@@ -1148,16 +1149,20 @@ begin
   if v_job.claims >= 3 then
     perform memory_private.release_job(v_job, 'stopped',
       'failed on its third claim, not replayed: ' || v_error);
-  else
-    perform memory_private.release_job(v_job, 'pending', v_error, v_now + interval '1 hour');
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
+  perform memory_private.release_job(v_job, 'pending', v_error, v_now + interval '1 hour');
+  return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
+                            'next_attempt_at', v_now + interval '1 hour');
 end
 $$;
 comment on function memory.fail_job(text, bigint, uuid, text, text, jsonb) is
   'Reports that the current claim failed. failed: the open attempt (if any) closes as failed '
   'with its usage charged, and the job backs off one hour, or stops after its third claim. '
   'unknown: the provider may have run, so the open attempt is charged at its reserve and the '
-  'job stops without automatic replay (P13).';
+  'job stops without automatic replay (P13). Answers the job''s new status: '
+  '{"status": "pending", "next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" '
+  '| "third_claim"}.';
 
 revoke all on function
   memory.claim_job(text),

@@ -33,3 +33,21 @@ def test_a_finished_job_cannot_be_reopened(conn: psycopg.Connection, final: str)
         conn.execute("update memory_private.jobs set status = 'pending', finished_at = null "
                      "where job_id = %s", (job["job_id"],))
     assert err.value.sqlstate == "MB025"
+
+
+def test_fail_job_answers_the_status_it_decided(conn: psycopg.Connection) -> None:
+    w = World(conn)
+    w.basic()
+    w.conversation("ws1", "r1", chat="dm-alice", user="alice", user_text="I prefer tea")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    answers = []
+    for _ in range(3):
+        job = claim(conn)
+        assert job is not None
+        row = conn.execute("select memory.fail_job(%s, %s, %s, 'failed', 'boom')",
+                           (job["workspace_id"], job["job_id"], job["token"])).fetchone()
+        assert row is not None
+        answers.append((row[0]["status"], row[0].get("why")))
+        advance(conn, "61 minutes")
+    assert answers == [("pending", None), ("pending", None), ("stopped", "third_claim")]
