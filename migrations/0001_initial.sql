@@ -290,11 +290,13 @@ create table memory_private.messages (
   edited_at timestamptz,
   removed_at timestamptz,
   removal_reason text check (removal_reason in ('removed', 'derived_from_removed')),
+  scrub_pending boolean not null default false,
   primary key (workspace_id, message_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
   check ((body is null) = (content_hash is null)),
   check (removed_at is null or body is null),
-  check ((removed_at is null) = (removal_reason is null))
+  check ((removed_at is null) = (removal_reason is null)),
+  check (not scrub_pending or body is null)
 );
 comment on table memory_private.messages is
   'Messages of requests. body is erased (NULL) when the message is removed or its retention '
@@ -304,10 +306,16 @@ comment on column memory_private.messages.removal_reason is
   'answer derived from recalled sources that are gone (T3).';
 comment on column memory_private.messages.retain_until is
   'End of the original retention; NULL means retained until removed.';
+comment on column memory_private.messages.scrub_pending is
+  'Set when the text is erased (removed, past retention, derived from a removed source); the '
+  'next retention sweep erases what was made from it (derived answers, frozen index texts, job '
+  'inputs and checkpoints, extraction markers) and clears the flag.';
 
 create index messages_request_idx on memory_private.messages (workspace_id, request_id);
 create index messages_retention_idx on memory_private.messages (retain_until)
   where body is not null and retain_until is not null;
+create index messages_scrub_idx on memory_private.messages (workspace_id)
+  where scrub_pending;
 
 -- Internal: the statement result of an upsert, as the API reports it.
 create function memory_private.upsert_outcome(p_inserted boolean) returns text
@@ -750,7 +758,7 @@ begin
   perform memory_private.check_id('message_id', p_message_id);
   update memory_private.messages
      set body = null, content_hash = null, removed_at = memory_private.clock_now(),
-         removal_reason = 'removed'
+         removal_reason = 'removed', scrub_pending = true
    where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
   if found then
     return 'updated';
@@ -764,8 +772,9 @@ begin
 end
 $$;
 comment on function memory.remove_message(text, text) is
-  'Records that a message was removed: its text and hash are erased at once, and every memory '
-  'that depends on it stops being recalled.';
+  'Records that a message was removed: its text and hash are erased at once, every memory '
+  'that depends on it stops being recalled, and the next retention sweep erases what was made '
+  'from it.';
 
 -- Grants: the backend reports facts; nobody else may.
 revoke all on function
@@ -794,12 +803,20 @@ grant execute on function
 to memory_backend;
 
 -- ==== 20_memory_state.sql ====
--- 20_memory_state.sql: scopes, records, their source dependencies and tombstones, and the one
+-- 20_memory_state.sql: scopes, records, what each record rests on, tombstones, and the one
 -- rule that decides at read time whether a record may be recalled.
 --
 -- A scope is private (workspace, bot, private chat, user) or shared (workspace, bot, group,
--- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps the
--- full list of the messages it was made from, each with the content hash it had (V7).
+-- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps two
+-- sets of messages (V7):
+--   sources       the messages its output cites, in the order the summary uses them: what
+--                 query_memories shows (20 at most) and what enters a request's citation set;
+--   dependencies  what its content was made from, each message with the content hash it had:
+--                 the cited messages, plus every dependency of the memories the output declared
+--                 it reused, plus any uncited message whose words the summary repeats (the
+--                 defence in depth of commit_job). Never the rest of what the model saw.
+-- Validity, forgetting, retention and grants act on the dependencies (T1, T7, T8), so a record
+-- outlives every message it was not made from.
 
 create table memory_private.scopes (
   workspace_id text not null,
@@ -812,6 +829,7 @@ create table memory_private.scopes (
   recall_enabled boolean not null default true,
   index_text text check (octet_length(index_text) <= 4500),
   index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
+  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= 48),
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -820,12 +838,18 @@ create table memory_private.scopes (
   foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade,
   check ((kind = 'private' and user_id is not null and topic_id is null)
       or (kind = 'shared' and user_id is null and topic_id is not null)),
-  check ((index_text is null) = (index_record_ids is null))
+  check ((index_text is null) = (index_record_ids is null)),
+  check ((index_text is null) = (index_candidate_ids is null)),
+  check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
   'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
-  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids) and whether a '
-  'consolidation is due.';
+  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids, and the <= 48 candidates '
+  'it was built from) and whether a consolidation is due.';
+comment on column memory_private.scopes.index_candidate_ids is
+  'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
+  'of them, so the index depends on all of them: a reader gets it only while every candidate is '
+  'valid for that reader, and deleting any candidate drops it.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -871,15 +895,35 @@ create table memory_private.record_sources (
   workspace_id text not null,
   record_id bigint not null,
   message_id text not null,
-  content_hash text not null,
+  position integer not null check (position >= 1),
   primary key (workspace_id, record_id, message_id),
+  unique (workspace_id, record_id, position),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
 comment on table memory_private.record_sources is
-  'Every source dependency of a record: the message and the content hash it had when used.';
+  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
+  'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
+  'dependency (memory_private.record_dependencies holds its content hash).';
 
-create index record_sources_message_idx on memory_private.record_sources (workspace_id, message_id);
+create table memory_private.record_dependencies (
+  workspace_id text not null,
+  record_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  via text not null check (via in ('cited', 'reused', 'repeated')),
+  primary key (workspace_id, record_id, message_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.record_dependencies is
+  'What a record''s content was made from: each message with the content hash it had when used, '
+  'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
+  'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
+  'Validity, forgetting, retention and grants act on these (T1, T7, T8).';
+
+create index record_dependencies_message_idx
+  on memory_private.record_dependencies (workspace_id, message_id);
 
 create table memory_private.tombstones (
   workspace_id text not null,
@@ -1018,7 +1062,7 @@ create function memory_private.record_invalid_reason(
                               and t.scope_id = p_record.scope_id
                               and t.message_id = rs.message_id) then 'forgotten'
             end
-       from memory_private.record_sources rs
+       from memory_private.record_dependencies rs
        join memory_private.messages m
          on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
       where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
@@ -1051,7 +1095,7 @@ $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
   'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
   'off, bot inactive or replaced, group unlinked, membership, a '
-  'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
+  'dependency removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
 
@@ -1133,7 +1177,7 @@ begin
                                             and t.scope_id = p_scope_id
                                             and t.message_id = rs.message_id) then 4
                        end)]
-                from memory_private.record_sources rs
+                from memory_private.record_dependencies rs
                 join memory_private.messages m
                   on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
                where rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id),
@@ -1669,22 +1713,27 @@ create function memory_private.validate_output(p_job memory_private.jobs, p_outp
 declare
   v_keys text[];
   v_expected text[];
+  v_optional text[];
   v_title text;
   v_summary text;
   v_index text;
   v_ids text[];
+  v_reused bigint[];
   v_record_ids bigint[];
   v_bad text;
   v_limits jsonb := memory_private.job_limits();
 begin
   v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
                                  else array['index', 'record_ids'] end;
+  -- reused_ids is optional: an output that declares no reuse may leave it out.
+  v_optional := case p_job.phase when 'extract' then array['reused_ids'] else '{}' end;
   if p_output is null or jsonb_typeof(p_output) <> 'object' then
     raise exception 'the % output must be a JSON object with keys %', p_job.phase,
       array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
-  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k where k <> all (v_expected);
+  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k
+   where k <> all (v_expected || v_optional);
   if v_bad is not null then
     raise exception 'the % output has unknown keys: %', p_job.phase, v_bad using errcode = 'MB023';
   end if;
@@ -1703,12 +1752,35 @@ begin
                    where jsonb_typeof(e) <> 'string') then
       raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
     end if;
+    if jsonb_typeof(coalesce(p_output -> 'reused_ids', '[]')) <> 'array'
+       or exists (select 1 from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]')) e
+                   where case when jsonb_typeof(e) <> 'number' then true
+                              else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
+                                   or (e #>> '{}')::numeric not between 1 and 9223372036854775807
+                         end) then
+      raise exception 'reused_ids must be an array of memory ids (positive integers)'
+        using errcode = 'MB023';
+    end if;
     v_title := p_output ->> 'title';
     v_summary := p_output ->> 'summary';
-    v_ids := array(select distinct e from jsonb_array_elements_text(p_output -> 'source_ids') e
-                    order by e);
+    -- The sources in the order the output lists them (the order the summary uses them), each
+    -- once, at its first place.
+    v_ids := array(select e.id
+                     from jsonb_array_elements_text(p_output -> 'source_ids')
+                          with ordinality as e(id, n)
+                    group by e.id order by min(e.n));
+    v_reused := array(select e.id
+                        from (select (x #>> '{}')::numeric::bigint as id, n
+                                from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]'))
+                                     with ordinality as a(x, n)) e
+                       group by e.id order by min(e.n));
     if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
-      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb);
+      if cardinality(v_reused) > 0 then
+        raise exception 'an empty (no-op) output reuses no memory: reused_ids must be empty'
+          using errcode = 'MB023';
+      end if;
+      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb,
+                                'reused_ids', '[]'::jsonb);
     end if;
     if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
       raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
@@ -1729,6 +1801,14 @@ begin
       raise exception 'source ids not in the job''s batch: %', left(v_bad, 500)
         using errcode = 'MB023';
     end if;
+    -- Reuse can only be declared of a memory the model was shown with the batch (P5).
+    select string_agg(x::text, ', ') into v_bad from unnest(v_reused) as x
+     where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'existing') e
+                        where e::bigint = x);
+    if v_bad is not null then
+      raise exception 'reused ids not among the memories shown with the batch: %',
+        left(v_bad, 500) using errcode = 'MB023';
+    end if;
     v_title := memory_private.redact(v_title);
     v_summary := memory_private.redact(v_summary);
     if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
@@ -1737,7 +1817,7 @@ begin
         using errcode = 'MB023';
     end if;
     return jsonb_build_object('title', v_title, 'summary', v_summary,
-                              'source_ids', to_jsonb(v_ids));
+                              'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
   end if;
 
   -- consolidate
@@ -1791,8 +1871,9 @@ end
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract: {"title", "summary", "source_ids"} (all empty = no-op; title <= 300 and summary '
-  '<= 4,000 UTF-8 bytes; ids within the batch). consolidate: {"index", "record_ids"} (index '
+  'extract: {"title", "summary", "source_ids", "reused_ids"?} (all empty = no-op; title <= 300 '
+  'and summary <= 4,000 UTF-8 bytes; source ids within the batch, kept in the order given; '
+  'reused ids among the memories shown with the batch). consolidate: {"index", "record_ids"} (index '
   'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
 
 create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
@@ -2228,6 +2309,7 @@ declare
   v_attempt memory_private.job_attempts;
   v_usage jsonb;
   v_output jsonb;
+  v_reason text;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   select * into v_attempt from memory_private.job_attempts
@@ -2239,6 +2321,14 @@ begin
   end if;
   v_usage := memory_private.check_usage(p_usage);
   v_output := memory_private.validate_output(v_job, p_output);
+  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
+  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
+             'supersedes the job.';
+  end if;
   update memory_private.job_attempts
      set outcome = 'ok', input_tokens = (v_usage ->> 'input_tokens')::integer,
          output_tokens = (v_usage ->> 'output_tokens')::integer,
@@ -2257,8 +2347,168 @@ $$;
 comment on function memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb) is
   'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
   'transcript (P19): validated (MB023) and redacted, with its usage; closes the attempt as ok '
-  'and charges the originating request. An invalid output changes nothing: report it with '
-  'fail_job(..., ''failed'', error, usage).';
+  'and charges the originating request. An invalid output (MB023) or an input that changed '
+  'since the claim (MB021) changes nothing: report it with fail_job(..., ''failed'', error, '
+  'usage).';
+
+create function memory_private.passages(p_text text) returns text[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
+  -- its own (those scripts do not separate words with spaces).
+  with w as (
+    select array_agg(m.t[1] order by m.n) as a
+      from regexp_matches(lower(p_text),
+             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
+           with ordinality as m(t, n)
+  )
+  select coalesce(array(select distinct array_to_string(w.a[i:i + 7], ' ')
+                          from generate_series(1, cardinality(w.a) - 7) as i), '{}')
+    from w
+$$;
+comment on function memory_private.passages(text) is
+  'Every run of eight consecutive words of a text (lower case; a CJK character counts as a '
+  'word): what commit_job compares to find a summary that repeats an uncited message.';
+
+create function memory_private.repeated_sources(
+  p_job memory_private.jobs, p_summary text, p_cited text[]
+) returns table (message_id text, content_hash text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Defence in depth for provenance: a model may lean on a batch message without citing it. A
+  -- summary that repeats eight consecutive words of an uncited message depends on that message
+  -- too. Paraphrase passes unseen; docs/retention.md says what this trades.
+  with said as (
+    select distinct p from unnest(memory_private.passages(p_summary)) as p
+  ), uncited as (
+    select s.id, s.hash, m.body
+      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+      join memory_private.messages m
+        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+     where s.id <> all (p_cited) and m.content_hash = s.hash
+  )
+  select distinct u.id, u.hash
+    from uncited u
+   cross join lateral unnest(memory_private.passages(u.body)) as q(p)
+    join said on said.p = q.p
+$$;
+comment on function memory_private.repeated_sources(memory_private.jobs, text, text[]) is
+  'The uncited messages of an extraction batch whose words the summary repeats (eight '
+  'consecutive words, memory_private.passages), with the hash the job saw: commit_job adds them '
+  'to the record''s dependencies (via = repeated).';
+
+create function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_cited text[] := array(select jsonb_array_elements_text(p_output -> 'source_ids'));
+  v_reused bigint[] := array(select jsonb_array_elements_text(p_output -> 'reused_ids')::bigint);
+  v_dep_ids text[];
+  v_dep_hashes text[];
+  v_dep_via text[];
+  v_record_id bigint;
+begin
+  -- The dependencies: the cited messages at the hash the job saw, every dependency of the
+  -- memories the output declared it reused (P5: existing memory accompanies the batch; what it
+  -- rests on stays tracked without resending it), and uncited messages the summary repeats.
+  -- A message that counts twice is kept once, under its first reason in that order.
+  select array_agg(d.message_id order by d.message_id),
+         array_agg(d.content_hash order by d.message_id),
+         array_agg(d.via order by d.message_id)
+    into v_dep_ids, v_dep_hashes, v_dep_via
+    from (select distinct on (u.message_id) u.message_id, u.content_hash, u.via
+            from (select s.id as message_id, s.hash as content_hash, 'cited' as via, 1 as rank
+                    from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+                   where s.id = any (v_cited)
+                  union all
+                  select rd.message_id, rd.content_hash, 'reused', 2
+                    from memory_private.record_dependencies rd
+                   where rd.workspace_id = p_job.workspace_id and rd.record_id = any (v_reused)
+                  union all
+                  select r.message_id, r.content_hash, 'repeated', 3
+                    from memory_private.repeated_sources(p_job, p_output ->> 'summary', v_cited) r
+                 ) u
+           order by u.message_id, u.rank) d;
+
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
+         p_output ->> 'summary',
+         -- Statements are attributed to the people whose messages the record rests on (V9);
+         -- grants follow every repository those messages drew on (V6).
+         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
+                    filter (where m.role = 'user'), '{}'),
+         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
+         coalesce(array(select distinct x from memory_private.messages mm,
+                                              unnest(mm.repositories) as x
+                         where mm.workspace_id = p_job.workspace_id
+                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
+         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
+    from memory_private.messages m
+    join memory_private.requests q
+      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
+  returning record_id into v_record_id;
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  select p_job.workspace_id, v_record_id, c.id, c.n::integer
+    from unnest(v_cited) with ordinality as c(id, n);
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via)
+  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
+    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
+  perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
+  return jsonb_build_object('record_id', v_record_id,
+                            'sources', cardinality(v_cited),
+                            'dependencies', cardinality(v_dep_ids),
+                            'repeated', (select count(*) from unnest(v_dep_via) v
+                                          where v = 'repeated'));
+end
+$$;
+comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
+  'Writes the record of a validated, non-empty extraction output: its sources (the cited '
+  'messages in the order given), its dependencies (cited, reused, repeated) with the hashes '
+  'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
+  'scope due for consolidation. Returns the record id and the counts.';
+
+create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_ids bigint[] := array(select jsonb_array_elements_text(p_output -> 'record_ids')::bigint);
+  v_candidates bigint[] := array(select x::bigint
+                                   from jsonb_array_elements_text(p_job.input -> 'candidates') x);
+  v_still_due boolean;
+begin
+  -- A record made after the snapshot changes the candidates: the index is still written, and
+  -- the scope stays due for another consolidation.
+  v_still_due := array(select x from unnest(memory_private.recent_valid_records(
+                                p_job.workspace_id, p_job.scope_id, 48)) x order by x)
+                 <> array(select x from unnest(v_candidates) x order by x);
+  -- The index text may speak of any candidate the model saw: it depends on all of them.
+  update memory_private.scopes
+     set index_text = p_output ->> 'index', index_record_ids = v_ids,
+         index_candidate_ids = v_candidates, index_built_at = v_now,
+         consolidation_due_at = case when v_still_due
+                                     then coalesce(consolidation_due_at, v_now) end
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
+                            'index_candidates', cardinality(v_candidates),
+                            'consolidation_still_due', v_still_due);
+end
+$$;
+comment on function memory_private.write_index(memory_private.jobs, jsonb) is
+  'Writes a validated consolidation output as the scope index, with every candidate the model '
+  'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
+  'changed since the snapshot.';
 
 create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token uuid)
   returns jsonb
@@ -2271,13 +2521,6 @@ declare
   v_reason text;
   v_output jsonb;
   v_now timestamptz := memory_private.clock_now();
-  v_record_id bigint;
-  v_cited text[];
-  v_speakers text[];
-  v_threads text[];
-  v_repos text[];
-  v_ids bigint[];
-  v_still_due boolean;
   v_result jsonb;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
@@ -2288,96 +2531,33 @@ begin
       p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
       hint = 'Drop the work: maintenance stops the job.';
   end if;
-  if v_job.checkpoint is null then
-    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
-      hint = 'Call memory.save_checkpoint with the model output first.';
-  end if;
   v_reason := memory_private.job_stale_reason(v_job);
   if v_reason is not null then
     raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
       hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
   end if;
+  if v_job.checkpoint is null then
+    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
+      hint = 'Call memory.save_checkpoint with the model output first.';
+  end if;
   v_output := memory_private.validate_output(v_job, v_job.checkpoint -> 'output');
 
   if v_job.phase = 'extract' then
+    v_result := jsonb_build_object('record_id', null);
     if v_output ->> 'title' <> '' then
-      v_cited := array(select jsonb_array_elements_text(v_output -> 'source_ids'));
-      -- Statements are attributed to the users whose messages the summary cites.
-      v_speakers := array(
-        select distinct m.speaker_id from memory_private.messages m
-         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited)
-           and m.role = 'user' order by 1);
-      if cardinality(v_speakers) = 0 then
-        v_speakers := array(
-          select distinct m.speaker_id
-            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-            join memory_private.messages m
-              on m.workspace_id = p_workspace_id and m.message_id = s.id
-           where m.role = 'user' order by 1);
-      end if;
-      v_threads := array(
-        select distinct r.thread_id from memory_private.messages m
-          join memory_private.requests r
-            on r.workspace_id = m.workspace_id and r.request_id = m.request_id
-         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited) order by 1);
-      -- Grants: every repository the batch or the memories shown with it drew on.
-      v_repos := array(
-        select distinct x from (
-          select unnest(m.repositories) as x
-            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-            join memory_private.messages m
-              on m.workspace_id = p_workspace_id and m.message_id = s.id
-          union
-          select unnest(rec.repositories)
-            from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
-            join memory_private.records rec
-              on rec.workspace_id = p_workspace_id and rec.record_id = e.id::bigint) u
-         order by 1);
-      insert into memory_private.records
-        (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-         bot_identity, origin_request_id, created_at)
-      values (p_workspace_id, v_job.scope_id, 'extracted', v_output ->> 'title',
-              v_output ->> 'summary', v_speakers, v_threads, v_repos,
-              v_job.input ->> 'bot_identity', v_job.origin_request_id, v_now)
-      returning record_id into v_record_id;
-      -- Dependencies: every source of the batch (the model saw all of them) with the hash it
-      -- had, plus every dependency of the existing memories shown with it (P5).
-      insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
-      select distinct on (d.message_id) p_workspace_id, v_record_id, d.message_id, d.content_hash
-        from (select s.id as message_id, s.hash as content_hash
-                from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-              union all
-              select rs.message_id, rs.content_hash
-                from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
-                join memory_private.record_sources rs
-                  on rs.workspace_id = p_workspace_id and rs.record_id = e.id::bigint) d
-       order by d.message_id;
-      perform memory_private.mark_consolidation_due(p_workspace_id, v_job.scope_id);
+      v_result := memory_private.write_extraction(v_job, v_output);
     end if;
+    -- The batch is handled at these hashes, also by an empty (no-op) output.
     insert into memory_private.extracted_sources
       (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
     select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
       from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
     on conflict do nothing;
-    v_result := jsonb_build_object('status', 'committed', 'phase', 'extract',
-                                   'record_id', v_record_id,
-                                   'noop', v_record_id is null);
+    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
+                                               'noop', v_result ->> 'record_id' is null);
   else
-    v_ids := array(select jsonb_array_elements_text(v_output -> 'record_ids')::bigint);
-    -- A record made after the snapshot changes the candidates: the index is still written, and
-    -- the scope stays due for another consolidation.
-    v_still_due := array(select x from unnest(memory_private.recent_valid_records(
-                                  p_workspace_id, v_job.scope_id, 48)) x order by x)
-                   <> array(select x::bigint from jsonb_array_elements_text(
-                                  v_job.input -> 'candidates') x order by 1);
-    update memory_private.scopes
-       set index_text = v_output ->> 'index', index_record_ids = v_ids, index_built_at = v_now,
-           consolidation_due_at = case when v_still_due
-                                       then coalesce(consolidation_due_at, v_now) end
-     where workspace_id = p_workspace_id and scope_id = v_job.scope_id;
-    v_result := jsonb_build_object('status', 'committed', 'phase', 'consolidate',
-                                   'index_record_ids', to_jsonb(v_ids),
-                                   'consolidation_still_due', v_still_due);
+    v_result := memory_private.write_index(v_job, v_output)
+                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
   end if;
 
   update memory_private.jobs
@@ -2390,10 +2570,10 @@ $$;
 comment on function memory.commit_job(text, bigint, uuid) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
   'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
-  '(MB021). extract: one record with all batch sources (and the dependencies of the memories '
-  'shown with it) as dependencies, the batch marked extracted, the scope due for '
-  'consolidation; an empty output only marks the batch. consolidate: the scope index. All or '
-  'nothing.';
+  '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
+  'are what it was made from (cited, reused, repeated), the batch marked extracted, the scope '
+  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
+  'depending on every candidate. All or nothing.';
 
 create function memory.fail_job(
   p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,
@@ -2760,6 +2940,7 @@ begin
     end if;
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
+           index_candidate_ids = null,
            index_built_at = null
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
@@ -2957,15 +3138,21 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
 -- 50_recall.sql: what a running interactive request sees of its scope's memories (R1-R8).
 --
 -- memory.recall gives a new request the compact index of its scope (or, while a consolidation is
--- pending, a bounded directory of up to eight records), labelled as historical reference data.
--- What it gave is frozen for the request: a later call returns the same content, minus every
--- record that stopped being valid since (R3). memory.query_memories browses or literally searches
--- the valid records of the request's scope; the source ids it returns join the request's citation
--- set, and usage is counted once per tool call id (R4-R7). Every read decides validity from
--- current facts with memory_private.record_invalid_reason (V6), through its set form
--- memory_private.invalid_records (the same rule, kept equal by a test), which validates the
--- records a call shows in one query. Scheduled requests read nothing
--- (V5); a scope with recall turned off shows nothing (C8).
+-- pending or the index rests on a record the reader may not read now, a bounded directory of up
+-- to eight records), labelled as historical reference data. What it gave is frozen for the
+-- request: a later call returns the same content, minus every record that stopped being valid
+-- since, and without the index text once any record it was built from did (R3).
+-- memory.query_memories browses or literally searches the valid records of the request's scope;
+-- the sources of the records it returns make the request's citation set, and usage is counted
+-- once per tool call id (R4-R7). Every read decides validity from current facts with
+-- memory_private.record_invalid_reason (V6), through its set form memory_private.invalid_records
+-- (the same rule, kept equal by a test). Scheduled requests read nothing (V5); a scope with
+-- recall turned off shows nothing (C8).
+--
+-- Provenance of an answer: every call stores the ids of the messages the records it showed were
+-- made from (their dependencies, not only the sources shown), so the answer's retention
+-- boundary and the sweep of derived answers follow them even after those records are gone (T2,
+-- T3). Only ids are kept: no text, no hash.
 
 create table memory_private.request_recall (
   workspace_id text not null,
@@ -2975,42 +3162,26 @@ create table memory_private.request_recall (
   index_text text check (octet_length(index_text) <= 4500),
   index_withdrawn boolean not null default false,
   record_ids bigint[] not null default '{}' check (cardinality(record_ids) <= 12),
+  basis_record_ids bigint[] not null default '{}' check (cardinality(basis_record_ids) <= 48),
+  dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   primary key (workspace_id, request_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   check (index_text is null or mode = 'index'),
-  check (mode in ('index', 'directory') or cardinality(record_ids) = 0)
+  check (mode in ('index', 'directory') or cardinality(record_ids) = 0),
+  check (record_ids <@ basis_record_ids)
 );
 comment on table memory_private.request_recall is
   'What memory.recall gave a request on its first call, frozen for the request: the mode, the '
-  'index text (index mode) and the record ids shown. Records are immutable, so ids are enough to '
-  'show the same content again; each later read re-checks them. A forget withdraws the frozen '
-  'index text of every in-flight request whose index named a forgotten record (T7).';
+  'index text (index mode), the record ids shown, the records the content was made from (index '
+  'mode: every candidate of the index; directory mode: the records shown) and the ids of the '
+  'messages those records depend on (the answer''s provenance, T2, T3). Records are immutable, '
+  'so ids are enough to show the same content again; each later read re-checks them. The index '
+  'text is erased as soon as a record it was built from is deleted (forget, retention, pruning) '
+  'and withheld while one is not valid for the reader.';
 
 create index request_recall_scope_idx on memory_private.request_recall (workspace_id, scope_id);
-
-create table memory_private.request_citations (
-  workspace_id text not null,
-  request_id text not null,
-  message_id text not null,
-  record_id bigint not null,
-  scope_id bigint not null,
-  content_hash text not null,
-  created_at timestamptz not null,
-  primary key (workspace_id, request_id, message_id, record_id),
-  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
-  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
-);
-comment on table memory_private.request_citations is
-  'Source messages query_memories returned to a request (R6), with the record that carried them '
-  'and the hash they had. Kept after the record is pruned: it is the provenance of the answer '
-  '(retention boundary, derived-answer sweeps). memory.request_citations filters it to what may '
-  'still be cited.';
-
-create index request_citations_message_idx
-  on memory_private.request_citations (workspace_id, message_id);
 
 create table memory_private.tool_calls (
   workspace_id text not null,
@@ -3021,6 +3192,7 @@ create table memory_private.tool_calls (
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
   record_ids bigint[] not null default '{}',
+  dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   updated_at timestamptz not null,
   primary key (workspace_id, request_id, tool_call_id),
@@ -3030,6 +3202,13 @@ comment on table memory_private.tool_calls is
   'One row per memory tool call id of a request, so a replayed call is recognised: usage is '
   'counted once (R7) and a manage_memory change is applied once (C9). Content-free: the '
   'arguments are kept as a hash only, the outcome names ids and says what happened.';
+comment on column memory_private.tool_calls.record_ids is
+  'query_memories: every record the call (and its replays) returned; their first 20 sources are '
+  'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
+comment on column memory_private.tool_calls.dependency_ids is
+  'query_memories: the ids of every message the returned records depend on (not only the 20 '
+  'sources shown): the answer''s provenance for its retention boundary and the derived-answer '
+  'sweep (T2, T3). Ids only.';
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';
@@ -3202,6 +3381,18 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in.';
 
+create function memory_private.record_dependency_ids(p_workspace_id text, p_record_ids bigint[])
+  returns text[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select array(select distinct d.message_id from memory_private.record_dependencies d
+                where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids))
+$$;
+comment on function memory_private.record_dependency_ids(text, bigint[]) is
+  'The ids of every message the given records depend on: the provenance a read stores for its '
+  'request.';
+
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
 ) returns jsonb
@@ -3224,12 +3415,12 @@ begin
   if p_frozen.mode = 'none' then
     return jsonb_build_object('mode', 'none');
   end if;
-  -- Re-check every frozen record against current facts; drop those no longer valid (R3). The
+  -- Re-check every record the frozen content was made from against current facts (R3). The
   -- first call has just validated them (p_valid_ids) and does not do it twice.
   if v_valid is null then
     v_valid := array(select v.record_id
                        from memory_private.invalid_records(p_frozen.workspace_id,
-                              p_frozen.scope_id, p_frozen.record_ids, p_requester) v
+                              p_frozen.scope_id, p_frozen.basis_record_ids, p_requester) v
                       where v.reason is null);
   end if;
   select coalesce(jsonb_agg(memory_private.record_brief(r, p_frozen.mode = 'directory')
@@ -3240,8 +3431,11 @@ begin
     join memory_private.records r
       on r.workspace_id = p_frozen.workspace_id and r.record_id = f.record_id
    where f.record_id = any(v_valid);
+  -- The index text may speak of any record it was built from: it is shown only while every one
+  -- of them is valid for this reader.
   v_withdrawn := p_frozen.mode = 'index'
-                 and (p_frozen.index_withdrawn or v_shown < cardinality(p_frozen.record_ids));
+                 and (p_frozen.index_withdrawn or p_frozen.index_text is null
+                      or not p_frozen.basis_record_ids <@ v_valid);
   return jsonb_build_object(
            'mode', p_frozen.mode,
            'label', memory_private.recall_label(v_scope.kind),
@@ -3257,10 +3451,11 @@ begin
 end
 $$;
 comment on function memory_private.recall_payload(memory_private.request_recall, text, bigint[]) is
-  'Builds the recall answer from the frozen content, re-checking the records now in one set '
-  '(memory_private.invalid_records) unless the caller has just validated them (p_valid_ids): '
-  'invalid ones are dropped, and an index that names a dropped record is withdrawn (its text '
-  'may carry what the record said). Recall turned off since shows nothing.';
+  'Builds the recall answer from the frozen content, re-checking now, in one set '
+  '(memory_private.invalid_records), every record it was made from, unless the caller has just '
+  'validated them (p_valid_ids): invalid records are dropped, and the index text is withheld '
+  'once any record it was built from (any candidate, named or not) is not valid for the reader '
+  'or is gone. Recall turned off since shows nothing.';
 
 -- Recall ---------------------------------------------------------------------------------------
 
@@ -3275,6 +3470,7 @@ declare
   v_mode text;
   v_index text;
   v_ids bigint[];
+  v_basis bigint[] := '{}';
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   if v_request.kind <> 'interactive' then
@@ -3293,33 +3489,39 @@ begin
     v_ids := '{}';
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
-      -- The index holds when every record it names is still valid (one set validation).
-      v_ids := array(select v.record_id
-                       from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                              v_scope.index_record_ids, v_request.user_id) v
-                      where v.reason is null);
-      if v_scope.index_record_ids <@ v_ids then
+      -- The index holds for this reader when every record it was built from (every candidate
+      -- the model saw, not only those it names) is valid for them (one set validation).
+      v_basis := array(select v.record_id
+                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
+                                v_scope.index_candidate_ids, v_request.user_id) v
+                        where v.reason is null);
+      if v_scope.index_candidate_ids <@ v_basis then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;
+        v_basis := v_scope.index_candidate_ids;
       end if;
     end if;
     if v_mode is null then
-      -- Consolidation pending, no index, or the index names a record no longer valid (R2).
+      -- Consolidation pending, no index, or the index rests on a record this reader may not
+      -- read now (R2).
       v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, 8,
                                                    v_request.user_id);
+      v_basis := v_ids;
       v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
     end if;
   end if;
   insert into memory_private.request_recall
-    (workspace_id, request_id, scope_id, mode, index_text, record_ids, created_at)
-  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids,
+    (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
+     dependency_ids, created_at)
+  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
+          memory_private.record_dependency_ids(p_workspace_id, v_basis),
           memory_private.clock_now())
   on conflict (workspace_id, request_id) do nothing
   returning * into v_frozen;
   if found then
     -- Frozen now from records validated above: the payload does not validate them again.
-    return memory_private.recall_payload(v_frozen, v_request.user_id, v_ids);
+    return memory_private.recall_payload(v_frozen, v_request.user_id, v_basis);
   end if;
   -- A concurrent first call froze it first: show what it froze, checked now.
   select * into strict v_frozen from memory_private.request_recall
@@ -3329,11 +3531,14 @@ end
 $$;
 comment on function memory.recall(text, text) is
   'The memories a new interactive request starts with, labelled as historical reference data '
-  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, or '
-  '{"mode":"directory"} with up to eight valid records, newest first, while a consolidation is '
-  'pending or the index names a record no longer valid (R1, R2); {"mode":"none"} when there is '
-  'nothing (and for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen '
-  'on the first call: later calls return the same content minus records no longer valid (R3).';
+  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, when every '
+  'record it was built from is valid for the requester, or {"mode":"directory"} with up to '
+  'eight valid records, newest first, while a consolidation is pending or the index rests on a '
+  'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
+  'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
+  'call: later calls return the same content minus records no longer valid, and the index text '
+  'only while every record it was built from still is (R3). Stores the ids of the messages '
+  'those records depend on as the request''s provenance (T2).';
 
 -- query_memories -------------------------------------------------------------------------------
 
@@ -3400,31 +3605,16 @@ begin
   v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
                                                v_request.user_id, v_query, v_id);
 
-  -- One pass over the shown records' sources feeds the details (first 20 ids, count,
-  -- overflow) and the request's citation set (R6; idempotent on replay).
-  with src as materialized (
-    select rs.record_id, rs.message_id, rs.content_hash,
-           row_number() over (partition by rs.record_id order by m.created_at, rs.message_id)
-             as rank,
-           count(*) over (partition by rs.record_id) as total
-      from memory_private.record_sources rs
-      join memory_private.messages m
-        on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
-  ), cited as (
-    insert into memory_private.request_citations
-      (workspace_id, request_id, message_id, record_id, scope_id, content_hash, created_at)
-    select p_workspace_id, p_request_id, src.message_id, src.record_id, v_scope.scope_id,
-           src.content_hash, v_now
-      from src
-     where src.rank <= 20
-    on conflict do nothing
-  ), per_record as materialized (
-    select src.record_id,
-           jsonb_agg(src.message_id order by src.rank) filter (where src.rank <= 20)
+  -- The shown records' sources, in the order their summaries use them: the first 20 of each
+  -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
+  with per_record as materialized (
+    select rs.record_id,
+           jsonb_agg(rs.message_id order by rs.position) filter (where rs.position <= 20)
              as source_ids,
-           max(src.total) as total
-      from src group by src.record_id
+           count(*) as total
+      from memory_private.record_sources rs
+     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
+     group by rs.record_id
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
@@ -3435,14 +3625,22 @@ begin
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
     left join per_record d on d.record_id = f.record_id;
 
+  -- What the call returned, and every message those records depend on (the answer's
+  -- provenance, T2, T3), kept with the tool call; a replay adds what it returned.
+  update memory_private.tool_calls
+     set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+         dependency_ids = array(select distinct x
+                                  from unnest(dependency_ids
+                                              || memory_private.record_dependency_ids(
+                                                   p_workspace_id, v_ids)) x order by 1),
+         updated_at = v_now
+   where workspace_id = p_workspace_id and request_id = p_request_id
+     and tool_call_id = p_tool_call_id;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
     update memory_private.records
        set last_used_at = v_now, usage_count = usage_count + 1
      where workspace_id = p_workspace_id and record_id = any(v_ids);
-    update memory_private.tool_calls set record_ids = v_ids, updated_at = v_now
-     where workspace_id = p_workspace_id and request_id = p_request_id
-       and tool_call_id = p_tool_call_id;
   end if;
 
   return jsonb_build_object(
@@ -3459,8 +3657,10 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
   'first, or searches titles and summaries for the literal, case-insensitive query, among the '
   'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids, the source count and '
-  'overflow, and dates (R4, R5). The source ids join the request''s citation set (R6). Usage is '
+  'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
+  'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
+  'R5). The source ids join the request''s citation set (R6); the ids of every message the '
+  'returned records depend on are kept as the request''s provenance (T2). Usage is '
   'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
   'was used with other arguments; MB005 for a scheduled request.';
 
@@ -3473,44 +3673,42 @@ create function memory.request_citations(p_workspace_id text, p_request_id text)
   as $$
 declare
   v_request memory_private.requests;
-  v_now timestamptz := memory_private.clock_now();
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   return query
-    with cited as materialized (
-      select c.* from memory_private.request_citations c
-       where c.workspace_id = p_workspace_id and c.request_id = p_request_id
-    ), checked as materialized (
-      -- The records that carried them, validated as one set per scope.
-      select v.record_id, v.reason
-        from (select distinct cited.scope_id from cited) s
+    with shown as materialized (
+      select r.record_id, r.scope_id
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id
+         and r.record_id in (select unnest(c.record_ids) from memory_private.tool_calls c
+                              where c.workspace_id = p_workspace_id
+                                and c.request_id = p_request_id
+                                and c.tool = 'query_memories')
+    ), valid as materialized (
+      -- The records that carried them, validated as one set per scope: a record that is gone
+      -- or not valid now for the requester authorizes nothing (its sources may be edited,
+      -- removed, expired or forgotten, or the reader may have lost access).
+      select v.record_id
+        from (select distinct shown.scope_id from shown) s
        cross join lateral memory_private.invalid_records(
                p_workspace_id, s.scope_id,
-               array(select distinct x.record_id from cited x where x.scope_id = s.scope_id),
+               array(select x.record_id from shown x where x.scope_id = s.scope_id),
                v_request.user_id) v
+       where v.reason is null
     )
-    select distinct c.message_id
-      from cited c
-      join memory_private.messages m
-        on m.workspace_id = c.workspace_id and m.message_id = c.message_id
-      left join memory_private.records r
-        on r.workspace_id = c.workspace_id and r.record_id = c.record_id
-      left join checked v on v.record_id = c.record_id
-     where m.body is not null and m.content_hash = c.content_hash
-       and (m.retain_until is null or m.retain_until > v_now)
-       and not exists (select 1 from memory_private.tombstones t
-                        where t.workspace_id = c.workspace_id and t.scope_id = c.scope_id
-                          and t.message_id = c.message_id)
-       -- Pruned since (no record) still counts; an existing record must be valid now.
-       and (r.record_id is null or (v.record_id is not null and v.reason is null))
+    select distinct rs.message_id
+      from valid
+      join memory_private.record_sources rs
+        on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
+     where rs.position <= 20
      order by 1;
 end
 $$;
 comment on function memory.request_citations(text, text) is
-  'The request''s authorized citation set: the source message ids query_memories returned to it '
-  '(R6) that may still be cited now (the message is retained and unchanged, and the record that '
-  'carried it is still valid for the requester or was only pruned, and the source was not '
-  'forgotten in the scope).';
+  'The request''s authorized citation set (R6): the source ids query_memories showed it (the '
+  'first 20 sources of each record it returned) whose record still exists and is valid now for '
+  'the requester, so every one of them is retained, unchanged and not forgotten. A record '
+  'forgotten, purged or pruned since authorizes nothing.';
 
 revoke all on function
   memory.recall(text, text),
@@ -3531,8 +3729,9 @@ to memory_backend;
 -- the request's current human message (sourceId), and that message itself must directly ask for
 -- the action, in English or Chinese (memory_private.classify_request). Quoted history, tool output,
 -- assistant text, questions about the feature and negative requests are refused. Permissions:
--- private scope, its user (C5); group topic, a participant adds notes and forgets records made
--- only of their own statements (C6); everything else in a group needs an active owner/admin (C7).
+-- private scope, its user (C5); group topic, a participant adds notes and forgets when every
+-- record the forget removes holds only their own statements (C6); everything else in a group
+-- needs an active owner/admin (C7).
 -- A change is committed with the call (C4); a replayed tool call id returns the stored outcome
 -- once more, after re-checking that the caller still has the standing it needed (C9).
 
@@ -3749,65 +3948,141 @@ $$;
 comment on function memory_private.note_title(text) is
   'The default title of a note: the first words of the message (at most 60 characters).';
 
--- Forgetting -----------------------------------------------------------------------------------
+-- Removing records -------------------------------------------------------------------------
+
+create function memory_private.delete_records(
+  p_workspace_id text, p_record_ids bigint[]
+) returns integer
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_deleted integer;
+begin
+  with gone as (
+    delete from memory_private.records
+     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
+    returning scope_id, record_id
+  ), touched as (
+    select scope_id, array_agg(record_id) as ids from gone group by scope_id
+  ), marked as (
+    -- An index depends on every candidate it was built from: losing one drops it.
+    update memory_private.scopes s
+       set consolidation_due_at = coalesce(s.consolidation_due_at, memory_private.clock_now()),
+           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
+           index_record_ids = case when s.index_candidate_ids && t.ids then null
+                                   else s.index_record_ids end,
+           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
+                                      else s.index_candidate_ids end,
+           index_built_at = case when s.index_candidate_ids && t.ids then null
+                                 else s.index_built_at end
+      from touched t
+     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning 1
+  ), withdrawn as (
+    -- In-flight recall: a frozen index text made from a deleted record goes with it (T7).
+    update memory_private.request_recall f
+       set index_text = null, index_withdrawn = true
+      from touched t
+     where f.workspace_id = p_workspace_id and f.scope_id = t.scope_id and f.mode = 'index'
+       and f.basis_record_ids && t.ids and f.index_text is not null
+    returning 1
+  )
+  select count(*) into v_deleted from gone;
+  return v_deleted;
+end
+$$;
+comment on function memory_private.delete_records(text, bigint[]) is
+  'Deletes records of one workspace (forget, retention, pruning): drops every scope index and '
+  'withdraws every frozen recall index built with one of them as a candidate, and marks their '
+  'scopes for consolidation. Returns how many were deleted.';
+
+create function memory_private.forget_set(
+  p_workspace_id text, p_scope_id bigint, p_record_id bigint
+) returns bigint[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The selected record and every record of the scope that shares a dependency with it (T7).
+  -- One step only: a record that shares a message with such a neighbour but not with the
+  -- selected record stays.
+  select array(
+    select r.record_id from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+       and (r.record_id = p_record_id
+            or exists (select 1
+                         from memory_private.record_dependencies mine
+                         join memory_private.record_dependencies d
+                           on d.workspace_id = mine.workspace_id
+                          and d.message_id = mine.message_id
+                        where mine.workspace_id = p_workspace_id
+                          and mine.record_id = p_record_id
+                          and d.record_id = r.record_id))
+     order by r.record_id)
+$$;
+comment on function memory_private.forget_set(text, bigint, bigint) is
+  'The records a forget of one record removes: it and every record of its scope that shares a '
+  'dependency with it (T7).';
+
+create function memory_private.record_owners(p_workspace_id text, p_record_ids bigint[])
+  returns table (record_id bigint, owner_id text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Whose statements a record holds: the speaker of every user message it depends on, and for
+  -- an assistant message the user whose request it answered (the bot's answer is part of that
+  -- person's conversation).
+  select distinct d.record_id, case when m.role = 'user' then m.speaker_id else q.user_id end
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    join memory_private.requests q
+      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+$$;
+comment on function memory_private.record_owners(text, bigint[]) is
+  'The people whose statements each record holds (user messages it depends on by speaker, '
+  'assistant messages by the user of the request they answered): the participant rule of '
+  'forget (C6, C7) is decided on these.';
 
 create function memory_private.forget_records(
-  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[]
+  p_workspace_id text, p_scope_id bigint, p_record_id bigint, p_record_ids bigint[]
 ) returns bigint[]
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
-  v_messages text[];
   v_now timestamptz := memory_private.clock_now();
 begin
   perform 1 from memory_private.workspaces
    where workspace_id = p_workspace_id for no key update;
   v_ids := array(select record_id from memory_private.records
                   where workspace_id = p_workspace_id and scope_id = p_scope_id
-                    and record_id = any(p_record_ids));
+                    and record_id = any(p_record_ids) order by record_id);
   if cardinality(v_ids) = 0 then
     return v_ids;
   end if;
-  -- The sources being forgotten are those of the selected records. Every record of the scope
-  -- that depends on one of them goes too (T7); a record that only shares a source with such an
-  -- overlapping record stays: forgetting one statement never forgets a neighbour's.
-  v_messages := array(select distinct message_id from memory_private.record_sources
-                       where workspace_id = p_workspace_id and record_id = any(v_ids));
-  v_ids := v_ids || array(select distinct rs.record_id
-                            from memory_private.record_sources rs
-                            join memory_private.records r
-                              on r.workspace_id = rs.workspace_id and r.record_id = rs.record_id
-                           where rs.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-                             and rs.message_id = any(v_messages)
-                             and not rs.record_id = any(v_ids));
-  -- Content-free tombstones for the forgotten sources still retained, so extraction cannot
-  -- restore them (T8); the original messages stay.
+  -- Content-free tombstones for what the selected record was made from, while those messages
+  -- are retained, so extraction cannot restore the forgotten information (T8). The other
+  -- removed records' other messages are not tombstoned: they may be extracted again, without
+  -- what was forgotten. The original messages stay.
   insert into memory_private.tombstones (workspace_id, scope_id, message_id, created_at)
   select p_workspace_id, p_scope_id, m.message_id, v_now
-    from memory_private.messages m
-   where m.workspace_id = p_workspace_id and m.message_id = any(v_messages)
-     and m.body is not null
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id and m.body is not null
   on conflict do nothing;
-  -- In-flight recall: a frozen index that named a forgotten record is withdrawn (T7).
-  update memory_private.request_recall
-     set index_text = null, index_withdrawn = true
-   where workspace_id = p_workspace_id and scope_id = p_scope_id and mode = 'index'
-     and record_ids && v_ids and not index_withdrawn;
-  delete from memory_private.records
-   where workspace_id = p_workspace_id and record_id = any(v_ids);
-  update memory_private.scopes
-     set index_text = null, index_record_ids = null, index_built_at = null,
-         consolidation_due_at = coalesce(consolidation_due_at, v_now)
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  return array(select unnest(v_ids) order by 1);
+  perform memory_private.delete_records(p_workspace_id, v_ids);
+  return v_ids;
 end
 $$;
-comment on function memory_private.forget_records(text, bigint, bigint[]) is
-  'Forgets records of one scope: writes content-free tombstones for their retained sources, '
-  'deletes them and every record of the scope that depends on one of those sources, withdraws in-flight frozen indexes naming them, clears the scope''s index and marks '
-  'it for consolidation (T7, T8). Takes the workspace lock. Returns the ids deleted.';
+comment on function memory_private.forget_records(text, bigint, bigint, bigint[]) is
+  'Forgets records of one scope: tombstones the retained dependencies of the selected record '
+  'p_record_id, then deletes p_record_ids (memory_private.forget_set: it and its neighbours), '
+  'which drops and withdraws the indexes built with them (T7, T8). Takes the workspace lock. '
+  'Returns the ids deleted.';
 
 -- manage_memory --------------------------------------------------------------------------------
 
@@ -3830,6 +4105,8 @@ declare
   v_summary text;
   v_title text;
   v_ids bigint[];
+  v_owners jsonb;
+  v_own_only boolean;
   v_changed boolean;
 begin
   -- The source must be the request's current human message ...
@@ -3902,10 +4179,10 @@ begin
       return;
     end if;
     select r.* into v_record from memory_private.records r
-      join memory_private.record_sources rs
-        on rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+      join memory_private.record_dependencies d
+        on d.workspace_id = r.workspace_id and d.record_id = r.record_id
      where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
-       and rs.message_id = v_source.message_id and rs.content_hash = v_source.content_hash
+       and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
      limit 1;
     if found then
       outcome := memory_private.control_outcome('done', p_action, 'already_remembered',
@@ -3933,8 +4210,12 @@ begin
       from memory_private.bots b
      where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
     returning * into strict v_record;
-    insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
-    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash);
+    -- A note cites, and rests on, exactly the message that asked for it (C3).
+    insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+    values (v_ws, v_record.record_id, v_source.message_id, 1);
+    insert into memory_private.record_dependencies
+      (workspace_id, record_id, message_id, content_hash, via)
+    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
     update memory_private.scopes
        set consolidation_due_at = coalesce(consolidation_due_at, v_now)
      where workspace_id = v_ws and scope_id = p_scope.scope_id;
@@ -3960,29 +4241,44 @@ begin
         p_memory_id);
       return;
     end if;
+    -- The participant rule applies to every record the forget would remove, not only the
+    -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
+    v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
+    select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
+      into v_owners, v_own_only
+      from (select owner_id, count(*) as n
+              from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
     authority := case when p_scope.kind = 'private' then 'scope_user'
-                      when cardinality(v_record.speaker_ids) > 0
-                           and v_record.speaker_ids <@ array[p_request.user_id] then 'participant'
+                      when coalesce(v_own_only, false) then 'participant'
                       else 'admin' end;
     v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
     if v_refusal is not null then
       outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        case when authority = 'admin'
-               then format('Memory %s holds statements of other participants; only an active '
-                           'workspace owner or admin can forget it.', p_memory_id)
+        case when authority = 'admin' and cardinality(v_ids) > 1
+               then format('Forgetting memory %s would also remove %s related memories built on '
+                           'the same messages, and together they hold statements of other '
+                           'participants; nothing was forgotten. Only an active workspace owner '
+                           'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
+             when authority = 'admin'
+               then format('Memory %s holds statements of other participants; nothing was '
+                           'forgotten. Only an active workspace owner or admin can forget it.',
+                           p_memory_id)
              else 'Not forgotten: ' || v_refusal || '.' end,
         p_memory_id);
       return;
     end if;
-    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, array[p_memory_id]);
+    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
     outcome := memory_private.control_outcome('done', p_action, 'forgotten',
-      format('Forgot memory %s%s. Its sources will not be remembered again; the original chat '
-             'messages are kept.', p_memory_id,
+      format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
+             'the original chat messages are kept.', p_memory_id,
              case when cardinality(v_ids) > 1
                   then format(' and %s related memories built on the same messages',
                               cardinality(v_ids) - 1)
-                  else '' end),
-      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids)));
+                  else '' end,
+             coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
+                         from jsonb_each_text(v_owners)), 'nobody')),
+      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
+                                      'forgotten_by_person', coalesce(v_owners, '{}')));
     return;
   end if;
 
@@ -4113,8 +4409,10 @@ comment on function memory.manage_memory(text, text, text, jsonb) is
   'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
   'MB004). sourceId must be the request''s current human message and that message must directly '
   'ask for the action (English or Chinese); remember stores the message itself as a note '
-  'attributed to its speaker, forget deletes the record and every record sharing its sources and '
-  'tombstones them, enable-/disable-memory toggle recall of the scope (records kept). Private '
+  'attributed to its speaker, forget deletes the record and every record sharing a dependency '
+  'with it and tombstones what the record was made from (a group participant only when all of '
+  'them hold only their own statements), enable-/disable-memory toggle recall of the scope '
+  '(records kept). Private '
   'scope: its user; group: a participant for notes and their own records, an owner/admin for '
   'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
   '"replayed"}; a replayed tool call id returns the stored outcome without applying it again, '
@@ -4127,47 +4425,18 @@ grant execute on function memory.manage_memory(text, text, text, jsonb) to memor
 -- ==== 60_retention.sql ====
 -- 60_retention.sql: what makes memories go away and stay away (T1-T9).
 --
--- Reads already refuse a record whose sources changed (record_invalid_reason). The sweep here
--- makes that permanent and erases what must not outlive its sources:
+-- Reads already refuse a record whose dependencies changed (record_invalid_reason). The sweep
+-- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
---   2. answers derived from recalled sources that are gone are erased too, transitively (T3);
---   3. records that can never be valid again are deleted, with the index entries naming them;
---   4. tombstones whose original message is no longer retained are dropped (T8);
---   5. records unused for 30 days are pruned, and a workspace keeps at most 256 (T5).
+--   2. answers derived from recalled records that rest on an erased message are erased too,
+--      transitively (T3); what a request was shown is its provenance (request_recall and
+--      tool_calls keep the ids of every message those records depend on);
+--   3. records that can never be valid again are deleted, with every index built with them;
+--   4. what was made from an erased message is erased: frozen recall index texts, job inputs'
+--      content hashes, job checkpoints and extraction markers (messages.scrub_pending);
+--   5. tombstones whose original message is no longer retained are dropped (T8);
+--   6. records unused for 30 days are pruned, and a workspace keeps at most 256 (T5).
 -- Deleting a workspace purges every row it owns (T4).
-
-create function memory_private.delete_records(
-  p_workspace_id text, p_record_ids bigint[]
-) returns integer
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_deleted integer;
-begin
-  with gone as (
-    delete from memory_private.records
-     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
-    returning scope_id, record_id
-  ), touched as (
-    select scope_id, array_agg(record_id) as ids from gone group by scope_id
-  ), marked as (
-    update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, memory_private.clock_now()),
-           index_text = case when s.index_record_ids && t.ids then null else s.index_text end,
-           index_record_ids = case when s.index_record_ids && t.ids then null
-                                   else s.index_record_ids end
-      from touched t
-     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
-    returning 1
-  )
-  select count(*) into v_deleted from gone;
-  return v_deleted;
-end
-$$;
-comment on function memory_private.delete_records(text, bigint[]) is
-  'Deletes records of one workspace, drops every index that names one of them, and marks their '
-  'scopes for consolidation. Returns how many were deleted.';
 
 create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
   language sql volatile
@@ -4175,7 +4444,7 @@ create function memory_private.erase_expired_messages(p_workspace_id text) retur
   as $$
   with erased as (
     update memory_private.messages
-       set body = null, content_hash = null
+       set body = null, content_hash = null, scrub_pending = true
      where workspace_id = p_workspace_id and body is not null
        and retain_until <= memory_private.clock_now()
     returning 1
@@ -4183,7 +4452,23 @@ create function memory_private.erase_expired_messages(p_workspace_id text) retur
   select count(*)::integer from erased
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of every message of the workspace past its retention (T6).';
+  'Erases the text and hash of every message of the workspace past its retention (T6) and '
+  'marks it for scrubbing.';
+
+create function memory_private.request_provenance(p_workspace_id text)
+  returns table (request_id text, message_id text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select f.request_id, unnest(f.dependency_ids)
+    from memory_private.request_recall f where f.workspace_id = p_workspace_id
+  union
+  select c.request_id, unnest(c.dependency_ids)
+    from memory_private.tool_calls c where c.workspace_id = p_workspace_id
+$$;
+comment on function memory_private.request_provenance(text) is
+  'Every (request, message) of the workspace such that the request was shown a record that '
+  'depends on the message, by recall or by query_memories (T2, T3).';
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -4193,21 +4478,29 @@ declare
   v_total integer := 0;
   v_round integer;
 begin
-  -- An assistant answer is derived from the sources its request cited (query_memories puts
-  -- them in the citation set). When one of them is gone, the answer goes too; an answer that
-  -- cited that answer goes next, and so on until nothing changes (T3).
+  -- An assistant answer is derived from every message its request's recalled records depend
+  -- on. When one of them is erased (scrub_pending: erased since the last sweep), the answer is
+  -- erased too; an answer derived from *that* answer goes next, and so on until nothing changes
+  -- (T3). Only newly erased messages are looked at: older ones were handled by earlier sweeps.
+  if not exists (select 1 from memory_private.messages
+                  where workspace_id = p_workspace_id and scrub_pending) then
+    return 0;
+  end if;
   loop
-    with erased as (
+    with gone as (
+      select m.message_id from memory_private.messages m
+       where m.workspace_id = p_workspace_id and m.scrub_pending
+    ), derived as (
+      select distinct p.request_id
+        from memory_private.request_provenance(p_workspace_id) p
+        join gone on gone.message_id = p.message_id
+    ), erased as (
       update memory_private.messages a
          set body = null, content_hash = null, removed_at = memory_private.clock_now(),
-             removal_reason = 'derived_from_removed'
-       where a.workspace_id = p_workspace_id and a.role = 'assistant' and a.body is not null
-         and exists (select 1
-                       from memory_private.request_citations c
-                       join memory_private.messages s
-                         on s.workspace_id = c.workspace_id and s.message_id = c.message_id
-                      where c.workspace_id = a.workspace_id and c.request_id = a.request_id
-                        and s.body is null)
+             removal_reason = 'derived_from_removed', scrub_pending = true
+        from derived
+       where a.workspace_id = p_workspace_id and a.request_id = derived.request_id
+         and a.role = 'assistant' and a.body is not null
       returning 1
     )
     select count(*) into v_round from erased;
@@ -4218,28 +4511,90 @@ begin
 end
 $$;
 comment on function memory_private.erase_derived_answers(text) is
-  'Erases, transitively, assistant answers whose request cited a source that is now removed or '
-  'past retention; records built on those answers then fail validation in turn (T3).';
+  'Erases, transitively, assistant answers of requests that were shown a record depending on a '
+  'message erased since the last sweep; records built on those answers then fail validation in '
+  'turn (T3).';
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
+  v_now timestamptz := memory_private.clock_now();
   v_ids bigint[];
 begin
-  select coalesce(array_agg(r.record_id), '{}') into v_ids
-    from memory_private.records r
-   where r.workspace_id = p_workspace_id
-     and memory_private.record_invalid_reason(r, null)
-         in ('source_removed', 'source_expired', 'source_edited', 'forgotten', 'bot_replaced');
+  -- A dependency removed, expired, edited or forgotten, or the bot replaced, never comes back,
+  -- whatever else holds now (recall off, a lost grant): such a record is deleted, so neither it
+  -- nor the hashes it kept outlive what it was made from.
+  v_ids := array(
+    select r.record_id
+      from memory_private.records r
+      join memory_private.scopes s
+        on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
+      left join memory_private.bots b
+        on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+     where r.workspace_id = p_workspace_id
+       and (b.identity <> r.bot_identity
+            or exists (select 1
+                         from memory_private.record_dependencies d
+                         join memory_private.messages m
+                           on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                        where d.workspace_id = r.workspace_id and d.record_id = r.record_id
+                          and (m.body is null or m.retain_until <= v_now
+                               or m.content_hash <> d.content_hash
+                               or exists (select 1 from memory_private.tombstones t
+                                           where t.workspace_id = d.workspace_id
+                                             and t.scope_id = r.scope_id
+                                             and t.message_id = d.message_id)))));
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
 comment on function memory_private.purge_permanently_invalid(text) is
-  'Deletes the records that can never be valid again: a source removed, expired, edited or '
-  'forgotten, or the bot replaced. Reversible reasons (recall off, membership, link, grants) '
-  'keep the record.';
+  'Deletes the records that can never be valid again: a dependency removed, expired, edited or '
+  'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
+  'link, grants) hides them. Reversible reasons alone keep the record.';
+
+create function memory_private.scrub_erased(p_workspace_id text) returns integer
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_gone text[];
+begin
+  v_gone := array(select message_id from memory_private.messages
+                   where workspace_id = p_workspace_id and scrub_pending);
+  if cardinality(v_gone) = 0 then
+    return 0;
+  end if;
+  -- Frozen recall index texts built from records resting on them (records are deleted by the
+  -- purge, which withdraws those texts already; this catches the rest).
+  update memory_private.request_recall
+     set index_text = null, index_withdrawn = true
+   where workspace_id = p_workspace_id and index_text is not null
+     and dependency_ids && v_gone;
+  -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
+  -- checkpoint made from them (such a job is stale and is superseded, never committed).
+  update memory_private.jobs j
+     set input = j.input || jsonb_build_object('sources', (
+                   select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
+                                    order by n)
+                     from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n))),
+         checkpoint = null
+   where j.workspace_id = p_workspace_id and j.input ? 'sources'
+     and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
+                  where e ->> 'id' = any (v_gone) and e ? 'hash');
+  -- Extraction markers record the hash the message had.
+  delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  update memory_private.messages set scrub_pending = false
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  return cardinality(v_gone);
+end
+$$;
+comment on function memory_private.scrub_erased(text) is
+  'Erases what was made from messages erased since the last sweep: frozen recall index texts '
+  'resting on them, their content hashes in job inputs, checkpoints of jobs that read them, and '
+  'their extraction markers; then clears scrub_pending. Returns how many messages it handled.';
 
 create function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language sql volatile
@@ -4285,8 +4640,9 @@ create function memory_private.sweep_retention(p_workspace_id text) returns json
   as $$
 declare
   v_expired integer;
-  v_derived integer := 0;
+  v_derived integer;
   v_invalid integer;
+  v_scrubbed integer;
   v_tombstones integer;
   v_pruned integer;
 begin
@@ -4295,16 +4651,18 @@ begin
   v_expired := memory_private.erase_expired_messages(p_workspace_id);
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
+  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
   v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
   v_pruned := memory_private.prune_records(p_workspace_id);
   return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
-                            'records_invalidated', v_invalid, 'tombstones_dropped', v_tombstones,
-                            'records_pruned', v_pruned);
+                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned);
 end
 $$;
 comment on function memory_private.sweep_retention(text) is
   'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
-  'answers, delete permanently invalid records, drop stale tombstones, prune. Returns counts.';
+  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
+  'stale tombstones, prune. Returns counts.';
 
 create function memory.delete_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile security definer
@@ -4347,19 +4705,25 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when s.body is null then memory_private.clock_now() else s.retain_until end)
+  select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
     into v_boundary
-    from memory_private.request_citations c
-    join memory_private.messages s
-      on s.workspace_id = c.workspace_id and s.message_id = c.message_id
-   where c.workspace_id = p_workspace_id and c.request_id = p_request_id;
+    from (select unnest(f.dependency_ids) as message_id
+            from memory_private.request_recall f
+           where f.workspace_id = p_workspace_id and f.request_id = p_request_id
+          union
+          select unnest(c.dependency_ids)
+            from memory_private.tool_calls c
+           where c.workspace_id = p_workspace_id and c.request_id = p_request_id) d
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
   return v_boundary;
 end
 $$;
 comment on function memory.answer_retention_boundary(text, text) is
   'The latest time until which the backend may keep the answer of a request: the earliest '
-  'retention end among the sources it recalled (its citation set); now if one is already gone; '
-  'NULL when none of them has a retention end (T2).';
+  'retention end among every message the records it was shown depend on (by recall and by '
+  'query_memories, not only the sources shown); now if one is already gone; NULL when none of '
+  'them has a retention end (T2).';
 
 revoke all on function memory.answer_retention_boundary(text, text) from public;
 grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
@@ -4432,6 +4796,8 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        r.created_at, r.last_used_at, r.usage_count,
        (select count(*) from memory_private.record_sources rs
          where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+       (select count(*) from memory_private.record_dependencies d
+         where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
        octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
@@ -4440,7 +4806,8 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
   join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
   cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
 comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources, '
+  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
+  '(messages it cites) and dependencies (messages it was made from), '
   'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
   '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
   'memory.explain_record(workspace, record) says why.';
@@ -4452,6 +4819,7 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
        coalesce(rc.records_invalid, 0)::bigint as records_invalid,
        coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
        coalesce(cardinality(s.index_record_ids), 0) as index_records,
+       coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
        octet_length(s.index_text) as index_bytes,
        s.index_built_at,
        memory_private.operator_now() - s.index_built_at as index_age,
@@ -4481,7 +4849,8 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
    and cj.phase = 'consolidate' and cj.status in ('pending', 'running');
 comment on view memory.scope_status is
   'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (records named, bytes, when built, age), whether a consolidation is pending, the '
+  'the index (how many records it names, how many candidates it was built from and depends on, '
+  'bytes, when built, age), whether a consolidation is pending, the '
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
@@ -4810,6 +5179,7 @@ declare
   v_user text;
   v_now timestamptz := memory_private.clock_now();
   v_sources jsonb;
+  v_dependencies jsonb;
   v_bad jsonb;
   v_missing text[];
   v_checks jsonb := '[]';
@@ -4841,13 +5211,14 @@ begin
      where workspace_id = p_workspace_id and user_id = v_user;
   end if;
 
-  -- Each source: the hash it had when used, the hash it has now, and its state, decided in the
-  -- order memory_private.record_invalid_reason decides it.
-  select coalesce(jsonb_agg(x.src order by x.message_id), '[]')
-    into v_sources
-    from (select rs.message_id, jsonb_build_object(
-                   'message_id', rs.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
-                   'recorded_hash', rs.content_hash, 'current_hash', m.content_hash,
+  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+  -- state, decided in the order memory_private.record_invalid_reason decides it.
+  select coalesce(jsonb_agg(x.dep order by x.message_id), '[]')
+    into v_dependencies
+    from (select d.message_id, jsonb_build_object(
+                   'message_id', d.message_id, 'via', d.via, 'role', m.role,
+                   'speaker_id', m.speaker_id,
+                   'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
                    'retain_until', m.retain_until, 'removed_at', m.removed_at,
                    'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
                    'tombstoned', t.message_id is not null,
@@ -4855,18 +5226,23 @@ begin
                               when m.removed_at is not null then 'source_removed'
                               when m.body is null or m.retain_until <= v_now
                                 then 'source_expired'
-                              when m.content_hash <> rs.content_hash then 'source_edited'
+                              when m.content_hash <> d.content_hash then 'source_edited'
                               when t.message_id is not null then 'forgotten'
-                              else 'current' end) as src
-            from memory_private.record_sources rs
+                              else 'current' end) as dep
+            from memory_private.record_dependencies d
             join memory_private.messages m
-              on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+              on m.workspace_id = d.workspace_id and m.message_id = d.message_id
             left join memory_private.tombstones t
-              on t.workspace_id = rs.workspace_id and t.scope_id = v_record.scope_id
-             and t.message_id = rs.message_id
-           where rs.workspace_id = p_workspace_id and rs.record_id = p_record_id) x;
+              on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
+             and t.message_id = d.message_id
+           where d.workspace_id = p_workspace_id and d.record_id = p_record_id) x;
   select coalesce(jsonb_agg(s), '[]') into v_bad
-    from jsonb_array_elements(v_sources) s where s ->> 'state' <> 'current';
+    from jsonb_array_elements(v_dependencies) s where s ->> 'state' <> 'current';
+  -- The sources: what the summary cites, in the order it uses them.
+  v_sources := to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position));
 
   select array_agg(repo order by repo) into v_missing
     from unnest(v_record.repositories) repo
@@ -4916,14 +5292,14 @@ begin
                        then 'the requester owns the private scope'
                      else format('the private scope belongs to %s, not %s', v_scope.user_id,
                                  p_requester) end),
-    jsonb_build_object('check', 'sources_current',
+    jsonb_build_object('check', 'dependencies_current',
       'reason', v_bad -> 0 ->> 'state',
       'ok', jsonb_array_length(v_bad) = 0,
       'detail', case when jsonb_array_length(v_bad) = 0
-                     then format('all %s sources are retained and unchanged',
-                                 jsonb_array_length(v_sources))
-                     else format('%s of %s sources are not current: %s',
-                                 jsonb_array_length(v_bad), jsonb_array_length(v_sources),
+                     then format('all %s messages it was made from are retained and unchanged',
+                                 jsonb_array_length(v_dependencies))
+                     else format('%s of the %s messages it was made from are not current: %s',
+                                 jsonb_array_length(v_bad), jsonb_array_length(v_dependencies),
                                  (select string_agg((s ->> 'message_id') || ' '
                                                     || (s ->> 'state'), ', ')
                                     from jsonb_array_elements(v_bad) s)) end),
@@ -4959,17 +5335,20 @@ begin
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
       'recall_enabled', v_scope.recall_enabled),
     'checks', v_checks,
-    'sources', v_sources);
+    'sources', v_sources,
+    'dependencies', v_dependencies);
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
   'every check in the order the rule applies them (recall on, bot '
-  'active, bot identity, group linked, membership, requester owns the private scope, sources '
-  'current, repository grants) with ok and a detail, and every source with the hash it had '
-  'when used, the hash it has now and its state (current, source_removed, source_expired, '
-  'source_edited, forgotten). MB001, MB002 when the record is unknown.';
+  'active, bot identity, group linked, membership, requester owns the private scope, '
+  'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
+  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'reused or repeated) with the hash it had when used, the hash it has now and its state '
+  '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
+  'record is unknown.';
 
 -- Grants -------------------------------------------------------------------------------------
 

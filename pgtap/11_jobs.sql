@@ -1,6 +1,6 @@
 -- Memory jobs: the shape that holds the invariants, and one job through its life cycle.
 begin;
-select plan(23);
+select plan(24);
 
 select has_table('memory_private', 'jobs', 'jobs exist');
 select has_table('memory_private', 'job_attempts', 'attempts exist');
@@ -57,7 +57,10 @@ select is((memory.commit_job('wj', (select (job ->> 'job_id')::bigint from claim
                              (select (job ->> 'token')::uuid from claimed))) ->> 'status',
   'committed', 'the commit writes the record');
 select is((select array_agg(message_id order by message_id) from memory_private.record_sources),
-  array['m1', 'm2'], 'the record depends on every source of the batch');
+  array['m1'], 'the record cites what the output cites');
+select is((select array_agg(message_id order by message_id)
+             from memory_private.record_dependencies),
+  array['m1'], 'and depends on that, not on the uncited rest of the batch');
 select throws_ok($$ update memory_private.jobs set status = 'running' $$, 'MB025', null,
   'a succeeded job cannot run again');
 select is(memory.run_maintenance('wj') ->> 'consolidate_jobs_created', '1',

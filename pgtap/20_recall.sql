@@ -34,8 +34,10 @@ begin
   values (p_ws, v_scope, 'extracted', p_name, p_text, array[p_user], array['h-' || p_name],
           'bot-id', memory_private.clock_now())
   returning record_id into v_id;
-  insert into memory_private.record_sources
-  select p_ws, v_id, message_id, content_hash from memory_private.messages
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  values (p_ws, v_id, 'u-' || p_name, 1);
+  insert into memory_private.record_dependencies
+  select p_ws, v_id, message_id, content_hash, 'cited' from memory_private.messages
    where workspace_id = p_ws and message_id = 'u-' || p_name;
   perform memory_private.advance_clock('1 second');
   insert into made values (p_name, p_ws, v_id);
@@ -69,7 +71,7 @@ select is(memory.query_memories('wa', 'new-topic7', 'c1', '{"query": "zero"}') -
 select is(memory.recall('wa', 'new-alice') ->> 'mode', 'directory',
   'no consolidated index: a directory');
 update memory_private.scopes s set index_text = 'tea', index_record_ids = array[m.record_id],
-       index_built_at = memory_private.clock_now(), consolidation_due_at = null
+       index_candidate_ids = array[m.record_id], index_built_at = memory_private.clock_now(), consolidation_due_at = null
   from made m where m.name = 'alice' and s.workspace_id = 'wa'
    and s.scope_id = (select scope_id from memory.resolve_scope('wa', 'h-alice'));
 select memory.upsert_request('wa', 'new2-alice', 'bot', 'dm-alice', 0, 'alice', 'interactive',

@@ -151,12 +151,15 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                       "repositories", "created_at"), []),
         "scopes": Copy("scopes", ("workspace_id", "scope_id", "kind", "bot_id", "chat_id",
                                   "user_id", "topic_id", "index_text", "index_record_ids",
-                                  "index_built_at", "created_at"), []),
+                                  "index_candidate_ids", "index_built_at", "created_at"), []),
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
                                     "bot_identity", "origin_request_id", "created_at"), []),
         "record_sources": Copy("record_sources", ("workspace_id", "record_id", "message_id",
-                                                  "content_hash"), []),
+                                                  "position"), []),
+        "record_dependencies": Copy("record_dependencies", ("workspace_id", "record_id",
+                                                            "message_id", "content_hash", "via"),
+                                    []),
     }
     scope_ids = _ids(conn, "scopes", "scope_id", len(indexes))
     record_ids = _ids(conn, "records", "record_id", len(indexes) * RECORDS_PER_WORKSPACE)
@@ -222,21 +225,28 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             t["records"].rows.append((ws, record_id, scope_id, "extracted", title, summary,
                                       speakers, threads, repos, "b1-identity", f"r{k:03d}",
                                       created))
-            for mid, _speaker, digest, _thread, _at in sources:
-                t["record_sources"].rows.append((ws, record_id, mid, digest))
-        newest = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
-                        key=lambda r: r[11], reverse=True)[:12]  # type: ignore[arg-type, return-value]
+            # Every message of the record is cited (a source) and so a dependency.
+            for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
+                t["record_sources"].rows.append((ws, record_id, mid, pos))
+                t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited"))
+        # The index as a consolidation leaves it: built from the 48 newest records (its
+        # candidates, all of which it depends on), naming the 12 newest.
+        candidates = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
+                            key=lambda r: r[11], reverse=True)[:48]  # type: ignore[arg-type, return-value]
+        newest = candidates[:12]
         index_text = "\n".join(f"[#{r[1]}] {str(r[4])[:200]}" for r in newest)
         t["scopes"].rows.append((ws, scope_id, kind, "b1", chat,
                                  "u1" if kind == "private" else None,
                                  None if kind == "private" else 0,
-                                 index_text, [r[1] for r in newest], now, start))
+                                 index_text, [r[1] for r in newest],
+                                 [r[1] for r in candidates], now, start))
 
     with conn.transaction():
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
-                     "requests", "messages", "scopes", "records", "record_sources"):
+                     "requests", "messages", "scopes", "records", "record_sources",
+                     "record_dependencies"):
             _copy(conn, tables[name])
     return len(tables["records"].rows)
 
@@ -246,7 +256,7 @@ def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
     row = conn.execute(
         """
         select
-          (select count(*) from memory_private.record_sources rs
+          (select count(*) from memory_private.record_dependencies rs
             where not exists (select 1 from memory_private.messages m
                                where m.workspace_id = rs.workspace_id
                                  and m.message_id = rs.message_id
@@ -283,5 +293,5 @@ def settle(conn: psycopg.Connection) -> None:
                  "memory_private.bots, memory_private.chats, memory_private.topics, "
                  "memory_private.repository_grants, memory_private.requests, "
                  "memory_private.messages, memory_private.scopes, memory_private.records, "
-                 "memory_private.record_sources")
+                 "memory_private.record_sources, memory_private.record_dependencies")
     conn.execute("checkpoint")

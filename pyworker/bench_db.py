@@ -200,7 +200,7 @@ def prepare_floor_table(conn: psycopg.Connection) -> None:
     """An unindexed table with the message columns (no key, no checks, no foreign keys)."""
     conn.execute("create schema if not exists bench_floor")
     conn.execute(f"drop table if exists {FLOOR_TABLE}")
-    conn.execute(f"create table {FLOOR_TABLE} (like memory_private.messages)")
+    conn.execute(f"create table {FLOOR_TABLE} (like memory_private.messages including defaults)")
 
 
 def ingest_rows(width: int, n: int, tag: str) -> list[tuple[Any, ...]]:

@@ -139,21 +139,31 @@ def utf8_len(text: str) -> int:
 
 
 class ExtractionOutput(_Model):
-    """``{"title", "summary", "source_ids"}``; all three empty is the valid no-op."""
+    """``{"title", "summary", "source_ids", "reused_ids"}``; all empty is the valid no-op.
+
+    ``source_ids`` are the messages the summary cites, in the order it uses them;
+    ``reused_ids`` the memories shown with the batch whose content the summary relies on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     title: str
     summary: str
     source_ids: list[str]
+    reused_ids: list[int] = Field(default_factory=list)
 
     @property
     def is_noop(self) -> bool:
         return not self.title and not self.summary and not self.source_ids
 
-    def check(self, limits: Limits, allowed_ids: set[str]) -> ExtractionOutput:
+    def check(self, limits: Limits, allowed_ids: set[str],
+              existing_ids: set[int] | None = None) -> ExtractionOutput:
         if self.is_noop:
+            if self.reused_ids:
+                raise ReplyError("an empty (no-op) output reuses no memory")
             return self
+        unknown_reused = [i for i in self.reused_ids if i not in (existing_ids or set())]
+        if unknown_reused:
+            raise ReplyError(f"reused_ids not among the memories shown: {unknown_reused[:5]}")
         if not self.title.strip() or not self.summary.strip() or not self.source_ids:
             raise ReplyError("title, summary and source_ids must be all empty (no-op) "
                              "or all present")
@@ -220,8 +230,10 @@ def parse_reply(payload: ClaimPayload, text: str) -> ExtractionOutput | Consolid
     value = _json_object(text)
     try:
         if payload.phase == "extract":
-            ids = {s.id for s in payload.extract_input().sources}
-            return ExtractionOutput.model_validate(value).check(payload.limits, ids)
+            ex = payload.extract_input()
+            ids = {s.id for s in ex.sources}
+            existing = {int(e.id) for e in ex.existing if str(e.id).isdigit()}
+            return ExtractionOutput.model_validate(value).check(payload.limits, ids, existing)
         cids = {c.id for c in payload.consolidate_input().candidates}
         return ConsolidationOutput.model_validate(value).check(payload.limits, cids)
     except ValidationError as exc:

@@ -153,7 +153,8 @@ def render_status(data: dict[str, list[dict[str, Any]]], console: Console) -> No
 
 
 def render_explain(data: dict[str, Any], console: Console) -> None:
-    """One record's explanation: verdict, the checks in rule order, and its sources."""
+    """One record's explanation: verdict, the checks in rule order, and what it was made from
+    (its dependencies, with its sources marked by their place)."""
     scope = data["scope"]
     record = data["record"]
     who = scope["user_id"] if scope["kind"] == "private" else f"topic {scope['topic_id']}"
@@ -179,14 +180,17 @@ def render_explain(data: dict[str, Any], console: Console) -> None:
         checks.add_row(c["check"], mark, c.get("reason") or "-", c["detail"])
     console.print(checks)
 
-    sources = Table(title="Sources (content hashes, never text)", title_justify="left")
-    for col in ("message", "role", "speaker", "state", "hash when used", "hash now",
-                "retain until", "removed", "tombstoned"):
-        sources.add_column(col)
-    for s in data["sources"]:
+    cited = {m: n for n, m in enumerate(data.get("sources") or [], start=1)}
+    deps = Table(title="What it was made from (content hashes, never text); "
+                       "source = its place among the messages it cites", title_justify="left")
+    for col in ("message", "via", "source", "role", "speaker", "state", "hash when used",
+                "hash now", "retain until", "removed", "tombstoned"):
+        deps.add_column(col)
+    for s in data["dependencies"]:
         state = s["state"] if s["state"] == "current" else f"[red]{s['state']}[/red]"
-        sources.add_row(s["message_id"], s["role"], s["speaker_id"], state,
-                        (s["recorded_hash"] or "-")[:16], (s["current_hash"] or "-")[:16],
-                        str(s["retain_until"] or "-"), str(s["removed_at"] or "-"),
-                        "yes" if s["tombstoned"] else "no")
-    console.print(sources)
+        deps.add_row(s["message_id"], s["via"], str(cited.get(s["message_id"], "-")), s["role"],
+                     s["speaker_id"], state,
+                     (s["recorded_hash"] or "-")[:16], (s["current_hash"] or "-")[:16],
+                     str(s["retain_until"] or "-"), str(s["removed_at"] or "-"),
+                     "yes" if s["tombstoned"] else "no")
+    console.print(deps)

@@ -209,6 +209,9 @@ class Worker:
                                usage)
         except errors.BadModelOutput as exc:
             return self._fail(job, ids, "failed", f"output refused: {exc.message}", usage)
+        except errors.JobStale as exc:
+            # A source changed during the call: nothing was stored; the attempt is charged.
+            return self._fail(job, ids, "failed", f"input changed: {exc.message}", usage)
         except (errors.JobLost, errors.JobState) as exc:
             self._log("job_lost", logging.WARNING, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)

@@ -127,11 +127,13 @@ create table memory_private.messages (
   edited_at timestamptz,
   removed_at timestamptz,
   removal_reason text check (removal_reason in ('removed', 'derived_from_removed')),
+  scrub_pending boolean not null default false,
   primary key (workspace_id, message_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
   check ((body is null) = (content_hash is null)),
   check (removed_at is null or body is null),
-  check ((removed_at is null) = (removal_reason is null))
+  check ((removed_at is null) = (removal_reason is null)),
+  check (not scrub_pending or body is null)
 );
 comment on table memory_private.messages is
   'Messages of requests. body is erased (NULL) when the message is removed or its retention '
@@ -141,10 +143,16 @@ comment on column memory_private.messages.removal_reason is
   'answer derived from recalled sources that are gone (T3).';
 comment on column memory_private.messages.retain_until is
   'End of the original retention; NULL means retained until removed.';
+comment on column memory_private.messages.scrub_pending is
+  'Set when the text is erased (removed, past retention, derived from a removed source); the '
+  'next retention sweep erases what was made from it (derived answers, frozen index texts, job '
+  'inputs and checkpoints, extraction markers) and clears the flag.';
 
 create index messages_request_idx on memory_private.messages (workspace_id, request_id);
 create index messages_retention_idx on memory_private.messages (retain_until)
   where body is not null and retain_until is not null;
+create index messages_scrub_idx on memory_private.messages (workspace_id)
+  where scrub_pending;
 
 -- Internal: the statement result of an upsert, as the API reports it.
 create function memory_private.upsert_outcome(p_inserted boolean) returns text
@@ -587,7 +595,7 @@ begin
   perform memory_private.check_id('message_id', p_message_id);
   update memory_private.messages
      set body = null, content_hash = null, removed_at = memory_private.clock_now(),
-         removal_reason = 'removed'
+         removal_reason = 'removed', scrub_pending = true
    where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
   if found then
     return 'updated';
@@ -601,8 +609,9 @@ begin
 end
 $$;
 comment on function memory.remove_message(text, text) is
-  'Records that a message was removed: its text and hash are erased at once, and every memory '
-  'that depends on it stops being recalled.';
+  'Records that a message was removed: its text and hash are erased at once, every memory '
+  'that depends on it stops being recalled, and the next retention sweep erases what was made '
+  'from it.';
 
 -- Grants: the backend reports facts; nobody else may.
 revoke all on function

@@ -1,9 +1,17 @@
--- 20_memory_state.sql: scopes, records, their source dependencies and tombstones, and the one
+-- 20_memory_state.sql: scopes, records, what each record rests on, tombstones, and the one
 -- rule that decides at read time whether a record may be recalled.
 --
 -- A scope is private (workspace, bot, private chat, user) or shared (workspace, bot, group,
--- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps the
--- full list of the messages it was made from, each with the content hash it had (V7).
+-- topic). Neither imports the other (V2-V4). A record belongs to exactly one scope and keeps two
+-- sets of messages (V7):
+--   sources       the messages its output cites, in the order the summary uses them: what
+--                 query_memories shows (20 at most) and what enters a request's citation set;
+--   dependencies  what its content was made from, each message with the content hash it had:
+--                 the cited messages, plus every dependency of the memories the output declared
+--                 it reused, plus any uncited message whose words the summary repeats (the
+--                 defence in depth of commit_job). Never the rest of what the model saw.
+-- Validity, forgetting, retention and grants act on the dependencies (T1, T7, T8), so a record
+-- outlives every message it was not made from.
 
 create table memory_private.scopes (
   workspace_id text not null,
@@ -16,6 +24,7 @@ create table memory_private.scopes (
   recall_enabled boolean not null default true,
   index_text text check (octet_length(index_text) <= 4500),
   index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
+  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= 48),
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -24,12 +33,18 @@ create table memory_private.scopes (
   foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade,
   check ((kind = 'private' and user_id is not null and topic_id is null)
       or (kind = 'shared' and user_id is null and topic_id is not null)),
-  check ((index_text is null) = (index_record_ids is null))
+  check ((index_text is null) = (index_record_ids is null)),
+  check ((index_text is null) = (index_candidate_ids is null)),
+  check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
   'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
-  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids) and whether a '
-  'consolidation is due.';
+  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids, and the <= 48 candidates '
+  'it was built from) and whether a consolidation is due.';
+comment on column memory_private.scopes.index_candidate_ids is
+  'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
+  'of them, so the index depends on all of them: a reader gets it only while every candidate is '
+  'valid for that reader, and deleting any candidate drops it.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -75,15 +90,35 @@ create table memory_private.record_sources (
   workspace_id text not null,
   record_id bigint not null,
   message_id text not null,
-  content_hash text not null,
+  position integer not null check (position >= 1),
   primary key (workspace_id, record_id, message_id),
+  unique (workspace_id, record_id, position),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
 comment on table memory_private.record_sources is
-  'Every source dependency of a record: the message and the content hash it had when used.';
+  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
+  'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
+  'dependency (memory_private.record_dependencies holds its content hash).';
 
-create index record_sources_message_idx on memory_private.record_sources (workspace_id, message_id);
+create table memory_private.record_dependencies (
+  workspace_id text not null,
+  record_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  via text not null check (via in ('cited', 'reused', 'repeated')),
+  primary key (workspace_id, record_id, message_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.record_dependencies is
+  'What a record''s content was made from: each message with the content hash it had when used, '
+  'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
+  'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
+  'Validity, forgetting, retention and grants act on these (T1, T7, T8).';
+
+create index record_dependencies_message_idx
+  on memory_private.record_dependencies (workspace_id, message_id);
 
 create table memory_private.tombstones (
   workspace_id text not null,
@@ -222,7 +257,7 @@ create function memory_private.record_invalid_reason(
                               and t.scope_id = p_record.scope_id
                               and t.message_id = rs.message_id) then 'forgotten'
             end
-       from memory_private.record_sources rs
+       from memory_private.record_dependencies rs
        join memory_private.messages m
          on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
       where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
@@ -255,7 +290,7 @@ $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
   'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
   'off, bot inactive or replaced, group unlinked, membership, a '
-  'source removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
+  'dependency removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
   'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
   'the requester''s membership and grants are not checked.';
 
@@ -337,7 +372,7 @@ begin
                                             and t.scope_id = p_scope_id
                                             and t.message_id = rs.message_id) then 4
                        end)]
-                from memory_private.record_sources rs
+                from memory_private.record_dependencies rs
                 join memory_private.messages m
                   on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
                where rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id),

@@ -369,22 +369,27 @@ create function memory_private.validate_output(p_job memory_private.jobs, p_outp
 declare
   v_keys text[];
   v_expected text[];
+  v_optional text[];
   v_title text;
   v_summary text;
   v_index text;
   v_ids text[];
+  v_reused bigint[];
   v_record_ids bigint[];
   v_bad text;
   v_limits jsonb := memory_private.job_limits();
 begin
   v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
                                  else array['index', 'record_ids'] end;
+  -- reused_ids is optional: an output that declares no reuse may leave it out.
+  v_optional := case p_job.phase when 'extract' then array['reused_ids'] else '{}' end;
   if p_output is null or jsonb_typeof(p_output) <> 'object' then
     raise exception 'the % output must be a JSON object with keys %', p_job.phase,
       array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
-  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k where k <> all (v_expected);
+  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k
+   where k <> all (v_expected || v_optional);
   if v_bad is not null then
     raise exception 'the % output has unknown keys: %', p_job.phase, v_bad using errcode = 'MB023';
   end if;
@@ -403,12 +408,35 @@ begin
                    where jsonb_typeof(e) <> 'string') then
       raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
     end if;
+    if jsonb_typeof(coalesce(p_output -> 'reused_ids', '[]')) <> 'array'
+       or exists (select 1 from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]')) e
+                   where case when jsonb_typeof(e) <> 'number' then true
+                              else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
+                                   or (e #>> '{}')::numeric not between 1 and 9223372036854775807
+                         end) then
+      raise exception 'reused_ids must be an array of memory ids (positive integers)'
+        using errcode = 'MB023';
+    end if;
     v_title := p_output ->> 'title';
     v_summary := p_output ->> 'summary';
-    v_ids := array(select distinct e from jsonb_array_elements_text(p_output -> 'source_ids') e
-                    order by e);
+    -- The sources in the order the output lists them (the order the summary uses them), each
+    -- once, at its first place.
+    v_ids := array(select e.id
+                     from jsonb_array_elements_text(p_output -> 'source_ids')
+                          with ordinality as e(id, n)
+                    group by e.id order by min(e.n));
+    v_reused := array(select e.id
+                        from (select (x #>> '{}')::numeric::bigint as id, n
+                                from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]'))
+                                     with ordinality as a(x, n)) e
+                       group by e.id order by min(e.n));
     if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
-      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb);
+      if cardinality(v_reused) > 0 then
+        raise exception 'an empty (no-op) output reuses no memory: reused_ids must be empty'
+          using errcode = 'MB023';
+      end if;
+      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb,
+                                'reused_ids', '[]'::jsonb);
     end if;
     if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
       raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
@@ -429,6 +457,14 @@ begin
       raise exception 'source ids not in the job''s batch: %', left(v_bad, 500)
         using errcode = 'MB023';
     end if;
+    -- Reuse can only be declared of a memory the model was shown with the batch (P5).
+    select string_agg(x::text, ', ') into v_bad from unnest(v_reused) as x
+     where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'existing') e
+                        where e::bigint = x);
+    if v_bad is not null then
+      raise exception 'reused ids not among the memories shown with the batch: %',
+        left(v_bad, 500) using errcode = 'MB023';
+    end if;
     v_title := memory_private.redact(v_title);
     v_summary := memory_private.redact(v_summary);
     if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
@@ -437,7 +473,7 @@ begin
         using errcode = 'MB023';
     end if;
     return jsonb_build_object('title', v_title, 'summary', v_summary,
-                              'source_ids', to_jsonb(v_ids));
+                              'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
   end if;
 
   -- consolidate
@@ -491,8 +527,9 @@ end
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract: {"title", "summary", "source_ids"} (all empty = no-op; title <= 300 and summary '
-  '<= 4,000 UTF-8 bytes; ids within the batch). consolidate: {"index", "record_ids"} (index '
+  'extract: {"title", "summary", "source_ids", "reused_ids"?} (all empty = no-op; title <= 300 '
+  'and summary <= 4,000 UTF-8 bytes; source ids within the batch, kept in the order given; '
+  'reused ids among the memories shown with the batch). consolidate: {"index", "record_ids"} (index '
   'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
 
 create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
@@ -928,6 +965,7 @@ declare
   v_attempt memory_private.job_attempts;
   v_usage jsonb;
   v_output jsonb;
+  v_reason text;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   select * into v_attempt from memory_private.job_attempts
@@ -939,6 +977,14 @@ begin
   end if;
   v_usage := memory_private.check_usage(p_usage);
   v_output := memory_private.validate_output(v_job, p_output);
+  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
+  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
+             'supersedes the job.';
+  end if;
   update memory_private.job_attempts
      set outcome = 'ok', input_tokens = (v_usage ->> 'input_tokens')::integer,
          output_tokens = (v_usage ->> 'output_tokens')::integer,
@@ -957,8 +1003,168 @@ $$;
 comment on function memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb) is
   'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
   'transcript (P19): validated (MB023) and redacted, with its usage; closes the attempt as ok '
-  'and charges the originating request. An invalid output changes nothing: report it with '
-  'fail_job(..., ''failed'', error, usage).';
+  'and charges the originating request. An invalid output (MB023) or an input that changed '
+  'since the claim (MB021) changes nothing: report it with fail_job(..., ''failed'', error, '
+  'usage).';
+
+create function memory_private.passages(p_text text) returns text[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
+  -- its own (those scripts do not separate words with spaces).
+  with w as (
+    select array_agg(m.t[1] order by m.n) as a
+      from regexp_matches(lower(p_text),
+             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
+           with ordinality as m(t, n)
+  )
+  select coalesce(array(select distinct array_to_string(w.a[i:i + 7], ' ')
+                          from generate_series(1, cardinality(w.a) - 7) as i), '{}')
+    from w
+$$;
+comment on function memory_private.passages(text) is
+  'Every run of eight consecutive words of a text (lower case; a CJK character counts as a '
+  'word): what commit_job compares to find a summary that repeats an uncited message.';
+
+create function memory_private.repeated_sources(
+  p_job memory_private.jobs, p_summary text, p_cited text[]
+) returns table (message_id text, content_hash text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Defence in depth for provenance: a model may lean on a batch message without citing it. A
+  -- summary that repeats eight consecutive words of an uncited message depends on that message
+  -- too. Paraphrase passes unseen; docs/retention.md says what this trades.
+  with said as (
+    select distinct p from unnest(memory_private.passages(p_summary)) as p
+  ), uncited as (
+    select s.id, s.hash, m.body
+      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+      join memory_private.messages m
+        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+     where s.id <> all (p_cited) and m.content_hash = s.hash
+  )
+  select distinct u.id, u.hash
+    from uncited u
+   cross join lateral unnest(memory_private.passages(u.body)) as q(p)
+    join said on said.p = q.p
+$$;
+comment on function memory_private.repeated_sources(memory_private.jobs, text, text[]) is
+  'The uncited messages of an extraction batch whose words the summary repeats (eight '
+  'consecutive words, memory_private.passages), with the hash the job saw: commit_job adds them '
+  'to the record''s dependencies (via = repeated).';
+
+create function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_cited text[] := array(select jsonb_array_elements_text(p_output -> 'source_ids'));
+  v_reused bigint[] := array(select jsonb_array_elements_text(p_output -> 'reused_ids')::bigint);
+  v_dep_ids text[];
+  v_dep_hashes text[];
+  v_dep_via text[];
+  v_record_id bigint;
+begin
+  -- The dependencies: the cited messages at the hash the job saw, every dependency of the
+  -- memories the output declared it reused (P5: existing memory accompanies the batch; what it
+  -- rests on stays tracked without resending it), and uncited messages the summary repeats.
+  -- A message that counts twice is kept once, under its first reason in that order.
+  select array_agg(d.message_id order by d.message_id),
+         array_agg(d.content_hash order by d.message_id),
+         array_agg(d.via order by d.message_id)
+    into v_dep_ids, v_dep_hashes, v_dep_via
+    from (select distinct on (u.message_id) u.message_id, u.content_hash, u.via
+            from (select s.id as message_id, s.hash as content_hash, 'cited' as via, 1 as rank
+                    from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+                   where s.id = any (v_cited)
+                  union all
+                  select rd.message_id, rd.content_hash, 'reused', 2
+                    from memory_private.record_dependencies rd
+                   where rd.workspace_id = p_job.workspace_id and rd.record_id = any (v_reused)
+                  union all
+                  select r.message_id, r.content_hash, 'repeated', 3
+                    from memory_private.repeated_sources(p_job, p_output ->> 'summary', v_cited) r
+                 ) u
+           order by u.message_id, u.rank) d;
+
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
+         p_output ->> 'summary',
+         -- Statements are attributed to the people whose messages the record rests on (V9);
+         -- grants follow every repository those messages drew on (V6).
+         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
+                    filter (where m.role = 'user'), '{}'),
+         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
+         coalesce(array(select distinct x from memory_private.messages mm,
+                                              unnest(mm.repositories) as x
+                         where mm.workspace_id = p_job.workspace_id
+                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
+         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
+    from memory_private.messages m
+    join memory_private.requests q
+      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
+  returning record_id into v_record_id;
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  select p_job.workspace_id, v_record_id, c.id, c.n::integer
+    from unnest(v_cited) with ordinality as c(id, n);
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via)
+  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
+    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
+  perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
+  return jsonb_build_object('record_id', v_record_id,
+                            'sources', cardinality(v_cited),
+                            'dependencies', cardinality(v_dep_ids),
+                            'repeated', (select count(*) from unnest(v_dep_via) v
+                                          where v = 'repeated'));
+end
+$$;
+comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
+  'Writes the record of a validated, non-empty extraction output: its sources (the cited '
+  'messages in the order given), its dependencies (cited, reused, repeated) with the hashes '
+  'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
+  'scope due for consolidation. Returns the record id and the counts.';
+
+create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_ids bigint[] := array(select jsonb_array_elements_text(p_output -> 'record_ids')::bigint);
+  v_candidates bigint[] := array(select x::bigint
+                                   from jsonb_array_elements_text(p_job.input -> 'candidates') x);
+  v_still_due boolean;
+begin
+  -- A record made after the snapshot changes the candidates: the index is still written, and
+  -- the scope stays due for another consolidation.
+  v_still_due := array(select x from unnest(memory_private.recent_valid_records(
+                                p_job.workspace_id, p_job.scope_id, 48)) x order by x)
+                 <> array(select x from unnest(v_candidates) x order by x);
+  -- The index text may speak of any candidate the model saw: it depends on all of them.
+  update memory_private.scopes
+     set index_text = p_output ->> 'index', index_record_ids = v_ids,
+         index_candidate_ids = v_candidates, index_built_at = v_now,
+         consolidation_due_at = case when v_still_due
+                                     then coalesce(consolidation_due_at, v_now) end
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
+                            'index_candidates', cardinality(v_candidates),
+                            'consolidation_still_due', v_still_due);
+end
+$$;
+comment on function memory_private.write_index(memory_private.jobs, jsonb) is
+  'Writes a validated consolidation output as the scope index, with every candidate the model '
+  'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
+  'changed since the snapshot.';
 
 create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token uuid)
   returns jsonb
@@ -971,13 +1177,6 @@ declare
   v_reason text;
   v_output jsonb;
   v_now timestamptz := memory_private.clock_now();
-  v_record_id bigint;
-  v_cited text[];
-  v_speakers text[];
-  v_threads text[];
-  v_repos text[];
-  v_ids bigint[];
-  v_still_due boolean;
   v_result jsonb;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
@@ -988,96 +1187,33 @@ begin
       p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
       hint = 'Drop the work: maintenance stops the job.';
   end if;
-  if v_job.checkpoint is null then
-    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
-      hint = 'Call memory.save_checkpoint with the model output first.';
-  end if;
   v_reason := memory_private.job_stale_reason(v_job);
   if v_reason is not null then
     raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
       hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
   end if;
+  if v_job.checkpoint is null then
+    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
+      hint = 'Call memory.save_checkpoint with the model output first.';
+  end if;
   v_output := memory_private.validate_output(v_job, v_job.checkpoint -> 'output');
 
   if v_job.phase = 'extract' then
+    v_result := jsonb_build_object('record_id', null);
     if v_output ->> 'title' <> '' then
-      v_cited := array(select jsonb_array_elements_text(v_output -> 'source_ids'));
-      -- Statements are attributed to the users whose messages the summary cites.
-      v_speakers := array(
-        select distinct m.speaker_id from memory_private.messages m
-         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited)
-           and m.role = 'user' order by 1);
-      if cardinality(v_speakers) = 0 then
-        v_speakers := array(
-          select distinct m.speaker_id
-            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-            join memory_private.messages m
-              on m.workspace_id = p_workspace_id and m.message_id = s.id
-           where m.role = 'user' order by 1);
-      end if;
-      v_threads := array(
-        select distinct r.thread_id from memory_private.messages m
-          join memory_private.requests r
-            on r.workspace_id = m.workspace_id and r.request_id = m.request_id
-         where m.workspace_id = p_workspace_id and m.message_id = any(v_cited) order by 1);
-      -- Grants: every repository the batch or the memories shown with it drew on.
-      v_repos := array(
-        select distinct x from (
-          select unnest(m.repositories) as x
-            from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-            join memory_private.messages m
-              on m.workspace_id = p_workspace_id and m.message_id = s.id
-          union
-          select unnest(rec.repositories)
-            from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
-            join memory_private.records rec
-              on rec.workspace_id = p_workspace_id and rec.record_id = e.id::bigint) u
-         order by 1);
-      insert into memory_private.records
-        (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-         bot_identity, origin_request_id, created_at)
-      values (p_workspace_id, v_job.scope_id, 'extracted', v_output ->> 'title',
-              v_output ->> 'summary', v_speakers, v_threads, v_repos,
-              v_job.input ->> 'bot_identity', v_job.origin_request_id, v_now)
-      returning record_id into v_record_id;
-      -- Dependencies: every source of the batch (the model saw all of them) with the hash it
-      -- had, plus every dependency of the existing memories shown with it (P5).
-      insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
-      select distinct on (d.message_id) p_workspace_id, v_record_id, d.message_id, d.content_hash
-        from (select s.id as message_id, s.hash as content_hash
-                from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-              union all
-              select rs.message_id, rs.content_hash
-                from jsonb_array_elements_text(v_job.input -> 'existing') as e(id)
-                join memory_private.record_sources rs
-                  on rs.workspace_id = p_workspace_id and rs.record_id = e.id::bigint) d
-       order by d.message_id;
-      perform memory_private.mark_consolidation_due(p_workspace_id, v_job.scope_id);
+      v_result := memory_private.write_extraction(v_job, v_output);
     end if;
+    -- The batch is handled at these hashes, also by an empty (no-op) output.
     insert into memory_private.extracted_sources
       (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
     select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
       from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
     on conflict do nothing;
-    v_result := jsonb_build_object('status', 'committed', 'phase', 'extract',
-                                   'record_id', v_record_id,
-                                   'noop', v_record_id is null);
+    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
+                                               'noop', v_result ->> 'record_id' is null);
   else
-    v_ids := array(select jsonb_array_elements_text(v_output -> 'record_ids')::bigint);
-    -- A record made after the snapshot changes the candidates: the index is still written, and
-    -- the scope stays due for another consolidation.
-    v_still_due := array(select x from unnest(memory_private.recent_valid_records(
-                                  p_workspace_id, v_job.scope_id, 48)) x order by x)
-                   <> array(select x::bigint from jsonb_array_elements_text(
-                                  v_job.input -> 'candidates') x order by 1);
-    update memory_private.scopes
-       set index_text = v_output ->> 'index', index_record_ids = v_ids, index_built_at = v_now,
-           consolidation_due_at = case when v_still_due
-                                       then coalesce(consolidation_due_at, v_now) end
-     where workspace_id = p_workspace_id and scope_id = v_job.scope_id;
-    v_result := jsonb_build_object('status', 'committed', 'phase', 'consolidate',
-                                   'index_record_ids', to_jsonb(v_ids),
-                                   'consolidation_still_due', v_still_due);
+    v_result := memory_private.write_index(v_job, v_output)
+                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
   end if;
 
   update memory_private.jobs
@@ -1090,10 +1226,10 @@ $$;
 comment on function memory.commit_job(text, bigint, uuid) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
   'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
-  '(MB021). extract: one record with all batch sources (and the dependencies of the memories '
-  'shown with it) as dependencies, the batch marked extracted, the scope due for '
-  'consolidation; an empty output only marks the batch. consolidate: the scope index. All or '
-  'nothing.';
+  '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
+  'are what it was made from (cited, reused, repeated), the batch marked extracted, the scope '
+  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
+  'depending on every candidate. All or nothing.';
 
 create function memory.fail_job(
   p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,

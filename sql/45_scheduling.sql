@@ -276,6 +276,7 @@ begin
     end if;
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
+           index_candidate_ids = null,
            index_built_at = null
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);

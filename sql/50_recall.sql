@@ -1,15 +1,21 @@
 -- 50_recall.sql: what a running interactive request sees of its scope's memories (R1-R8).
 --
 -- memory.recall gives a new request the compact index of its scope (or, while a consolidation is
--- pending, a bounded directory of up to eight records), labelled as historical reference data.
--- What it gave is frozen for the request: a later call returns the same content, minus every
--- record that stopped being valid since (R3). memory.query_memories browses or literally searches
--- the valid records of the request's scope; the source ids it returns join the request's citation
--- set, and usage is counted once per tool call id (R4-R7). Every read decides validity from
--- current facts with memory_private.record_invalid_reason (V6), through its set form
--- memory_private.invalid_records (the same rule, kept equal by a test), which validates the
--- records a call shows in one query. Scheduled requests read nothing
--- (V5); a scope with recall turned off shows nothing (C8).
+-- pending or the index rests on a record the reader may not read now, a bounded directory of up
+-- to eight records), labelled as historical reference data. What it gave is frozen for the
+-- request: a later call returns the same content, minus every record that stopped being valid
+-- since, and without the index text once any record it was built from did (R3).
+-- memory.query_memories browses or literally searches the valid records of the request's scope;
+-- the sources of the records it returns make the request's citation set, and usage is counted
+-- once per tool call id (R4-R7). Every read decides validity from current facts with
+-- memory_private.record_invalid_reason (V6), through its set form memory_private.invalid_records
+-- (the same rule, kept equal by a test). Scheduled requests read nothing (V5); a scope with
+-- recall turned off shows nothing (C8).
+--
+-- Provenance of an answer: every call stores the ids of the messages the records it showed were
+-- made from (their dependencies, not only the sources shown), so the answer's retention
+-- boundary and the sweep of derived answers follow them even after those records are gone (T2,
+-- T3). Only ids are kept: no text, no hash.
 
 create table memory_private.request_recall (
   workspace_id text not null,
@@ -19,42 +25,26 @@ create table memory_private.request_recall (
   index_text text check (octet_length(index_text) <= 4500),
   index_withdrawn boolean not null default false,
   record_ids bigint[] not null default '{}' check (cardinality(record_ids) <= 12),
+  basis_record_ids bigint[] not null default '{}' check (cardinality(basis_record_ids) <= 48),
+  dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   primary key (workspace_id, request_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   check (index_text is null or mode = 'index'),
-  check (mode in ('index', 'directory') or cardinality(record_ids) = 0)
+  check (mode in ('index', 'directory') or cardinality(record_ids) = 0),
+  check (record_ids <@ basis_record_ids)
 );
 comment on table memory_private.request_recall is
   'What memory.recall gave a request on its first call, frozen for the request: the mode, the '
-  'index text (index mode) and the record ids shown. Records are immutable, so ids are enough to '
-  'show the same content again; each later read re-checks them. A forget withdraws the frozen '
-  'index text of every in-flight request whose index named a forgotten record (T7).';
+  'index text (index mode), the record ids shown, the records the content was made from (index '
+  'mode: every candidate of the index; directory mode: the records shown) and the ids of the '
+  'messages those records depend on (the answer''s provenance, T2, T3). Records are immutable, '
+  'so ids are enough to show the same content again; each later read re-checks them. The index '
+  'text is erased as soon as a record it was built from is deleted (forget, retention, pruning) '
+  'and withheld while one is not valid for the reader.';
 
 create index request_recall_scope_idx on memory_private.request_recall (workspace_id, scope_id);
-
-create table memory_private.request_citations (
-  workspace_id text not null,
-  request_id text not null,
-  message_id text not null,
-  record_id bigint not null,
-  scope_id bigint not null,
-  content_hash text not null,
-  created_at timestamptz not null,
-  primary key (workspace_id, request_id, message_id, record_id),
-  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
-  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
-);
-comment on table memory_private.request_citations is
-  'Source messages query_memories returned to a request (R6), with the record that carried them '
-  'and the hash they had. Kept after the record is pruned: it is the provenance of the answer '
-  '(retention boundary, derived-answer sweeps). memory.request_citations filters it to what may '
-  'still be cited.';
-
-create index request_citations_message_idx
-  on memory_private.request_citations (workspace_id, message_id);
 
 create table memory_private.tool_calls (
   workspace_id text not null,
@@ -65,6 +55,7 @@ create table memory_private.tool_calls (
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
   record_ids bigint[] not null default '{}',
+  dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   updated_at timestamptz not null,
   primary key (workspace_id, request_id, tool_call_id),
@@ -74,6 +65,13 @@ comment on table memory_private.tool_calls is
   'One row per memory tool call id of a request, so a replayed call is recognised: usage is '
   'counted once (R7) and a manage_memory change is applied once (C9). Content-free: the '
   'arguments are kept as a hash only, the outcome names ids and says what happened.';
+comment on column memory_private.tool_calls.record_ids is
+  'query_memories: every record the call (and its replays) returned; their first 20 sources are '
+  'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
+comment on column memory_private.tool_calls.dependency_ids is
+  'query_memories: the ids of every message the returned records depend on (not only the 20 '
+  'sources shown): the answer''s provenance for its retention boundary and the derived-answer '
+  'sweep (T2, T3). Ids only.';
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';
@@ -246,6 +244,18 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in.';
 
+create function memory_private.record_dependency_ids(p_workspace_id text, p_record_ids bigint[])
+  returns text[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select array(select distinct d.message_id from memory_private.record_dependencies d
+                where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids))
+$$;
+comment on function memory_private.record_dependency_ids(text, bigint[]) is
+  'The ids of every message the given records depend on: the provenance a read stores for its '
+  'request.';
+
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
 ) returns jsonb
@@ -268,12 +278,12 @@ begin
   if p_frozen.mode = 'none' then
     return jsonb_build_object('mode', 'none');
   end if;
-  -- Re-check every frozen record against current facts; drop those no longer valid (R3). The
+  -- Re-check every record the frozen content was made from against current facts (R3). The
   -- first call has just validated them (p_valid_ids) and does not do it twice.
   if v_valid is null then
     v_valid := array(select v.record_id
                        from memory_private.invalid_records(p_frozen.workspace_id,
-                              p_frozen.scope_id, p_frozen.record_ids, p_requester) v
+                              p_frozen.scope_id, p_frozen.basis_record_ids, p_requester) v
                       where v.reason is null);
   end if;
   select coalesce(jsonb_agg(memory_private.record_brief(r, p_frozen.mode = 'directory')
@@ -284,8 +294,11 @@ begin
     join memory_private.records r
       on r.workspace_id = p_frozen.workspace_id and r.record_id = f.record_id
    where f.record_id = any(v_valid);
+  -- The index text may speak of any record it was built from: it is shown only while every one
+  -- of them is valid for this reader.
   v_withdrawn := p_frozen.mode = 'index'
-                 and (p_frozen.index_withdrawn or v_shown < cardinality(p_frozen.record_ids));
+                 and (p_frozen.index_withdrawn or p_frozen.index_text is null
+                      or not p_frozen.basis_record_ids <@ v_valid);
   return jsonb_build_object(
            'mode', p_frozen.mode,
            'label', memory_private.recall_label(v_scope.kind),
@@ -301,10 +314,11 @@ begin
 end
 $$;
 comment on function memory_private.recall_payload(memory_private.request_recall, text, bigint[]) is
-  'Builds the recall answer from the frozen content, re-checking the records now in one set '
-  '(memory_private.invalid_records) unless the caller has just validated them (p_valid_ids): '
-  'invalid ones are dropped, and an index that names a dropped record is withdrawn (its text '
-  'may carry what the record said). Recall turned off since shows nothing.';
+  'Builds the recall answer from the frozen content, re-checking now, in one set '
+  '(memory_private.invalid_records), every record it was made from, unless the caller has just '
+  'validated them (p_valid_ids): invalid records are dropped, and the index text is withheld '
+  'once any record it was built from (any candidate, named or not) is not valid for the reader '
+  'or is gone. Recall turned off since shows nothing.';
 
 -- Recall ---------------------------------------------------------------------------------------
 
@@ -319,6 +333,7 @@ declare
   v_mode text;
   v_index text;
   v_ids bigint[];
+  v_basis bigint[] := '{}';
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   if v_request.kind <> 'interactive' then
@@ -337,33 +352,39 @@ begin
     v_ids := '{}';
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
-      -- The index holds when every record it names is still valid (one set validation).
-      v_ids := array(select v.record_id
-                       from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                              v_scope.index_record_ids, v_request.user_id) v
-                      where v.reason is null);
-      if v_scope.index_record_ids <@ v_ids then
+      -- The index holds for this reader when every record it was built from (every candidate
+      -- the model saw, not only those it names) is valid for them (one set validation).
+      v_basis := array(select v.record_id
+                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
+                                v_scope.index_candidate_ids, v_request.user_id) v
+                        where v.reason is null);
+      if v_scope.index_candidate_ids <@ v_basis then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;
+        v_basis := v_scope.index_candidate_ids;
       end if;
     end if;
     if v_mode is null then
-      -- Consolidation pending, no index, or the index names a record no longer valid (R2).
+      -- Consolidation pending, no index, or the index rests on a record this reader may not
+      -- read now (R2).
       v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, 8,
                                                    v_request.user_id);
+      v_basis := v_ids;
       v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
     end if;
   end if;
   insert into memory_private.request_recall
-    (workspace_id, request_id, scope_id, mode, index_text, record_ids, created_at)
-  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids,
+    (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
+     dependency_ids, created_at)
+  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
+          memory_private.record_dependency_ids(p_workspace_id, v_basis),
           memory_private.clock_now())
   on conflict (workspace_id, request_id) do nothing
   returning * into v_frozen;
   if found then
     -- Frozen now from records validated above: the payload does not validate them again.
-    return memory_private.recall_payload(v_frozen, v_request.user_id, v_ids);
+    return memory_private.recall_payload(v_frozen, v_request.user_id, v_basis);
   end if;
   -- A concurrent first call froze it first: show what it froze, checked now.
   select * into strict v_frozen from memory_private.request_recall
@@ -373,11 +394,14 @@ end
 $$;
 comment on function memory.recall(text, text) is
   'The memories a new interactive request starts with, labelled as historical reference data '
-  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, or '
-  '{"mode":"directory"} with up to eight valid records, newest first, while a consolidation is '
-  'pending or the index names a record no longer valid (R1, R2); {"mode":"none"} when there is '
-  'nothing (and for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen '
-  'on the first call: later calls return the same content minus records no longer valid (R3).';
+  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, when every '
+  'record it was built from is valid for the requester, or {"mode":"directory"} with up to '
+  'eight valid records, newest first, while a consolidation is pending or the index rests on a '
+  'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
+  'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
+  'call: later calls return the same content minus records no longer valid, and the index text '
+  'only while every record it was built from still is (R3). Stores the ids of the messages '
+  'those records depend on as the request''s provenance (T2).';
 
 -- query_memories -------------------------------------------------------------------------------
 
@@ -444,31 +468,16 @@ begin
   v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
                                                v_request.user_id, v_query, v_id);
 
-  -- One pass over the shown records' sources feeds the details (first 20 ids, count,
-  -- overflow) and the request's citation set (R6; idempotent on replay).
-  with src as materialized (
-    select rs.record_id, rs.message_id, rs.content_hash,
-           row_number() over (partition by rs.record_id order by m.created_at, rs.message_id)
-             as rank,
-           count(*) over (partition by rs.record_id) as total
-      from memory_private.record_sources rs
-      join memory_private.messages m
-        on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
-  ), cited as (
-    insert into memory_private.request_citations
-      (workspace_id, request_id, message_id, record_id, scope_id, content_hash, created_at)
-    select p_workspace_id, p_request_id, src.message_id, src.record_id, v_scope.scope_id,
-           src.content_hash, v_now
-      from src
-     where src.rank <= 20
-    on conflict do nothing
-  ), per_record as materialized (
-    select src.record_id,
-           jsonb_agg(src.message_id order by src.rank) filter (where src.rank <= 20)
+  -- The shown records' sources, in the order their summaries use them: the first 20 of each
+  -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
+  with per_record as materialized (
+    select rs.record_id,
+           jsonb_agg(rs.message_id order by rs.position) filter (where rs.position <= 20)
              as source_ids,
-           max(src.total) as total
-      from src group by src.record_id
+           count(*) as total
+      from memory_private.record_sources rs
+     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
+     group by rs.record_id
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
@@ -479,14 +488,22 @@ begin
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
     left join per_record d on d.record_id = f.record_id;
 
+  -- What the call returned, and every message those records depend on (the answer's
+  -- provenance, T2, T3), kept with the tool call; a replay adds what it returned.
+  update memory_private.tool_calls
+     set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+         dependency_ids = array(select distinct x
+                                  from unnest(dependency_ids
+                                              || memory_private.record_dependency_ids(
+                                                   p_workspace_id, v_ids)) x order by 1),
+         updated_at = v_now
+   where workspace_id = p_workspace_id and request_id = p_request_id
+     and tool_call_id = p_tool_call_id;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
     update memory_private.records
        set last_used_at = v_now, usage_count = usage_count + 1
      where workspace_id = p_workspace_id and record_id = any(v_ids);
-    update memory_private.tool_calls set record_ids = v_ids, updated_at = v_now
-     where workspace_id = p_workspace_id and request_id = p_request_id
-       and tool_call_id = p_tool_call_id;
   end if;
 
   return jsonb_build_object(
@@ -503,8 +520,10 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
   'first, or searches titles and summaries for the literal, case-insensitive query, among the '
   'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids, the source count and '
-  'overflow, and dates (R4, R5). The source ids join the request''s citation set (R6). Usage is '
+  'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
+  'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
+  'R5). The source ids join the request''s citation set (R6); the ids of every message the '
+  'returned records depend on are kept as the request''s provenance (T2). Usage is '
   'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
   'was used with other arguments; MB005 for a scheduled request.';
 
@@ -517,44 +536,42 @@ create function memory.request_citations(p_workspace_id text, p_request_id text)
   as $$
 declare
   v_request memory_private.requests;
-  v_now timestamptz := memory_private.clock_now();
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   return query
-    with cited as materialized (
-      select c.* from memory_private.request_citations c
-       where c.workspace_id = p_workspace_id and c.request_id = p_request_id
-    ), checked as materialized (
-      -- The records that carried them, validated as one set per scope.
-      select v.record_id, v.reason
-        from (select distinct cited.scope_id from cited) s
+    with shown as materialized (
+      select r.record_id, r.scope_id
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id
+         and r.record_id in (select unnest(c.record_ids) from memory_private.tool_calls c
+                              where c.workspace_id = p_workspace_id
+                                and c.request_id = p_request_id
+                                and c.tool = 'query_memories')
+    ), valid as materialized (
+      -- The records that carried them, validated as one set per scope: a record that is gone
+      -- or not valid now for the requester authorizes nothing (its sources may be edited,
+      -- removed, expired or forgotten, or the reader may have lost access).
+      select v.record_id
+        from (select distinct shown.scope_id from shown) s
        cross join lateral memory_private.invalid_records(
                p_workspace_id, s.scope_id,
-               array(select distinct x.record_id from cited x where x.scope_id = s.scope_id),
+               array(select x.record_id from shown x where x.scope_id = s.scope_id),
                v_request.user_id) v
+       where v.reason is null
     )
-    select distinct c.message_id
-      from cited c
-      join memory_private.messages m
-        on m.workspace_id = c.workspace_id and m.message_id = c.message_id
-      left join memory_private.records r
-        on r.workspace_id = c.workspace_id and r.record_id = c.record_id
-      left join checked v on v.record_id = c.record_id
-     where m.body is not null and m.content_hash = c.content_hash
-       and (m.retain_until is null or m.retain_until > v_now)
-       and not exists (select 1 from memory_private.tombstones t
-                        where t.workspace_id = c.workspace_id and t.scope_id = c.scope_id
-                          and t.message_id = c.message_id)
-       -- Pruned since (no record) still counts; an existing record must be valid now.
-       and (r.record_id is null or (v.record_id is not null and v.reason is null))
+    select distinct rs.message_id
+      from valid
+      join memory_private.record_sources rs
+        on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
+     where rs.position <= 20
      order by 1;
 end
 $$;
 comment on function memory.request_citations(text, text) is
-  'The request''s authorized citation set: the source message ids query_memories returned to it '
-  '(R6) that may still be cited now (the message is retained and unchanged, and the record that '
-  'carried it is still valid for the requester or was only pruned, and the source was not '
-  'forgotten in the scope).';
+  'The request''s authorized citation set (R6): the source ids query_memories showed it (the '
+  'first 20 sources of each record it returned) whose record still exists and is valid now for '
+  'the requester, so every one of them is retained, unchanged and not forgotten. A record '
+  'forgotten, purged or pruned since authorizes nothing.';
 
 revoke all on function
   memory.recall(text, text),

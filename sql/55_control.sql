@@ -5,8 +5,9 @@
 -- the request's current human message (sourceId), and that message itself must directly ask for
 -- the action, in English or Chinese (memory_private.classify_request). Quoted history, tool output,
 -- assistant text, questions about the feature and negative requests are refused. Permissions:
--- private scope, its user (C5); group topic, a participant adds notes and forgets records made
--- only of their own statements (C6); everything else in a group needs an active owner/admin (C7).
+-- private scope, its user (C5); group topic, a participant adds notes and forgets when every
+-- record the forget removes holds only their own statements (C6); everything else in a group
+-- needs an active owner/admin (C7).
 -- A change is committed with the call (C4); a replayed tool call id returns the stored outcome
 -- once more, after re-checking that the caller still has the standing it needed (C9).
 
@@ -223,65 +224,141 @@ $$;
 comment on function memory_private.note_title(text) is
   'The default title of a note: the first words of the message (at most 60 characters).';
 
--- Forgetting -----------------------------------------------------------------------------------
+-- Removing records -------------------------------------------------------------------------
+
+create function memory_private.delete_records(
+  p_workspace_id text, p_record_ids bigint[]
+) returns integer
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_deleted integer;
+begin
+  with gone as (
+    delete from memory_private.records
+     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
+    returning scope_id, record_id
+  ), touched as (
+    select scope_id, array_agg(record_id) as ids from gone group by scope_id
+  ), marked as (
+    -- An index depends on every candidate it was built from: losing one drops it.
+    update memory_private.scopes s
+       set consolidation_due_at = coalesce(s.consolidation_due_at, memory_private.clock_now()),
+           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
+           index_record_ids = case when s.index_candidate_ids && t.ids then null
+                                   else s.index_record_ids end,
+           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
+                                      else s.index_candidate_ids end,
+           index_built_at = case when s.index_candidate_ids && t.ids then null
+                                 else s.index_built_at end
+      from touched t
+     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning 1
+  ), withdrawn as (
+    -- In-flight recall: a frozen index text made from a deleted record goes with it (T7).
+    update memory_private.request_recall f
+       set index_text = null, index_withdrawn = true
+      from touched t
+     where f.workspace_id = p_workspace_id and f.scope_id = t.scope_id and f.mode = 'index'
+       and f.basis_record_ids && t.ids and f.index_text is not null
+    returning 1
+  )
+  select count(*) into v_deleted from gone;
+  return v_deleted;
+end
+$$;
+comment on function memory_private.delete_records(text, bigint[]) is
+  'Deletes records of one workspace (forget, retention, pruning): drops every scope index and '
+  'withdraws every frozen recall index built with one of them as a candidate, and marks their '
+  'scopes for consolidation. Returns how many were deleted.';
+
+create function memory_private.forget_set(
+  p_workspace_id text, p_scope_id bigint, p_record_id bigint
+) returns bigint[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The selected record and every record of the scope that shares a dependency with it (T7).
+  -- One step only: a record that shares a message with such a neighbour but not with the
+  -- selected record stays.
+  select array(
+    select r.record_id from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+       and (r.record_id = p_record_id
+            or exists (select 1
+                         from memory_private.record_dependencies mine
+                         join memory_private.record_dependencies d
+                           on d.workspace_id = mine.workspace_id
+                          and d.message_id = mine.message_id
+                        where mine.workspace_id = p_workspace_id
+                          and mine.record_id = p_record_id
+                          and d.record_id = r.record_id))
+     order by r.record_id)
+$$;
+comment on function memory_private.forget_set(text, bigint, bigint) is
+  'The records a forget of one record removes: it and every record of its scope that shares a '
+  'dependency with it (T7).';
+
+create function memory_private.record_owners(p_workspace_id text, p_record_ids bigint[])
+  returns table (record_id bigint, owner_id text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Whose statements a record holds: the speaker of every user message it depends on, and for
+  -- an assistant message the user whose request it answered (the bot's answer is part of that
+  -- person's conversation).
+  select distinct d.record_id, case when m.role = 'user' then m.speaker_id else q.user_id end
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    join memory_private.requests q
+      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+$$;
+comment on function memory_private.record_owners(text, bigint[]) is
+  'The people whose statements each record holds (user messages it depends on by speaker, '
+  'assistant messages by the user of the request they answered): the participant rule of '
+  'forget (C6, C7) is decided on these.';
 
 create function memory_private.forget_records(
-  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[]
+  p_workspace_id text, p_scope_id bigint, p_record_id bigint, p_record_ids bigint[]
 ) returns bigint[]
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
-  v_messages text[];
   v_now timestamptz := memory_private.clock_now();
 begin
   perform 1 from memory_private.workspaces
    where workspace_id = p_workspace_id for no key update;
   v_ids := array(select record_id from memory_private.records
                   where workspace_id = p_workspace_id and scope_id = p_scope_id
-                    and record_id = any(p_record_ids));
+                    and record_id = any(p_record_ids) order by record_id);
   if cardinality(v_ids) = 0 then
     return v_ids;
   end if;
-  -- The sources being forgotten are those of the selected records. Every record of the scope
-  -- that depends on one of them goes too (T7); a record that only shares a source with such an
-  -- overlapping record stays: forgetting one statement never forgets a neighbour's.
-  v_messages := array(select distinct message_id from memory_private.record_sources
-                       where workspace_id = p_workspace_id and record_id = any(v_ids));
-  v_ids := v_ids || array(select distinct rs.record_id
-                            from memory_private.record_sources rs
-                            join memory_private.records r
-                              on r.workspace_id = rs.workspace_id and r.record_id = rs.record_id
-                           where rs.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-                             and rs.message_id = any(v_messages)
-                             and not rs.record_id = any(v_ids));
-  -- Content-free tombstones for the forgotten sources still retained, so extraction cannot
-  -- restore them (T8); the original messages stay.
+  -- Content-free tombstones for what the selected record was made from, while those messages
+  -- are retained, so extraction cannot restore the forgotten information (T8). The other
+  -- removed records' other messages are not tombstoned: they may be extracted again, without
+  -- what was forgotten. The original messages stay.
   insert into memory_private.tombstones (workspace_id, scope_id, message_id, created_at)
   select p_workspace_id, p_scope_id, m.message_id, v_now
-    from memory_private.messages m
-   where m.workspace_id = p_workspace_id and m.message_id = any(v_messages)
-     and m.body is not null
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id and m.body is not null
   on conflict do nothing;
-  -- In-flight recall: a frozen index that named a forgotten record is withdrawn (T7).
-  update memory_private.request_recall
-     set index_text = null, index_withdrawn = true
-   where workspace_id = p_workspace_id and scope_id = p_scope_id and mode = 'index'
-     and record_ids && v_ids and not index_withdrawn;
-  delete from memory_private.records
-   where workspace_id = p_workspace_id and record_id = any(v_ids);
-  update memory_private.scopes
-     set index_text = null, index_record_ids = null, index_built_at = null,
-         consolidation_due_at = coalesce(consolidation_due_at, v_now)
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  return array(select unnest(v_ids) order by 1);
+  perform memory_private.delete_records(p_workspace_id, v_ids);
+  return v_ids;
 end
 $$;
-comment on function memory_private.forget_records(text, bigint, bigint[]) is
-  'Forgets records of one scope: writes content-free tombstones for their retained sources, '
-  'deletes them and every record of the scope that depends on one of those sources, withdraws in-flight frozen indexes naming them, clears the scope''s index and marks '
-  'it for consolidation (T7, T8). Takes the workspace lock. Returns the ids deleted.';
+comment on function memory_private.forget_records(text, bigint, bigint, bigint[]) is
+  'Forgets records of one scope: tombstones the retained dependencies of the selected record '
+  'p_record_id, then deletes p_record_ids (memory_private.forget_set: it and its neighbours), '
+  'which drops and withdraws the indexes built with them (T7, T8). Takes the workspace lock. '
+  'Returns the ids deleted.';
 
 -- manage_memory --------------------------------------------------------------------------------
 
@@ -304,6 +381,8 @@ declare
   v_summary text;
   v_title text;
   v_ids bigint[];
+  v_owners jsonb;
+  v_own_only boolean;
   v_changed boolean;
 begin
   -- The source must be the request's current human message ...
@@ -376,10 +455,10 @@ begin
       return;
     end if;
     select r.* into v_record from memory_private.records r
-      join memory_private.record_sources rs
-        on rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+      join memory_private.record_dependencies d
+        on d.workspace_id = r.workspace_id and d.record_id = r.record_id
      where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
-       and rs.message_id = v_source.message_id and rs.content_hash = v_source.content_hash
+       and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
      limit 1;
     if found then
       outcome := memory_private.control_outcome('done', p_action, 'already_remembered',
@@ -407,8 +486,12 @@ begin
       from memory_private.bots b
      where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
     returning * into strict v_record;
-    insert into memory_private.record_sources (workspace_id, record_id, message_id, content_hash)
-    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash);
+    -- A note cites, and rests on, exactly the message that asked for it (C3).
+    insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+    values (v_ws, v_record.record_id, v_source.message_id, 1);
+    insert into memory_private.record_dependencies
+      (workspace_id, record_id, message_id, content_hash, via)
+    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
     update memory_private.scopes
        set consolidation_due_at = coalesce(consolidation_due_at, v_now)
      where workspace_id = v_ws and scope_id = p_scope.scope_id;
@@ -434,29 +517,44 @@ begin
         p_memory_id);
       return;
     end if;
+    -- The participant rule applies to every record the forget would remove, not only the
+    -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
+    v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
+    select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
+      into v_owners, v_own_only
+      from (select owner_id, count(*) as n
+              from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
     authority := case when p_scope.kind = 'private' then 'scope_user'
-                      when cardinality(v_record.speaker_ids) > 0
-                           and v_record.speaker_ids <@ array[p_request.user_id] then 'participant'
+                      when coalesce(v_own_only, false) then 'participant'
                       else 'admin' end;
     v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
     if v_refusal is not null then
       outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        case when authority = 'admin'
-               then format('Memory %s holds statements of other participants; only an active '
-                           'workspace owner or admin can forget it.', p_memory_id)
+        case when authority = 'admin' and cardinality(v_ids) > 1
+               then format('Forgetting memory %s would also remove %s related memories built on '
+                           'the same messages, and together they hold statements of other '
+                           'participants; nothing was forgotten. Only an active workspace owner '
+                           'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
+             when authority = 'admin'
+               then format('Memory %s holds statements of other participants; nothing was '
+                           'forgotten. Only an active workspace owner or admin can forget it.',
+                           p_memory_id)
              else 'Not forgotten: ' || v_refusal || '.' end,
         p_memory_id);
       return;
     end if;
-    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, array[p_memory_id]);
+    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
     outcome := memory_private.control_outcome('done', p_action, 'forgotten',
-      format('Forgot memory %s%s. Its sources will not be remembered again; the original chat '
-             'messages are kept.', p_memory_id,
+      format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
+             'the original chat messages are kept.', p_memory_id,
              case when cardinality(v_ids) > 1
                   then format(' and %s related memories built on the same messages',
                               cardinality(v_ids) - 1)
-                  else '' end),
-      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids)));
+                  else '' end,
+             coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
+                         from jsonb_each_text(v_owners)), 'nobody')),
+      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
+                                      'forgotten_by_person', coalesce(v_owners, '{}')));
     return;
   end if;
 
@@ -587,8 +685,10 @@ comment on function memory.manage_memory(text, text, text, jsonb) is
   'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
   'MB004). sourceId must be the request''s current human message and that message must directly '
   'ask for the action (English or Chinese); remember stores the message itself as a note '
-  'attributed to its speaker, forget deletes the record and every record sharing its sources and '
-  'tombstones them, enable-/disable-memory toggle recall of the scope (records kept). Private '
+  'attributed to its speaker, forget deletes the record and every record sharing a dependency '
+  'with it and tombstones what the record was made from (a group participant only when all of '
+  'them hold only their own statements), enable-/disable-memory toggle recall of the scope '
+  '(records kept). Private '
   'scope: its user; group: a participant for notes and their own records, an owner/admin for '
   'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
   '"replayed"}; a replayed tool call id returns the stored outcome without applying it again, '

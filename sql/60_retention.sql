@@ -1,46 +1,17 @@
 -- 60_retention.sql: what makes memories go away and stay away (T1-T9).
 --
--- Reads already refuse a record whose sources changed (record_invalid_reason). The sweep here
--- makes that permanent and erases what must not outlive its sources:
+-- Reads already refuse a record whose dependencies changed (record_invalid_reason). The sweep
+-- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
---   2. answers derived from recalled sources that are gone are erased too, transitively (T3);
---   3. records that can never be valid again are deleted, with the index entries naming them;
---   4. tombstones whose original message is no longer retained are dropped (T8);
---   5. records unused for 30 days are pruned, and a workspace keeps at most 256 (T5).
+--   2. answers derived from recalled records that rest on an erased message are erased too,
+--      transitively (T3); what a request was shown is its provenance (request_recall and
+--      tool_calls keep the ids of every message those records depend on);
+--   3. records that can never be valid again are deleted, with every index built with them;
+--   4. what was made from an erased message is erased: frozen recall index texts, job inputs'
+--      content hashes, job checkpoints and extraction markers (messages.scrub_pending);
+--   5. tombstones whose original message is no longer retained are dropped (T8);
+--   6. records unused for 30 days are pruned, and a workspace keeps at most 256 (T5).
 -- Deleting a workspace purges every row it owns (T4).
-
-create function memory_private.delete_records(
-  p_workspace_id text, p_record_ids bigint[]
-) returns integer
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_deleted integer;
-begin
-  with gone as (
-    delete from memory_private.records
-     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
-    returning scope_id, record_id
-  ), touched as (
-    select scope_id, array_agg(record_id) as ids from gone group by scope_id
-  ), marked as (
-    update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, memory_private.clock_now()),
-           index_text = case when s.index_record_ids && t.ids then null else s.index_text end,
-           index_record_ids = case when s.index_record_ids && t.ids then null
-                                   else s.index_record_ids end
-      from touched t
-     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
-    returning 1
-  )
-  select count(*) into v_deleted from gone;
-  return v_deleted;
-end
-$$;
-comment on function memory_private.delete_records(text, bigint[]) is
-  'Deletes records of one workspace, drops every index that names one of them, and marks their '
-  'scopes for consolidation. Returns how many were deleted.';
 
 create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
   language sql volatile
@@ -48,7 +19,7 @@ create function memory_private.erase_expired_messages(p_workspace_id text) retur
   as $$
   with erased as (
     update memory_private.messages
-       set body = null, content_hash = null
+       set body = null, content_hash = null, scrub_pending = true
      where workspace_id = p_workspace_id and body is not null
        and retain_until <= memory_private.clock_now()
     returning 1
@@ -56,7 +27,23 @@ create function memory_private.erase_expired_messages(p_workspace_id text) retur
   select count(*)::integer from erased
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of every message of the workspace past its retention (T6).';
+  'Erases the text and hash of every message of the workspace past its retention (T6) and '
+  'marks it for scrubbing.';
+
+create function memory_private.request_provenance(p_workspace_id text)
+  returns table (request_id text, message_id text)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select f.request_id, unnest(f.dependency_ids)
+    from memory_private.request_recall f where f.workspace_id = p_workspace_id
+  union
+  select c.request_id, unnest(c.dependency_ids)
+    from memory_private.tool_calls c where c.workspace_id = p_workspace_id
+$$;
+comment on function memory_private.request_provenance(text) is
+  'Every (request, message) of the workspace such that the request was shown a record that '
+  'depends on the message, by recall or by query_memories (T2, T3).';
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -66,21 +53,29 @@ declare
   v_total integer := 0;
   v_round integer;
 begin
-  -- An assistant answer is derived from the sources its request cited (query_memories puts
-  -- them in the citation set). When one of them is gone, the answer goes too; an answer that
-  -- cited that answer goes next, and so on until nothing changes (T3).
+  -- An assistant answer is derived from every message its request's recalled records depend
+  -- on. When one of them is erased (scrub_pending: erased since the last sweep), the answer is
+  -- erased too; an answer derived from *that* answer goes next, and so on until nothing changes
+  -- (T3). Only newly erased messages are looked at: older ones were handled by earlier sweeps.
+  if not exists (select 1 from memory_private.messages
+                  where workspace_id = p_workspace_id and scrub_pending) then
+    return 0;
+  end if;
   loop
-    with erased as (
+    with gone as (
+      select m.message_id from memory_private.messages m
+       where m.workspace_id = p_workspace_id and m.scrub_pending
+    ), derived as (
+      select distinct p.request_id
+        from memory_private.request_provenance(p_workspace_id) p
+        join gone on gone.message_id = p.message_id
+    ), erased as (
       update memory_private.messages a
          set body = null, content_hash = null, removed_at = memory_private.clock_now(),
-             removal_reason = 'derived_from_removed'
-       where a.workspace_id = p_workspace_id and a.role = 'assistant' and a.body is not null
-         and exists (select 1
-                       from memory_private.request_citations c
-                       join memory_private.messages s
-                         on s.workspace_id = c.workspace_id and s.message_id = c.message_id
-                      where c.workspace_id = a.workspace_id and c.request_id = a.request_id
-                        and s.body is null)
+             removal_reason = 'derived_from_removed', scrub_pending = true
+        from derived
+       where a.workspace_id = p_workspace_id and a.request_id = derived.request_id
+         and a.role = 'assistant' and a.body is not null
       returning 1
     )
     select count(*) into v_round from erased;
@@ -91,28 +86,90 @@ begin
 end
 $$;
 comment on function memory_private.erase_derived_answers(text) is
-  'Erases, transitively, assistant answers whose request cited a source that is now removed or '
-  'past retention; records built on those answers then fail validation in turn (T3).';
+  'Erases, transitively, assistant answers of requests that were shown a record depending on a '
+  'message erased since the last sweep; records built on those answers then fail validation in '
+  'turn (T3).';
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
+  v_now timestamptz := memory_private.clock_now();
   v_ids bigint[];
 begin
-  select coalesce(array_agg(r.record_id), '{}') into v_ids
-    from memory_private.records r
-   where r.workspace_id = p_workspace_id
-     and memory_private.record_invalid_reason(r, null)
-         in ('source_removed', 'source_expired', 'source_edited', 'forgotten', 'bot_replaced');
+  -- A dependency removed, expired, edited or forgotten, or the bot replaced, never comes back,
+  -- whatever else holds now (recall off, a lost grant): such a record is deleted, so neither it
+  -- nor the hashes it kept outlive what it was made from.
+  v_ids := array(
+    select r.record_id
+      from memory_private.records r
+      join memory_private.scopes s
+        on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
+      left join memory_private.bots b
+        on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+     where r.workspace_id = p_workspace_id
+       and (b.identity <> r.bot_identity
+            or exists (select 1
+                         from memory_private.record_dependencies d
+                         join memory_private.messages m
+                           on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                        where d.workspace_id = r.workspace_id and d.record_id = r.record_id
+                          and (m.body is null or m.retain_until <= v_now
+                               or m.content_hash <> d.content_hash
+                               or exists (select 1 from memory_private.tombstones t
+                                           where t.workspace_id = d.workspace_id
+                                             and t.scope_id = r.scope_id
+                                             and t.message_id = d.message_id)))));
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
 comment on function memory_private.purge_permanently_invalid(text) is
-  'Deletes the records that can never be valid again: a source removed, expired, edited or '
-  'forgotten, or the bot replaced. Reversible reasons (recall off, membership, link, grants) '
-  'keep the record.';
+  'Deletes the records that can never be valid again: a dependency removed, expired, edited or '
+  'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
+  'link, grants) hides them. Reversible reasons alone keep the record.';
+
+create function memory_private.scrub_erased(p_workspace_id text) returns integer
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_gone text[];
+begin
+  v_gone := array(select message_id from memory_private.messages
+                   where workspace_id = p_workspace_id and scrub_pending);
+  if cardinality(v_gone) = 0 then
+    return 0;
+  end if;
+  -- Frozen recall index texts built from records resting on them (records are deleted by the
+  -- purge, which withdraws those texts already; this catches the rest).
+  update memory_private.request_recall
+     set index_text = null, index_withdrawn = true
+   where workspace_id = p_workspace_id and index_text is not null
+     and dependency_ids && v_gone;
+  -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
+  -- checkpoint made from them (such a job is stale and is superseded, never committed).
+  update memory_private.jobs j
+     set input = j.input || jsonb_build_object('sources', (
+                   select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
+                                    order by n)
+                     from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n))),
+         checkpoint = null
+   where j.workspace_id = p_workspace_id and j.input ? 'sources'
+     and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
+                  where e ->> 'id' = any (v_gone) and e ? 'hash');
+  -- Extraction markers record the hash the message had.
+  delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  update memory_private.messages set scrub_pending = false
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  return cardinality(v_gone);
+end
+$$;
+comment on function memory_private.scrub_erased(text) is
+  'Erases what was made from messages erased since the last sweep: frozen recall index texts '
+  'resting on them, their content hashes in job inputs, checkpoints of jobs that read them, and '
+  'their extraction markers; then clears scrub_pending. Returns how many messages it handled.';
 
 create function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language sql volatile
@@ -158,8 +215,9 @@ create function memory_private.sweep_retention(p_workspace_id text) returns json
   as $$
 declare
   v_expired integer;
-  v_derived integer := 0;
+  v_derived integer;
   v_invalid integer;
+  v_scrubbed integer;
   v_tombstones integer;
   v_pruned integer;
 begin
@@ -168,16 +226,18 @@ begin
   v_expired := memory_private.erase_expired_messages(p_workspace_id);
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
+  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
   v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
   v_pruned := memory_private.prune_records(p_workspace_id);
   return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
-                            'records_invalidated', v_invalid, 'tombstones_dropped', v_tombstones,
-                            'records_pruned', v_pruned);
+                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned);
 end
 $$;
 comment on function memory_private.sweep_retention(text) is
   'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
-  'answers, delete permanently invalid records, drop stale tombstones, prune. Returns counts.';
+  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
+  'stale tombstones, prune. Returns counts.';
 
 create function memory.delete_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile security definer
@@ -220,19 +280,25 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when s.body is null then memory_private.clock_now() else s.retain_until end)
+  select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
     into v_boundary
-    from memory_private.request_citations c
-    join memory_private.messages s
-      on s.workspace_id = c.workspace_id and s.message_id = c.message_id
-   where c.workspace_id = p_workspace_id and c.request_id = p_request_id;
+    from (select unnest(f.dependency_ids) as message_id
+            from memory_private.request_recall f
+           where f.workspace_id = p_workspace_id and f.request_id = p_request_id
+          union
+          select unnest(c.dependency_ids)
+            from memory_private.tool_calls c
+           where c.workspace_id = p_workspace_id and c.request_id = p_request_id) d
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
   return v_boundary;
 end
 $$;
 comment on function memory.answer_retention_boundary(text, text) is
   'The latest time until which the backend may keep the answer of a request: the earliest '
-  'retention end among the sources it recalled (its citation set); now if one is already gone; '
-  'NULL when none of them has a retention end (T2).';
+  'retention end among every message the records it was shown depend on (by recall and by '
+  'query_memories, not only the sources shown); now if one is already gone; NULL when none of '
+  'them has a retention end (T2).';
 
 revoke all on function memory.answer_retention_boundary(text, text) from public;
 grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;

@@ -59,6 +59,8 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        r.created_at, r.last_used_at, r.usage_count,
        (select count(*) from memory_private.record_sources rs
          where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+       (select count(*) from memory_private.record_dependencies d
+         where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
        octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
@@ -67,7 +69,8 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
   join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
   cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
 comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources, '
+  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
+  '(messages it cites) and dependencies (messages it was made from), '
   'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
   '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
   'memory.explain_record(workspace, record) says why.';
@@ -79,6 +82,7 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
        coalesce(rc.records_invalid, 0)::bigint as records_invalid,
        coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
        coalesce(cardinality(s.index_record_ids), 0) as index_records,
+       coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
        octet_length(s.index_text) as index_bytes,
        s.index_built_at,
        memory_private.operator_now() - s.index_built_at as index_age,
@@ -108,7 +112,8 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
    and cj.phase = 'consolidate' and cj.status in ('pending', 'running');
 comment on view memory.scope_status is
   'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (records named, bytes, when built, age), whether a consolidation is pending, the '
+  'the index (how many records it names, how many candidates it was built from and depends on, '
+  'bytes, when built, age), whether a consolidation is pending, the '
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
@@ -437,6 +442,7 @@ declare
   v_user text;
   v_now timestamptz := memory_private.clock_now();
   v_sources jsonb;
+  v_dependencies jsonb;
   v_bad jsonb;
   v_missing text[];
   v_checks jsonb := '[]';
@@ -468,13 +474,14 @@ begin
      where workspace_id = p_workspace_id and user_id = v_user;
   end if;
 
-  -- Each source: the hash it had when used, the hash it has now, and its state, decided in the
-  -- order memory_private.record_invalid_reason decides it.
-  select coalesce(jsonb_agg(x.src order by x.message_id), '[]')
-    into v_sources
-    from (select rs.message_id, jsonb_build_object(
-                   'message_id', rs.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
-                   'recorded_hash', rs.content_hash, 'current_hash', m.content_hash,
+  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+  -- state, decided in the order memory_private.record_invalid_reason decides it.
+  select coalesce(jsonb_agg(x.dep order by x.message_id), '[]')
+    into v_dependencies
+    from (select d.message_id, jsonb_build_object(
+                   'message_id', d.message_id, 'via', d.via, 'role', m.role,
+                   'speaker_id', m.speaker_id,
+                   'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
                    'retain_until', m.retain_until, 'removed_at', m.removed_at,
                    'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
                    'tombstoned', t.message_id is not null,
@@ -482,18 +489,23 @@ begin
                               when m.removed_at is not null then 'source_removed'
                               when m.body is null or m.retain_until <= v_now
                                 then 'source_expired'
-                              when m.content_hash <> rs.content_hash then 'source_edited'
+                              when m.content_hash <> d.content_hash then 'source_edited'
                               when t.message_id is not null then 'forgotten'
-                              else 'current' end) as src
-            from memory_private.record_sources rs
+                              else 'current' end) as dep
+            from memory_private.record_dependencies d
             join memory_private.messages m
-              on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
+              on m.workspace_id = d.workspace_id and m.message_id = d.message_id
             left join memory_private.tombstones t
-              on t.workspace_id = rs.workspace_id and t.scope_id = v_record.scope_id
-             and t.message_id = rs.message_id
-           where rs.workspace_id = p_workspace_id and rs.record_id = p_record_id) x;
+              on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
+             and t.message_id = d.message_id
+           where d.workspace_id = p_workspace_id and d.record_id = p_record_id) x;
   select coalesce(jsonb_agg(s), '[]') into v_bad
-    from jsonb_array_elements(v_sources) s where s ->> 'state' <> 'current';
+    from jsonb_array_elements(v_dependencies) s where s ->> 'state' <> 'current';
+  -- The sources: what the summary cites, in the order it uses them.
+  v_sources := to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position));
 
   select array_agg(repo order by repo) into v_missing
     from unnest(v_record.repositories) repo
@@ -543,14 +555,14 @@ begin
                        then 'the requester owns the private scope'
                      else format('the private scope belongs to %s, not %s', v_scope.user_id,
                                  p_requester) end),
-    jsonb_build_object('check', 'sources_current',
+    jsonb_build_object('check', 'dependencies_current',
       'reason', v_bad -> 0 ->> 'state',
       'ok', jsonb_array_length(v_bad) = 0,
       'detail', case when jsonb_array_length(v_bad) = 0
-                     then format('all %s sources are retained and unchanged',
-                                 jsonb_array_length(v_sources))
-                     else format('%s of %s sources are not current: %s',
-                                 jsonb_array_length(v_bad), jsonb_array_length(v_sources),
+                     then format('all %s messages it was made from are retained and unchanged',
+                                 jsonb_array_length(v_dependencies))
+                     else format('%s of the %s messages it was made from are not current: %s',
+                                 jsonb_array_length(v_bad), jsonb_array_length(v_dependencies),
                                  (select string_agg((s ->> 'message_id') || ' '
                                                     || (s ->> 'state'), ', ')
                                     from jsonb_array_elements(v_bad) s)) end),
@@ -586,17 +598,20 @@ begin
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
       'recall_enabled', v_scope.recall_enabled),
     'checks', v_checks,
-    'sources', v_sources);
+    'sources', v_sources,
+    'dependencies', v_dependencies);
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
   'every check in the order the rule applies them (recall on, bot '
-  'active, bot identity, group linked, membership, requester owns the private scope, sources '
-  'current, repository grants) with ok and a detail, and every source with the hash it had '
-  'when used, the hash it has now and its state (current, source_removed, source_expired, '
-  'source_edited, forgotten). MB001, MB002 when the record is unknown.';
+  'active, bot identity, group linked, membership, requester owns the private scope, '
+  'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
+  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'reused or repeated) with the hash it had when used, the hash it has now and its state '
+  '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
+  'record is unknown.';
 
 -- Grants -------------------------------------------------------------------------------------
 

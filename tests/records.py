@@ -14,9 +14,13 @@ def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:
 
 def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[str], *,
                 title: str = "a memory", summary: str = "something worth keeping",
-                kind: str = "extracted", speakers: list[str] | None = None) -> int:
-    """A record in the scope of ``request`` built on ``sources`` at their current hashes, as a
-    consolidated pipeline would leave it. Speakers default to the user messages' speakers."""
+                kind: str = "extracted", speakers: list[str] | None = None,
+                reused: list[str] | None = None) -> int:
+    """A record in the scope of ``request`` citing ``sources`` (in that order) at their current
+    hashes, as a consolidated pipeline would leave it; ``reused`` are further dependencies (the
+    messages of memories it declared it reused). Speakers default to the user messages'
+    speakers among all of them."""
+    deps = list(dict.fromkeys([*sources, *(reused or [])]))
     scope = scope_of(conn, ws, request)
     row = conn.execute(
         """
@@ -42,17 +46,24 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
         returning record_id
         """,
         {"ws": ws, "scope": scope, "kind": kind, "title": title, "summary": summary,
-         "src": sources, "req": request, "speakers": speakers},
+         "src": deps, "req": request, "speakers": speakers},
     ).fetchone()
     assert row is not None
     record_id = int(row[0])
     inserted = conn.execute(
-        """insert into memory_private.record_sources (workspace_id, record_id, message_id,
-                                                      content_hash)
-           select workspace_id, %s, message_id, content_hash from memory_private.messages
+        """insert into memory_private.record_dependencies (workspace_id, record_id, message_id,
+                                                           content_hash, via)
+           select workspace_id, %s, message_id, content_hash,
+                  case when message_id = any(%s) then 'cited' else 'reused' end
+             from memory_private.messages
             where workspace_id = %s and message_id = any(%s) and content_hash is not null""",
-        (record_id, ws, sources)).rowcount
-    assert inserted == len(sources), "every source must be a retained message"
+        (record_id, sources, ws, deps)).rowcount
+    assert inserted == len(deps), "every source must be a retained message"
+    conn.execute(
+        """insert into memory_private.record_sources (workspace_id, record_id, message_id,
+                                                      position)
+           select %s, %s, s.id, s.n from unnest(%s::text[]) with ordinality as s(id, n)""",
+        (ws, record_id, list(dict.fromkeys(sources))))
     # Each record a moment after the previous one, so "newest first" is well defined.
     conn.execute("select memory_private.advance_clock('1 second')")
     return record_id

@@ -12,6 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.factory import World
+from tests.records import invalid_reason
 from tests.jobs_world import (
     USAGE,
     advance,
@@ -84,7 +85,7 @@ def test_claim_returns_the_full_payload_and_a_lease(conn: psycopg.Connection) ->
     assert claim(conn) is None, "one job at a time, and nothing else is pending"
 
 
-def test_a_committed_extraction_writes_one_record_with_all_its_dependencies(
+def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_the_whole_batch(
         conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
@@ -100,16 +101,25 @@ def test_a_committed_extraction_writes_one_record_with_all_its_dependencies(
     start(conn, job)
     # The summary cites only alice's exchange.
     checkpoint(conn, job, {"title": "Release day", "summary": "Alice wants Friday.",
-                           "source_ids": ["r1-u", "r1-a"]})
+                           "source_ids": ["r1-u", "r1-a", "r1-u"]})
     result = commit(conn, job)
     assert result["status"] == "committed" and result["record_id"]
     rec = conn.execute("select kind, speaker_ids, thread_ids, repositories, bot_identity, "
                        "origin_request_id from memory_private.records").fetchone()
     assert rec == ("extracted", ["alice"], ["t-9"], ["repo-a", "repo-b"], "bot1-identity", "r2")
-    deps = conn.execute("select message_id, rs.content_hash = m.content_hash "
-                        "from memory_private.record_sources rs join memory_private.messages m "
+    sources = conn.execute("select message_id, position from memory_private.record_sources "
+                           "order by position").fetchall()
+    assert sources == [("r1-u", 1), ("r1-a", 2)], "cited once each, in the order given"
+    deps = conn.execute("select message_id, d.content_hash = m.content_hash, via "
+                        "from memory_private.record_dependencies d join memory_private.messages m "
                         "using (workspace_id, message_id) order by 1").fetchall()
-    assert deps == [("r1-a", True), ("r1-u", True), ("r2-a", True), ("r2-u", True)]
+    assert deps == [("r1-a", True, "cited"), ("r1-u", True, "cited")], \
+        "bob's uncited exchange is no dependency"
+    # ... so removing it leaves the record valid, and removing a cited message does not.
+    w.remove("ws1", "r2-u")
+    assert invalid_reason(conn, "ws1", result["record_id"]) is None
+    w.remove("ws1", "r1-a")
+    assert invalid_reason(conn, "ws1", result["record_id"]) == "source_removed"
     marked = conn.execute("select message_id, outcome from memory_private.extracted_sources "
                           "order by 1").fetchall()
     assert marked == [(m, "extracted") for m in ("r1-a", "r1-u", "r2-a", "r2-u")]
@@ -117,18 +127,72 @@ def test_a_committed_extraction_writes_one_record_with_all_its_dependencies(
     assert job_row(conn, job["job_id"])["checkpoint"] is None
 
 
-def test_a_newer_record_depends_on_the_sources_of_the_memories_shown_with_it(
-        conn: psycopg.Connection) -> None:
-    w = idle_private_world(conn)
+def _second_extraction(conn: psycopg.Connection, w: World,
+                       reuse_first: bool) -> tuple[int, int]:
+    """A first record, then a second batch shown with it, whose output declares it reused the
+    first record or not."""
     first = run_one_extraction(conn)["record_id"]
     run_one_extraction(conn)  # consolidation
     w.conversation("ws1", "r2", chat="dm-alice", user="alice")
     advance(conn, "31 minutes")
-    second = run_one_extraction(conn)["record_id"]
-    deps = conn.execute("select message_id from memory_private.record_sources "
-                        "where record_id = %s order by 1", (second,)).fetchall()
-    assert [d[0] for d in deps] == ["r1-a", "r1-u", "r2-a", "r2-u"]
-    assert first != second
+    maintenance(conn, "ws1")
+    job = claimed(conn)
+    assert [e["id"] for e in job["input"]["existing"]] == [first]
+    start(conn, job)
+    output = {**extraction_of(job), **({"reused_ids": [first]} if reuse_first else {})}
+    checkpoint(conn, job, output)
+    second = commit(conn, job)["record_id"]
+    return first, second
+
+
+def _dependencies(conn: psycopg.Connection, record_id: int) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in conn.execute(
+        "select message_id, via from memory_private.record_dependencies where record_id = %s "
+        "order by 1", (record_id,))]
+
+
+def test_a_memory_shown_with_a_batch_is_no_dependency_unless_the_output_reuses_it(
+        conn: psycopg.Connection) -> None:
+    w = idle_private_world(conn)
+    first, second = _second_extraction(conn, w, False)
+    assert _dependencies(conn, second) == [("r2-a", "cited"), ("r2-u", "cited")]
+    w.remove("ws1", "r1-u")  # the first record's source
+    assert invalid_reason(conn, "ws1", first) == "source_removed"
+    assert invalid_reason(conn, "ws1", second) is None
+
+
+def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
+        conn: psycopg.Connection) -> None:
+    w = idle_private_world(conn)
+    first, second = _second_extraction(conn, w, True)
+    assert _dependencies(conn, second) == [("r1-a", "reused"), ("r1-u", "reused"),
+                                           ("r2-a", "cited"), ("r2-u", "cited")]
+    assert [r[0] for r in conn.execute(
+        "select message_id from memory_private.record_sources where record_id = %s "
+        "order by position", (second,))] == ["r2-u", "r2-a"], "reuse cites nothing new"
+    w.remove("ws1", "r1-u")
+    assert invalid_reason(conn, "ws1", second) == "source_removed"
+
+
+def test_reuse_of_a_memory_not_shown_with_the_batch_is_refused(conn: psycopg.Connection) -> None:
+    w = idle_private_world(conn)
+    first = run_one_extraction(conn)["record_id"]
+    run_one_extraction(conn)
+    w.conversation("ws1", "r2", chat="dm-alice", user="alice")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    job = claimed(conn)
+    start(conn, job)
+    for bad in ([first + 100], [1.5], ["1"], 7, [0]):
+        with pytest.raises(psycopg.Error) as err:
+            checkpoint(conn, job, {**extraction_of(job), "reused_ids": bad})
+        assert err.value.sqlstate == "MB023", bad
+    with pytest.raises(psycopg.Error) as err:
+        checkpoint(conn, job, {"title": "", "summary": "", "source_ids": [],
+                               "reused_ids": [first]})
+    assert err.value.sqlstate == "MB023", "a no-op reuses nothing"
+    checkpoint(conn, job, {**extraction_of(job), "reused_ids": [first, float(first)]})
+    assert job_row(conn, job["job_id"])["checkpoint"]["output"]["reused_ids"] == [first]
 
 
 def test_an_empty_output_is_a_noop_that_still_marks_the_batch(conn: psycopg.Connection) -> None:
@@ -228,8 +292,7 @@ def test_a_valid_checkpoint_is_returned_on_the_next_claim_and_committed_without_
     maintenance(conn, "ws1")
     second = claimed(conn, "w-new")
     assert second["job_id"] == first["job_id"]
-    assert second["checkpoint"] == {"output": {**output, "source_ids": sorted(output["source_ids"])},
-                                    "usage": USAGE}
+    assert second["checkpoint"] == {"output": {**output, "reused_ids": []}, "usage": USAGE}
     with pytest.raises(psycopg.Error) as err:
         start(conn, second)
     assert err.value.sqlstate == "MB025", "no second model call for a checkpointed job"

@@ -135,10 +135,12 @@ def test_remember_saves_the_actual_message_attributed_to_its_speaker(
     assert note == ("note", "Please remember that invoices for ACME go to…",
                     text, ["alice"], ["r1"], "bot1-identity", "r1")
     assert conn.execute(
-        """select rs.message_id, rs.content_hash = m.content_hash
-             from memory_private.record_sources rs join memory_private.messages m
-               using (workspace_id, message_id) where rs.record_id = %s""",
-        (outcome["memory_id"],)).fetchall() == [(source, True)]
+        """select rs.message_id, rs.position, d.content_hash = m.content_hash, d.via
+             from memory_private.record_sources rs
+             join memory_private.record_dependencies d using (workspace_id, record_id, message_id)
+             join memory_private.messages m using (workspace_id, message_id)
+            where rs.record_id = %s""",
+        (outcome["memory_id"],)).fetchall() == [(source, 1, True, "cited")]
     due = conn.execute("select consolidation_due_at from memory_private.scopes "
                        "where scope_id = %s", (scope_id(conn, "ws1", "r1"),)).fetchone()
     assert due is not None and due[0] is not None, "a note marks the scope for consolidation"
@@ -251,10 +253,14 @@ def test_forget_refuses_what_the_user_cannot_see(conn: psycopg.Connection, w: Wo
 def group_records(conn: psycopg.Connection, w: World) -> dict[str, int]:
     a, _ = w.conversation("ws1", "ga", chat="grp", user="alice", user_text="alice says A")
     b, _ = w.conversation("ws1", "gb", chat="grp", user="bob", user_text="bob says B")
+    b2, b2a = w.conversation("ws1", "gb2", chat="grp", user="bob", user_text="bob says C")
     return {
         "alice": make_record(conn, "ws1", "ga", [a]),
         "bob": make_record(conn, "ws1", "gb", [b]),
         "mixed": make_record(conn, "ws1", "ga", [a, b]),
+        # Bob's own, sharing nothing with the others; the bot's answer in his request is his
+        # conversation too.
+        "bob_alone": make_record(conn, "ws1", "gb2", [b2, b2a]),
     }
 
 
@@ -268,17 +274,23 @@ def test_a_participant_adds_an_attributed_note_and_forgets_only_their_own(
                         (note["memory_id"],)).fetchone() == (["bob"],)
 
     source = turn(w, "f1", "please forget that", chat="grp", user="bob")
-    for i, key in enumerate(["alice", "mixed"]):
+    # Alice's record, the mixed one, and even Bob's own: forgetting his would also remove the
+    # mixed record that shares his message and holds Alice's statement (T7 reaches it, so C6
+    # must hold for it too).
+    for i, key in enumerate(["alice", "mixed", "bob"]):
         refused = manage(conn, "ws1", "f1", f"c{i}",
                          {"action": "forget", "sourceId": source, "memoryId": made[key]})
         assert (refused["status"], refused["code"]) == ("refused", "not_allowed"), key
-        assert "owner or admin" in refused["reason"]
-    assert count(conn, "records") == 4
+        assert "owner or admin" in refused["reason"] and "nothing was forgotten" in \
+            refused["reason"]
+        assert "alice" not in refused["reason"], "no other participant is named"
+    assert count(conn, "records") == 5 and count(conn, "tombstones") == 0
     done = manage(conn, "ws1", "f1", "c9", {"action": "forget", "sourceId": source,
-                                             "memoryId": made["bob"]})
+                                             "memoryId": made["bob_alone"]})
     assert done["status"] == "done"
-    # Bob's record overlaps the mixed one, which goes too (T7); Alice's own record stays.
-    assert sorted(done["forgotten_ids"]) == sorted([made["bob"], made["mixed"]])
+    assert done["forgotten_ids"] == [made["bob_alone"]]
+    assert done["forgotten_by_person"] == {"bob": 1}
+    assert count(conn, "records") == 4
 
 
 @pytest.mark.parametrize("who", ["alice", "dave"])  # alice is the owner, dave an admin
@@ -289,11 +301,16 @@ def test_an_owner_or_admin_forgets_others_and_mixed_records(conn: psycopg.Connec
     outcome = manage(conn, "ws1", "f1", "c1", {"action": "forget", "sourceId": source,
                                                "memoryId": made["mixed"]})
     assert outcome["status"] == "done"
+    # The answer says how many records went, and whose statements they held.
+    assert sorted(outcome["forgotten_ids"]) == sorted([made["alice"], made["bob"],
+                                                       made["mixed"]])
+    assert outcome["forgotten_by_person"] == {"alice": 2, "bob": 2}
+    assert "2 related memories" in outcome["reason"] and "alice: 2, bob: 2" in outcome["reason"]
     source = turn(w, "f2", "forget bob's memory", chat="grp", user=who)
     assert manage(conn, "ws1", "f2", "c1", {"action": "forget", "sourceId": source,
                                             "memoryId": made["bob"]})["status"] == "refused", \
         "already gone with the mixed record it overlapped"
-    assert count(conn, "records") == 0
+    assert count(conn, "records") == 1
 
 
 def test_group_recall_toggles_need_an_owner_or_admin(conn: psycopg.Connection,
@@ -382,8 +399,8 @@ def test_a_replayed_remember_is_not_applied_twice(conn: psycopg.Connection, w: W
         {k: v for k, v in first.items() if k != "replayed"}
     assert count(conn, "records") == 1
     # Even after the note was forgotten, the replay does not bring it back.
-    conn.execute("select memory_private.forget_records('ws1', %s, array[%s]::bigint[])",
-                 (scope_id(conn, "ws1", "r1"), first["memory_id"]))
+    conn.execute("select memory_private.forget_records('ws1', %s, %s, array[%s]::bigint[])",
+                 (scope_id(conn, "ws1", "r1"), first["memory_id"], first["memory_id"]))
     assert manage(conn, "ws1", "r1", "c1", args)["status"] == "done"
     assert count(conn, "records") == 0
     with pytest.raises(psycopg.Error) as err:

@@ -157,7 +157,8 @@ def test_scope_and_workspace_status_count_records_by_reason_index_age_and_tombst
     w.remove("ws1", "r3-u")
     scope = value(conn, "select scope_id from memory_private.records where record_id = %s", ok)
     conn.execute("update memory_private.scopes set index_text = '- x', index_record_ids = %s, "
-                 "index_built_at = memory_private.clock_now() where scope_id = %s", ([ok], scope))
+                 "index_candidate_ids = %s, index_built_at = memory_private.clock_now() "
+                 "where scope_id = %s", ([ok], [ok], scope))
     conn.execute("insert into memory_private.tombstones values ('ws1', %s, 'r3-a', now())",
                  (scope,))
     advance(conn, "2 hours")
@@ -422,12 +423,14 @@ def test_explain_record_of_a_valid_record_lists_sources_with_hashes_and_passing_
     assert all(c["ok"] for c in e["checks"]), e["checks"]
     assert [c["check"] for c in e["checks"]] == [
         "recall_enabled", "bot_active", "bot_identity", "group_linked",
-        "membership", "requester_is_scope_user", "sources_current", "repository_grants"]
+        "membership", "requester_is_scope_user", "dependencies_current", "repository_grants"]
     hashes: dict[str, str] = dict(conn.execute("select message_id, content_hash from memory_private.messages"
                                ).fetchall())
-    assert [(s["message_id"], s["recorded_hash"], s["current_hash"], s["state"])
-            for s in e["sources"]] == [("r1-a", hashes["r1-a"], hashes["r1-a"], "current"),
-                                       ("r1-u", hashes["r1-u"], hashes["r1-u"], "current")]
+    assert e["sources"] == ["r1-u", "r1-a"], "the cited messages, in summary order"
+    assert [(s["message_id"], s["via"], s["recorded_hash"], s["current_hash"], s["state"])
+            for s in e["dependencies"]] == [
+        ("r1-a", "cited", hashes["r1-a"], hashes["r1-a"], "current"),
+        ("r1-u", "cited", hashes["r1-u"], hashes["r1-u"], "current")]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -443,7 +446,7 @@ def test_explain_record_names_the_reason_recall_gives(
     assert one(operator, "select invalid_reason from memory.record_status "
                          "where record_id = %s", record_id)["invalid_reason"] == case
     if case.startswith("source_") or case == "forgotten":
-        bad = [s for s in e["sources"] if s["state"] != "current"]
+        bad = [s for s in e["dependencies"] if s["state"] != "current"]
         assert [s["state"] for s in bad] == [case]
         assert case in failing[0]["detail"] and bad[0]["message_id"] in failing[0]["detail"]
         if case == "source_edited":

@@ -184,8 +184,6 @@ def test_bad_arguments_are_mb001_and_change_nothing(conn: psycopg.Connection, w:
         conn.execute("select memory.query_memories('ws1', 'live', 'c1', %s::jsonb)", (args,))
     assert err.value.sqlstate == "MB001", err.value
     assert conn.execute("select count(*) from memory_private.tool_calls").fetchone() == (0,)
-    assert conn.execute("select count(*) from memory_private.request_citations").fetchone() \
-        == (0,)
     assert conn.execute("select usage_count from memory_private.records where record_id = %s",
                         (r,)).fetchone() == (0,)
 

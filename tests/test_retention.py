@@ -109,8 +109,8 @@ def test_a_workspace_keeps_at_most_256_records_least_recently_used_go_first(
 def test_an_index_naming_a_deleted_record_is_dropped(conn: psycopg.Connection,
                                                       world: World) -> None:
     rec = make_record(conn, "ws1", "r1", ["r1-u"])
-    conn.execute("update memory_private.scopes set index_text = 'tea', index_record_ids = %s",
-                 ([rec],))
+    conn.execute("update memory_private.scopes set index_text = 'tea', index_record_ids = %s, "
+                 "index_candidate_ids = %s", ([rec], [rec]))
     world.remove("ws1", "r1-u")
     sweep(conn, "ws1")
     row = conn.execute("select index_text, index_record_ids, consolidation_due_at is not null "

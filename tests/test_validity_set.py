@@ -138,7 +138,7 @@ def test_first_valid_records_keeps_the_order_and_the_limit(conn: psycopg.Connect
     assert row is not None and row[0] == valid
 
 
-def test_request_citations_follow_the_record_set_wise_and_survive_a_pruned_record(
+def test_request_citations_follow_the_record_set_wise_and_a_record_gone_authorizes_nothing(
         conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
@@ -160,12 +160,13 @@ def test_request_citations_follow_the_record_set_wise_and_survive_a_pruned_recor
     # no longer citable through it.
     w.message("ws1", a1, "h1", "assistant", "bot1", "a different reply")
     assert cited() == sorted([u2, u3])
-    # A record pruned since still lets its sources be cited (the answer's provenance).
+    # A record deleted since (pruned, purged, forgotten) authorizes nothing any more: the
+    # citation set never outlives the record that showed it.
     conn.execute("delete from memory_private.records where workspace_id = 'ws1' "
                  "and record_id = %s", (gone,))
-    assert cited() == sorted([u2, u3])
+    assert cited() == [u3]
     # Recall off makes every record invalid.
     conn.execute("update memory_private.scopes set recall_enabled = false "
                  "where workspace_id = 'ws1' and scope_id = %s", (scope_of(conn, "ws1", "live"),))
-    assert cited() == [u2]
+    assert cited() == []
     assert both

@@ -81,7 +81,8 @@ def test_prompt_redacts_inputs_before_serializing_and_marks_data_as_data() -> No
 def test_extraction_reply_is_validated_in_bytes_and_against_the_batch() -> None:
     p = payload()
     ok = parse_reply(p, '```json\n{"title": "t", "summary": "s", "source_ids": ["m1"]}\n```')
-    assert ok.model_dump() == {"title": "t", "summary": "s", "source_ids": ["m1"]}
+    assert ok.model_dump() == {"title": "t", "summary": "s", "source_ids": ["m1"],
+                               "reused_ids": []}
     assert parse_reply(p, '{"title": "", "summary": "", "source_ids": []}').is_noop  # type: ignore[union-attr]
     bad = [
         "not json at all",
@@ -92,6 +93,8 @@ def test_extraction_reply_is_validated_in_bytes_and_against_the_batch() -> None:
         '{"title": "", "summary": "s", "source_ids": ["m1"]}',
         json.dumps({"title": "t", "summary": "é" * 2001, "source_ids": ["m1"]}),  # 4002 bytes
         json.dumps({"title": "ü" * 151, "summary": "s", "source_ids": ["m1"]}),
+        '{"title": "t", "summary": "s", "source_ids": ["m1"], "reused_ids": [424242]}',
+        '{"title": "", "summary": "", "source_ids": [], "reused_ids": [424242]}',
     ]
     for text in bad:
         with pytest.raises(ReplyError):
@@ -141,7 +144,8 @@ def test_offline_extraction_understands_chinese_and_is_a_noop_on_small_talk() ->
     small = payload(sources=[{"id": "s1", "role": "user", "speaker_id": "a", "text": "hi there"},
                              {"id": "s2", "role": "assistant", "speaker_id": "b",
                               "text": "hello"}], existing=[])
-    assert offline_reply(small) == {"title": "", "summary": "", "source_ids": []}
+    assert offline_reply(small) == {"title": "", "summary": "", "source_ids": [],
+                                    "reused_ids": []}
 
 
 def test_offline_extraction_stays_within_the_byte_limit() -> None:

@@ -83,7 +83,7 @@ def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[st
             if kind and sentence not in known:
                 picked.append((order[kind], kind, src, sentence))
     if not picked:
-        return {"title": "", "summary": "", "source_ids": []}
+        return {"title": "", "summary": "", "source_ids": [], "reused_ids": []}
     picked.sort(key=lambda p: p[0])  # stable: keeps conversation order within a kind
     lines: list[str] = []
     ids: list[str] = []
@@ -98,7 +98,10 @@ def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[st
     first = next((p for p in picked if p[1] == "decision"),
                  next((p for p in picked if p[1] == "request"), picked[0]))
     title = _clip(f"{first[2].speaker_id}: {first[3]}", title_bytes)
-    return {"title": title, "summary": "\n".join([*lines, NOTE]), "source_ids": ids}
+    # It never builds on an existing memory (it skips what they already say), so it truthfully
+    # declares no reuse.
+    return {"title": title, "summary": "\n".join([*lines, NOTE]), "source_ids": ids,
+            "reused_ids": []}
 
 
 def consolidate(data: ConsolidateInput, index_bytes: int, index_ids: int) -> dict[str, object]:
