@@ -12,7 +12,6 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.factory import World
-from tests.records import invalid_reason
 from tests.jobs_world import (
     USAGE,
     advance,
@@ -29,6 +28,7 @@ from tests.jobs_world import (
     run_one_extraction,
     start,
 )
+from tests.records import invalid_reason
 
 
 def claimed(conn: psycopg.Connection, worker: str = "w1") -> dict[str, Any]:
@@ -164,7 +164,7 @@ def test_a_memory_shown_with_a_batch_is_no_dependency_unless_the_output_reuses_i
 def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
         conn: psycopg.Connection) -> None:
     w = idle_private_world(conn)
-    first, second = _second_extraction(conn, w, True)
+    _, second = _second_extraction(conn, w, True)
     assert _dependencies(conn, second) == [("r1-a", "reused"), ("r1-u", "reused"),
                                            ("r2-a", "cited"), ("r2-u", "cited")]
     assert [r[0] for r in conn.execute(
