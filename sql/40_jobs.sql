@@ -1013,9 +1013,12 @@ create function memory_private.passages(p_text text) returns text[]
   as $$
   -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
   -- its own (those scripts do not separate words with spaces).
+  -- (Spaced apart first: a regular expression takes the longest match, so a run of them would
+  -- otherwise be one word.)
   with w as (
     select array_agg(m.t[1] order by m.n) as a
-      from regexp_matches(lower(p_text),
+      from regexp_matches(
+             regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
              '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
            with ordinality as m(t, n)
   )
