@@ -2356,19 +2356,22 @@ create function memory_private.passages(p_text text) returns text[]
   set search_path = pg_catalog, pg_temp
   as $$
   -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
-  -- its own (those scripts do not separate words with spaces).
-  -- (Spaced apart first: a regular expression takes the longest match, so a run of them would
-  -- otherwise be one word.)
-  with w as (
-    select array_agg(m.t[1] order by m.n) as a
-      from regexp_matches(
-             regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
-             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
-           with ordinality as m(t, n)
-  )
-  select coalesce(array(select distinct array_to_string(w.a[i:i + 7], ' ')
-                          from generate_series(1, cardinality(w.a) - 7) as i), '{}')
-    from w
+  -- its own (those scripts do not separate words with spaces). They are spaced apart first: a
+  -- regular expression takes the longest match, so a run of them would otherwise be one word.
+  -- One pass with a window over the words (linear in the text).
+  select coalesce(array_agg(distinct x.p), '{}')
+    from (select concat_ws(' ', w.t, lead(w.t, 1) over o, lead(w.t, 2) over o,
+                           lead(w.t, 3) over o, lead(w.t, 4) over o, lead(w.t, 5) over o,
+                           lead(w.t, 6) over o, lead(w.t, 7) over o) as p,
+                 lead(w.t, 7) over o as eighth
+            from (select m.t[1] as t, m.n
+                    from regexp_matches(
+                           regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])',
+                                          ' \1 ', 'g'),
+                           '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
+                         with ordinality as m(t, n)) w
+          window o as (order by w.n)) x
+   where x.eighth is not null
 $$;
 comment on function memory_private.passages(text) is
   'Every run of eight consecutive words of a text (lower case; a CJK character counts as a '
@@ -3152,10 +3155,13 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
 -- (the same rule, kept equal by a test). Scheduled requests read nothing (V5); a scope with
 -- recall turned off shows nothing (C8).
 --
--- Provenance of an answer: every call stores the ids of the messages the records it showed were
--- made from (their dependencies, not only the sources shown), so the answer's retention
--- boundary and the sweep of derived answers follow them even after those records are gone (T2,
--- T3). Only ids are kept: no text, no hash.
+-- Provenance of an answer: every call keeps the ids of the records it showed (recall: every
+-- record behind the index or directory; query_memories: every record returned). Records and
+-- their dependencies never change, so the messages an answer rests on are those records'
+-- dependencies; when such a record is deleted, memory_private.delete_records first copies the
+-- ids of its dependencies to the requests that were shown it (dependency_ids). The answer's
+-- retention boundary and the sweep of derived answers follow both (T2, T3), also after the
+-- records are gone. Only ids are kept: no text, no hash. Reads write nothing more for it.
 
 create table memory_private.request_recall (
   workspace_id text not null,
@@ -3177,12 +3183,15 @@ create table memory_private.request_recall (
 );
 comment on table memory_private.request_recall is
   'What memory.recall gave a request on its first call, frozen for the request: the mode, the '
-  'index text (index mode), the record ids shown, the records the content was made from (index '
-  'mode: every candidate of the index; directory mode: the records shown) and the ids of the '
-  'messages those records depend on (the answer''s provenance, T2, T3). Records are immutable, '
-  'so ids are enough to show the same content again; each later read re-checks them. The index '
-  'text is erased as soon as a record it was built from is deleted (forget, retention, pruning) '
-  'and withheld while one is not valid for the reader.';
+  'index text (index mode), the record ids shown, and the records the content was made from '
+  '(index mode: every candidate of the index; directory mode: the records shown): with their '
+  'dependencies, the answer''s provenance (T2, T3). Records are immutable, so ids are enough to '
+  'show the same content again; each later read re-checks them. The index text is erased as '
+  'soon as a record it was built from is deleted (forget, retention, pruning) and withheld while '
+  'one is not valid for the reader.';
+comment on column memory_private.request_recall.dependency_ids is
+  'The dependencies (message ids) of records in basis_record_ids that were deleted since: '
+  'memory_private.delete_records copies them here so the provenance outlives the records.';
 
 create index request_recall_scope_idx on memory_private.request_recall (workspace_id, scope_id);
 
@@ -3191,6 +3200,7 @@ create table memory_private.tool_calls (
   request_id text not null,
   tool_call_id text not null,
   tool text not null check (tool in ('query_memories', 'manage_memory')),
+  scope_id bigint not null,
   args_hash text not null,
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
@@ -3199,7 +3209,8 @@ create table memory_private.tool_calls (
   created_at timestamptz not null,
   updated_at timestamptz not null,
   primary key (workspace_id, request_id, tool_call_id),
-  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade
+  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
 comment on table memory_private.tool_calls is
   'One row per memory tool call id of a request, so a replayed call is recognised: usage is '
@@ -3209,9 +3220,11 @@ comment on column memory_private.tool_calls.record_ids is
   'query_memories: every record the call (and its replays) returned; their first 20 sources are '
   'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
 comment on column memory_private.tool_calls.dependency_ids is
-  'query_memories: the ids of every message the returned records depend on (not only the 20 '
-  'sources shown): the answer''s provenance for its retention boundary and the derived-answer '
-  'sweep (T2, T3). Ids only.';
+  'query_memories: the dependencies (message ids) of returned records that were deleted since, '
+  'copied by memory_private.delete_records: with the dependencies of the records still there, '
+  'the answer''s provenance (T2, T3). Ids only.';
+
+create index tool_calls_scope_idx on memory_private.tool_calls (workspace_id, scope_id);
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';
@@ -3384,18 +3397,6 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in.';
 
-create function memory_private.record_dependency_ids(p_workspace_id text, p_record_ids bigint[])
-  returns text[]
-  language sql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select array(select distinct d.message_id from memory_private.record_dependencies d
-                where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids))
-$$;
-comment on function memory_private.record_dependency_ids(text, bigint[]) is
-  'The ids of every message the given records depend on: the provenance a read stores for its '
-  'request.';
-
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
 ) returns jsonb
@@ -3516,9 +3517,8 @@ begin
   end if;
   insert into memory_private.request_recall
     (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
-     dependency_ids, created_at)
+     created_at)
   values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
-          memory_private.record_dependency_ids(p_workspace_id, v_basis),
           memory_private.clock_now())
   on conflict (workspace_id, request_id) do nothing
   returning * into v_frozen;
@@ -3540,8 +3540,8 @@ comment on function memory.recall(text, text) is
   'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
   'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
   'call: later calls return the same content minus records no longer valid, and the index text '
-  'only while every record it was built from still is (R3). Stores the ids of the messages '
-  'those records depend on as the request''s provenance (T2).';
+  'only while every record it was built from still is (R3). Those records are the request''s '
+  'provenance (T2).';
 
 -- query_memories -------------------------------------------------------------------------------
 
@@ -3582,8 +3582,9 @@ begin
 
   v_hash := memory_private.args_hash(p_args);
   insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, args_hash, created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_hash, v_now, v_now)
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+          v_hash, v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do nothing;
   v_first := found;
   if not v_first then
@@ -3628,14 +3629,10 @@ begin
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
     left join per_record d on d.record_id = f.record_id;
 
-  -- What the call returned, and every message those records depend on (the answer's
-  -- provenance, T2, T3), kept with the tool call; a replay adds what it returned.
+  -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
+  -- the tool call; a replay adds what it returned.
   update memory_private.tool_calls
      set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
-         dependency_ids = array(select distinct x
-                                  from unnest(dependency_ids
-                                              || memory_private.record_dependency_ids(
-                                                   p_workspace_id, v_ids)) x order by 1),
          updated_at = v_now
    where workspace_id = p_workspace_id and request_id = p_request_id
      and tool_call_id = p_tool_call_id;
@@ -3662,8 +3659,8 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
   'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
   'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
-  'R5). The source ids join the request''s citation set (R6); the ids of every message the '
-  'returned records depend on are kept as the request''s provenance (T2). Usage is '
+  'R5). The source ids join the request''s citation set (R6); the returned records are the '
+  'request''s provenance (T2). Usage is '
   'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
   'was used with other arguments; MB005 for a scheduled request.';
 
@@ -3953,6 +3950,24 @@ comment on function memory_private.note_title(text) is
 
 -- Removing records -------------------------------------------------------------------------
 
+create function memory_private.with_dependencies(
+  p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
+) returns text[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select array(select x from unnest(p_kept) as x
+               union
+               select d.message_id from memory_private.record_dependencies d
+                where d.workspace_id = p_workspace_id
+                  and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
+               order by 1)
+$$;
+comment on function memory_private.with_dependencies(text, text[], bigint[], bigint[]) is
+  'p_kept plus the dependencies (message ids) of the shown records that are being deleted: the '
+  'provenance delete_records keeps for a request.';
+
+
 create function memory_private.delete_records(
   p_workspace_id text, p_record_ids bigint[]
 ) returns integer
@@ -3962,6 +3977,35 @@ create function memory_private.delete_records(
 declare
   v_deleted integer;
 begin
+  -- The provenance of the answers that were shown these records outlives them: their
+  -- dependencies (ids only) are copied to those requests first (T2, T3). And a frozen index
+  -- text made from a deleted record goes with it (T7).
+  with gone as (
+    select r.scope_id, array_agg(r.record_id) as ids
+      from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     group by r.scope_id
+  ), frozen as (
+    update memory_private.request_recall f
+       set dependency_ids = memory_private.with_dependencies(
+                              p_workspace_id, f.dependency_ids, f.basis_record_ids, gone.ids),
+           index_text = case when f.mode = 'index' then null end,
+           index_withdrawn = f.index_withdrawn or f.mode = 'index'
+      from gone
+     where f.workspace_id = p_workspace_id and f.scope_id = gone.scope_id
+       and f.basis_record_ids && gone.ids
+    returning 1
+  ), called as (
+    update memory_private.tool_calls c
+       set dependency_ids = memory_private.with_dependencies(
+                              p_workspace_id, c.dependency_ids, c.record_ids, gone.ids)
+      from gone
+     where c.workspace_id = p_workspace_id and c.scope_id = gone.scope_id
+       and c.tool = 'query_memories' and c.record_ids && gone.ids
+    returning 1
+  )
+  select (select count(*) from frozen) + (select count(*) from called) into v_deleted;
+
   with gone as (
     delete from memory_private.records
      where workspace_id = p_workspace_id and record_id = any(p_record_ids)
@@ -3982,23 +4026,17 @@ begin
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
     returning 1
-  ), withdrawn as (
-    -- In-flight recall: a frozen index text made from a deleted record goes with it (T7).
-    update memory_private.request_recall f
-       set index_text = null, index_withdrawn = true
-      from touched t
-     where f.workspace_id = p_workspace_id and f.scope_id = t.scope_id and f.mode = 'index'
-       and f.basis_record_ids && t.ids and f.index_text is not null
-    returning 1
   )
   select count(*) into v_deleted from gone;
   return v_deleted;
 end
 $$;
 comment on function memory_private.delete_records(text, bigint[]) is
-  'Deletes records of one workspace (forget, retention, pruning): drops every scope index and '
-  'withdraws every frozen recall index built with one of them as a candidate, and marks their '
-  'scopes for consolidation. Returns how many were deleted.';
+  'Deletes records of one workspace (forget, retention, pruning): first copies their '
+  'dependencies (ids) to the requests that were shown them, so those answers keep their '
+  'provenance, and erases the frozen index texts built with them; then drops every scope index '
+  'built with one of them and marks their scopes for consolidation. Returns how many records '
+  'were deleted.';
 
 create function memory_private.forget_set(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint
@@ -4396,10 +4434,10 @@ begin
     from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
                                       v_title) a;
   insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, args_hash, authority, outcome, record_ids,
-     created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_hash, v_authority,
-          v_outcome,
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
+     record_ids, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
+          v_hash, v_authority, v_outcome,
           array(select (v_outcome ->> 'memory_id')::bigint
                  where v_outcome ->> 'memory_id' is not null), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update
@@ -4432,8 +4470,8 @@ grant execute on function memory.manage_memory(text, text, text, jsonb) to memor
 -- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
 --   2. answers derived from recalled records that rest on an erased message are erased too,
---      transitively (T3); what a request was shown is its provenance (request_recall and
---      tool_calls keep the ids of every message those records depend on);
+--      transitively (T3); the records a request was shown, and the dependencies of those deleted
+--      since, are its provenance (request_recall, tool_calls);
 --   3. records that can never be valid again are deleted, with every index built with them;
 --   4. what was made from an erased message is erased: frozen recall index texts, job inputs'
 --      content hashes, job checkpoints and extraction markers (messages.scrub_pending);
@@ -4458,20 +4496,36 @@ comment on function memory_private.erase_expired_messages(text) is
   'Erases the text and hash of every message of the workspace past its retention (T6) and '
   'marks it for scrubbing.';
 
-create function memory_private.request_provenance(p_workspace_id text)
-  returns table (request_id text, message_id text)
+create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
+  returns setof text
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
-  select f.request_id, unnest(f.dependency_ids)
-    from memory_private.request_recall f where f.workspace_id = p_workspace_id
+  select unnest(f.dependency_ids)
+    from memory_private.request_recall f
+   where f.workspace_id = p_workspace_id and f.request_id = p_request_id
   union
-  select c.request_id, unnest(c.dependency_ids)
-    from memory_private.tool_calls c where c.workspace_id = p_workspace_id
+  select d.message_id
+    from memory_private.request_recall f
+    join memory_private.record_dependencies d
+      on d.workspace_id = f.workspace_id and d.record_id = any(f.basis_record_ids)
+   where f.workspace_id = p_workspace_id and f.request_id = p_request_id
+  union
+  select unnest(c.dependency_ids)
+    from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool = 'query_memories'
+  union
+  select d.message_id
+    from memory_private.tool_calls c
+    join memory_private.record_dependencies d
+      on d.workspace_id = c.workspace_id and d.record_id = any(c.record_ids)
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool = 'query_memories'
 $$;
-comment on function memory_private.request_provenance(text) is
-  'Every (request, message) of the workspace such that the request was shown a record that '
-  'depends on the message, by recall or by query_memories (T2, T3).';
+comment on function memory_private.request_provenance(text, text) is
+  'The ids of every message one request''s answer rests on: the dependencies of every record '
+  'it was shown, by recall or by query_memories, including records deleted since (T2).';
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -4480,23 +4534,29 @@ create function memory_private.erase_derived_answers(p_workspace_id text) return
 declare
   v_total integer := 0;
   v_round integer;
+  v_gone text[];
+  v_hit bigint[];
 begin
-  -- An assistant answer is derived from every message its request's recalled records depend
-  -- on. When one of them is erased (scrub_pending: erased since the last sweep), the answer is
-  -- erased too; an answer derived from *that* answer goes next, and so on until nothing changes
-  -- (T3). Only newly erased messages are looked at: older ones were handled by earlier sweeps.
-  if not exists (select 1 from memory_private.messages
-                  where workspace_id = p_workspace_id and scrub_pending) then
-    return 0;
-  end if;
+  -- An assistant answer is derived from every message the records its request was shown depend
+  -- on (memory_private.request_provenance). When one of them is erased (scrub_pending: erased
+  -- since the last sweep), the answer is erased too; an answer derived from *that* answer goes
+  -- next, and so on until nothing changes (T3). Only newly erased messages are looked at: older
+  -- ones were handled by earlier sweeps.
   loop
-    with gone as (
-      select m.message_id from memory_private.messages m
-       where m.workspace_id = p_workspace_id and m.scrub_pending
-    ), derived as (
-      select distinct p.request_id
-        from memory_private.request_provenance(p_workspace_id) p
-        join gone on gone.message_id = p.message_id
+    v_gone := array(select message_id from memory_private.messages
+                     where workspace_id = p_workspace_id and scrub_pending);
+    exit when cardinality(v_gone) = 0;
+    -- The records resting on them (not yet purged: the purge runs after this step).
+    v_hit := array(select distinct record_id from memory_private.record_dependencies
+                    where workspace_id = p_workspace_id and message_id = any(v_gone));
+    with derived as (
+      select f.request_id from memory_private.request_recall f
+       where f.workspace_id = p_workspace_id
+         and (f.dependency_ids && v_gone or f.basis_record_ids && v_hit)
+      union
+      select c.request_id from memory_private.tool_calls c
+       where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+         and (c.dependency_ids && v_gone or c.record_ids && v_hit)
     ), erased as (
       update memory_private.messages a
          set body = null, content_hash = null, removed_at = memory_private.clock_now(),
@@ -4514,9 +4574,9 @@ begin
 end
 $$;
 comment on function memory_private.erase_derived_answers(text) is
-  'Erases, transitively, assistant answers of requests that were shown a record depending on a '
-  'message erased since the last sweep; records built on those answers then fail validation in '
-  'turn (T3).';
+  'Erases, transitively, the assistant answers of requests that were shown a record depending on '
+  'a message erased since the last sweep (by recall or query_memories, also records deleted '
+  'since); records built on those answers then fail validation in turn (T3).';
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -4710,13 +4770,7 @@ begin
   end if;
   select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
     into v_boundary
-    from (select unnest(f.dependency_ids) as message_id
-            from memory_private.request_recall f
-           where f.workspace_id = p_workspace_id and f.request_id = p_request_id
-          union
-          select unnest(c.dependency_ids)
-            from memory_private.tool_calls c
-           where c.workspace_id = p_workspace_id and c.request_id = p_request_id) d
+    from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m
       on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
   return v_boundary;

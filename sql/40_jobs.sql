@@ -1012,19 +1012,22 @@ create function memory_private.passages(p_text text) returns text[]
   set search_path = pg_catalog, pg_temp
   as $$
   -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
-  -- its own (those scripts do not separate words with spaces).
-  -- (Spaced apart first: a regular expression takes the longest match, so a run of them would
-  -- otherwise be one word.)
-  with w as (
-    select array_agg(m.t[1] order by m.n) as a
-      from regexp_matches(
-             regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
-             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
-           with ordinality as m(t, n)
-  )
-  select coalesce(array(select distinct array_to_string(w.a[i:i + 7], ' ')
-                          from generate_series(1, cardinality(w.a) - 7) as i), '{}')
-    from w
+  -- its own (those scripts do not separate words with spaces). They are spaced apart first: a
+  -- regular expression takes the longest match, so a run of them would otherwise be one word.
+  -- One pass with a window over the words (linear in the text).
+  select coalesce(array_agg(distinct x.p), '{}')
+    from (select concat_ws(' ', w.t, lead(w.t, 1) over o, lead(w.t, 2) over o,
+                           lead(w.t, 3) over o, lead(w.t, 4) over o, lead(w.t, 5) over o,
+                           lead(w.t, 6) over o, lead(w.t, 7) over o) as p,
+                 lead(w.t, 7) over o as eighth
+            from (select m.t[1] as t, m.n
+                    from regexp_matches(
+                           regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])',
+                                          ' \1 ', 'g'),
+                           '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
+                         with ordinality as m(t, n)) w
+          window o as (order by w.n)) x
+   where x.eighth is not null
 $$;
 comment on function memory_private.passages(text) is
   'Every run of eight consecutive words of a text (lower case; a CJK character counts as a '

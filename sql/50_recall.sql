@@ -12,10 +12,13 @@
 -- (the same rule, kept equal by a test). Scheduled requests read nothing (V5); a scope with
 -- recall turned off shows nothing (C8).
 --
--- Provenance of an answer: every call stores the ids of the messages the records it showed were
--- made from (their dependencies, not only the sources shown), so the answer's retention
--- boundary and the sweep of derived answers follow them even after those records are gone (T2,
--- T3). Only ids are kept: no text, no hash.
+-- Provenance of an answer: every call keeps the ids of the records it showed (recall: every
+-- record behind the index or directory; query_memories: every record returned). Records and
+-- their dependencies never change, so the messages an answer rests on are those records'
+-- dependencies; when such a record is deleted, memory_private.delete_records first copies the
+-- ids of its dependencies to the requests that were shown it (dependency_ids). The answer's
+-- retention boundary and the sweep of derived answers follow both (T2, T3), also after the
+-- records are gone. Only ids are kept: no text, no hash. Reads write nothing more for it.
 
 create table memory_private.request_recall (
   workspace_id text not null,
@@ -37,12 +40,15 @@ create table memory_private.request_recall (
 );
 comment on table memory_private.request_recall is
   'What memory.recall gave a request on its first call, frozen for the request: the mode, the '
-  'index text (index mode), the record ids shown, the records the content was made from (index '
-  'mode: every candidate of the index; directory mode: the records shown) and the ids of the '
-  'messages those records depend on (the answer''s provenance, T2, T3). Records are immutable, '
-  'so ids are enough to show the same content again; each later read re-checks them. The index '
-  'text is erased as soon as a record it was built from is deleted (forget, retention, pruning) '
-  'and withheld while one is not valid for the reader.';
+  'index text (index mode), the record ids shown, and the records the content was made from '
+  '(index mode: every candidate of the index; directory mode: the records shown): with their '
+  'dependencies, the answer''s provenance (T2, T3). Records are immutable, so ids are enough to '
+  'show the same content again; each later read re-checks them. The index text is erased as '
+  'soon as a record it was built from is deleted (forget, retention, pruning) and withheld while '
+  'one is not valid for the reader.';
+comment on column memory_private.request_recall.dependency_ids is
+  'The dependencies (message ids) of records in basis_record_ids that were deleted since: '
+  'memory_private.delete_records copies them here so the provenance outlives the records.';
 
 create index request_recall_scope_idx on memory_private.request_recall (workspace_id, scope_id);
 
@@ -51,6 +57,7 @@ create table memory_private.tool_calls (
   request_id text not null,
   tool_call_id text not null,
   tool text not null check (tool in ('query_memories', 'manage_memory')),
+  scope_id bigint not null,
   args_hash text not null,
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
@@ -59,7 +66,8 @@ create table memory_private.tool_calls (
   created_at timestamptz not null,
   updated_at timestamptz not null,
   primary key (workspace_id, request_id, tool_call_id),
-  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade
+  foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
 comment on table memory_private.tool_calls is
   'One row per memory tool call id of a request, so a replayed call is recognised: usage is '
@@ -69,9 +77,11 @@ comment on column memory_private.tool_calls.record_ids is
   'query_memories: every record the call (and its replays) returned; their first 20 sources are '
   'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
 comment on column memory_private.tool_calls.dependency_ids is
-  'query_memories: the ids of every message the returned records depend on (not only the 20 '
-  'sources shown): the answer''s provenance for its retention boundary and the derived-answer '
-  'sweep (T2, T3). Ids only.';
+  'query_memories: the dependencies (message ids) of returned records that were deleted since, '
+  'copied by memory_private.delete_records: with the dependencies of the records still there, '
+  'the answer''s provenance (T2, T3). Ids only.';
+
+create index tool_calls_scope_idx on memory_private.tool_calls (workspace_id, scope_id);
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';
@@ -244,18 +254,6 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in.';
 
-create function memory_private.record_dependency_ids(p_workspace_id text, p_record_ids bigint[])
-  returns text[]
-  language sql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select array(select distinct d.message_id from memory_private.record_dependencies d
-                where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids))
-$$;
-comment on function memory_private.record_dependency_ids(text, bigint[]) is
-  'The ids of every message the given records depend on: the provenance a read stores for its '
-  'request.';
-
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
 ) returns jsonb
@@ -376,9 +374,8 @@ begin
   end if;
   insert into memory_private.request_recall
     (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
-     dependency_ids, created_at)
+     created_at)
   values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
-          memory_private.record_dependency_ids(p_workspace_id, v_basis),
           memory_private.clock_now())
   on conflict (workspace_id, request_id) do nothing
   returning * into v_frozen;
@@ -400,8 +397,8 @@ comment on function memory.recall(text, text) is
   'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
   'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
   'call: later calls return the same content minus records no longer valid, and the index text '
-  'only while every record it was built from still is (R3). Stores the ids of the messages '
-  'those records depend on as the request''s provenance (T2).';
+  'only while every record it was built from still is (R3). Those records are the request''s '
+  'provenance (T2).';
 
 -- query_memories -------------------------------------------------------------------------------
 
@@ -442,8 +439,9 @@ begin
 
   v_hash := memory_private.args_hash(p_args);
   insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, args_hash, created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_hash, v_now, v_now)
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+          v_hash, v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do nothing;
   v_first := found;
   if not v_first then
@@ -488,14 +486,10 @@ begin
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
     left join per_record d on d.record_id = f.record_id;
 
-  -- What the call returned, and every message those records depend on (the answer's
-  -- provenance, T2, T3), kept with the tool call; a replay adds what it returned.
+  -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
+  -- the tool call; a replay adds what it returned.
   update memory_private.tool_calls
      set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
-         dependency_ids = array(select distinct x
-                                  from unnest(dependency_ids
-                                              || memory_private.record_dependency_ids(
-                                                   p_workspace_id, v_ids)) x order by 1),
          updated_at = v_now
    where workspace_id = p_workspace_id and request_id = p_request_id
      and tool_call_id = p_tool_call_id;
@@ -522,8 +516,8 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
   'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
   'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
-  'R5). The source ids join the request''s citation set (R6); the ids of every message the '
-  'returned records depend on are kept as the request''s provenance (T2). Usage is '
+  'R5). The source ids join the request''s citation set (R6); the returned records are the '
+  'request''s provenance (T2). Usage is '
   'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
   'was used with other arguments; MB005 for a scheduled request.';
 

@@ -226,6 +226,24 @@ comment on function memory_private.note_title(text) is
 
 -- Removing records -------------------------------------------------------------------------
 
+create function memory_private.with_dependencies(
+  p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
+) returns text[]
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select array(select x from unnest(p_kept) as x
+               union
+               select d.message_id from memory_private.record_dependencies d
+                where d.workspace_id = p_workspace_id
+                  and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
+               order by 1)
+$$;
+comment on function memory_private.with_dependencies(text, text[], bigint[], bigint[]) is
+  'p_kept plus the dependencies (message ids) of the shown records that are being deleted: the '
+  'provenance delete_records keeps for a request.';
+
+
 create function memory_private.delete_records(
   p_workspace_id text, p_record_ids bigint[]
 ) returns integer
@@ -235,6 +253,35 @@ create function memory_private.delete_records(
 declare
   v_deleted integer;
 begin
+  -- The provenance of the answers that were shown these records outlives them: their
+  -- dependencies (ids only) are copied to those requests first (T2, T3). And a frozen index
+  -- text made from a deleted record goes with it (T7).
+  with gone as (
+    select r.scope_id, array_agg(r.record_id) as ids
+      from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     group by r.scope_id
+  ), frozen as (
+    update memory_private.request_recall f
+       set dependency_ids = memory_private.with_dependencies(
+                              p_workspace_id, f.dependency_ids, f.basis_record_ids, gone.ids),
+           index_text = case when f.mode = 'index' then null end,
+           index_withdrawn = f.index_withdrawn or f.mode = 'index'
+      from gone
+     where f.workspace_id = p_workspace_id and f.scope_id = gone.scope_id
+       and f.basis_record_ids && gone.ids
+    returning 1
+  ), called as (
+    update memory_private.tool_calls c
+       set dependency_ids = memory_private.with_dependencies(
+                              p_workspace_id, c.dependency_ids, c.record_ids, gone.ids)
+      from gone
+     where c.workspace_id = p_workspace_id and c.scope_id = gone.scope_id
+       and c.tool = 'query_memories' and c.record_ids && gone.ids
+    returning 1
+  )
+  select (select count(*) from frozen) + (select count(*) from called) into v_deleted;
+
   with gone as (
     delete from memory_private.records
      where workspace_id = p_workspace_id and record_id = any(p_record_ids)
@@ -255,23 +302,17 @@ begin
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
     returning 1
-  ), withdrawn as (
-    -- In-flight recall: a frozen index text made from a deleted record goes with it (T7).
-    update memory_private.request_recall f
-       set index_text = null, index_withdrawn = true
-      from touched t
-     where f.workspace_id = p_workspace_id and f.scope_id = t.scope_id and f.mode = 'index'
-       and f.basis_record_ids && t.ids and f.index_text is not null
-    returning 1
   )
   select count(*) into v_deleted from gone;
   return v_deleted;
 end
 $$;
 comment on function memory_private.delete_records(text, bigint[]) is
-  'Deletes records of one workspace (forget, retention, pruning): drops every scope index and '
-  'withdraws every frozen recall index built with one of them as a candidate, and marks their '
-  'scopes for consolidation. Returns how many were deleted.';
+  'Deletes records of one workspace (forget, retention, pruning): first copies their '
+  'dependencies (ids) to the requests that were shown them, so those answers keep their '
+  'provenance, and erases the frozen index texts built with them; then drops every scope index '
+  'built with one of them and marks their scopes for consolidation. Returns how many records '
+  'were deleted.';
 
 create function memory_private.forget_set(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint
@@ -669,10 +710,10 @@ begin
     from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
                                       v_title) a;
   insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, args_hash, authority, outcome, record_ids,
-     created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_hash, v_authority,
-          v_outcome,
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
+     record_ids, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
+          v_hash, v_authority, v_outcome,
           array(select (v_outcome ->> 'memory_id')::bigint
                  where v_outcome ->> 'memory_id' is not null), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update

@@ -4,8 +4,8 @@
 -- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
 --   2. answers derived from recalled records that rest on an erased message are erased too,
---      transitively (T3); what a request was shown is its provenance (request_recall and
---      tool_calls keep the ids of every message those records depend on);
+--      transitively (T3); the records a request was shown, and the dependencies of those deleted
+--      since, are its provenance (request_recall, tool_calls);
 --   3. records that can never be valid again are deleted, with every index built with them;
 --   4. what was made from an erased message is erased: frozen recall index texts, job inputs'
 --      content hashes, job checkpoints and extraction markers (messages.scrub_pending);
@@ -30,20 +30,36 @@ comment on function memory_private.erase_expired_messages(text) is
   'Erases the text and hash of every message of the workspace past its retention (T6) and '
   'marks it for scrubbing.';
 
-create function memory_private.request_provenance(p_workspace_id text)
-  returns table (request_id text, message_id text)
+create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
+  returns setof text
   language sql stable
   set search_path = pg_catalog, pg_temp
   as $$
-  select f.request_id, unnest(f.dependency_ids)
-    from memory_private.request_recall f where f.workspace_id = p_workspace_id
+  select unnest(f.dependency_ids)
+    from memory_private.request_recall f
+   where f.workspace_id = p_workspace_id and f.request_id = p_request_id
   union
-  select c.request_id, unnest(c.dependency_ids)
-    from memory_private.tool_calls c where c.workspace_id = p_workspace_id
+  select d.message_id
+    from memory_private.request_recall f
+    join memory_private.record_dependencies d
+      on d.workspace_id = f.workspace_id and d.record_id = any(f.basis_record_ids)
+   where f.workspace_id = p_workspace_id and f.request_id = p_request_id
+  union
+  select unnest(c.dependency_ids)
+    from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool = 'query_memories'
+  union
+  select d.message_id
+    from memory_private.tool_calls c
+    join memory_private.record_dependencies d
+      on d.workspace_id = c.workspace_id and d.record_id = any(c.record_ids)
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool = 'query_memories'
 $$;
-comment on function memory_private.request_provenance(text) is
-  'Every (request, message) of the workspace such that the request was shown a record that '
-  'depends on the message, by recall or by query_memories (T2, T3).';
+comment on function memory_private.request_provenance(text, text) is
+  'The ids of every message one request''s answer rests on: the dependencies of every record '
+  'it was shown, by recall or by query_memories, including records deleted since (T2).';
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -52,23 +68,29 @@ create function memory_private.erase_derived_answers(p_workspace_id text) return
 declare
   v_total integer := 0;
   v_round integer;
+  v_gone text[];
+  v_hit bigint[];
 begin
-  -- An assistant answer is derived from every message its request's recalled records depend
-  -- on. When one of them is erased (scrub_pending: erased since the last sweep), the answer is
-  -- erased too; an answer derived from *that* answer goes next, and so on until nothing changes
-  -- (T3). Only newly erased messages are looked at: older ones were handled by earlier sweeps.
-  if not exists (select 1 from memory_private.messages
-                  where workspace_id = p_workspace_id and scrub_pending) then
-    return 0;
-  end if;
+  -- An assistant answer is derived from every message the records its request was shown depend
+  -- on (memory_private.request_provenance). When one of them is erased (scrub_pending: erased
+  -- since the last sweep), the answer is erased too; an answer derived from *that* answer goes
+  -- next, and so on until nothing changes (T3). Only newly erased messages are looked at: older
+  -- ones were handled by earlier sweeps.
   loop
-    with gone as (
-      select m.message_id from memory_private.messages m
-       where m.workspace_id = p_workspace_id and m.scrub_pending
-    ), derived as (
-      select distinct p.request_id
-        from memory_private.request_provenance(p_workspace_id) p
-        join gone on gone.message_id = p.message_id
+    v_gone := array(select message_id from memory_private.messages
+                     where workspace_id = p_workspace_id and scrub_pending);
+    exit when cardinality(v_gone) = 0;
+    -- The records resting on them (not yet purged: the purge runs after this step).
+    v_hit := array(select distinct record_id from memory_private.record_dependencies
+                    where workspace_id = p_workspace_id and message_id = any(v_gone));
+    with derived as (
+      select f.request_id from memory_private.request_recall f
+       where f.workspace_id = p_workspace_id
+         and (f.dependency_ids && v_gone or f.basis_record_ids && v_hit)
+      union
+      select c.request_id from memory_private.tool_calls c
+       where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+         and (c.dependency_ids && v_gone or c.record_ids && v_hit)
     ), erased as (
       update memory_private.messages a
          set body = null, content_hash = null, removed_at = memory_private.clock_now(),
@@ -86,9 +108,9 @@ begin
 end
 $$;
 comment on function memory_private.erase_derived_answers(text) is
-  'Erases, transitively, assistant answers of requests that were shown a record depending on a '
-  'message erased since the last sweep; records built on those answers then fail validation in '
-  'turn (T3).';
+  'Erases, transitively, the assistant answers of requests that were shown a record depending on '
+  'a message erased since the last sweep (by recall or query_memories, also records deleted '
+  'since); records built on those answers then fail validation in turn (T3).';
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -282,13 +304,7 @@ begin
   end if;
   select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
     into v_boundary
-    from (select unnest(f.dependency_ids) as message_id
-            from memory_private.request_recall f
-           where f.workspace_id = p_workspace_id and f.request_id = p_request_id
-          union
-          select unnest(c.dependency_ids)
-            from memory_private.tool_calls c
-           where c.workspace_id = p_workspace_id and c.request_id = p_request_id) d
+    from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m
       on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
   return v_boundary;

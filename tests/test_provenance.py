@@ -491,3 +491,31 @@ def test_the_worker_reports_an_input_changed_during_the_call_as_failed_and_goes_
     assert attempt == ("failed", Decimal("0.002000")), "closed, with its usage charged"
     assert value(conn, "select count(*) from memory_private.records") == 0
     assert scope_of(conn, "ws1", "r1")
+
+
+@pytest.mark.parametrize("how", ["forget", "prune"])
+def test_an_answers_provenance_outlives_the_records_it_was_shown(
+        conn: psycopg.Connection, how: str) -> None:
+    w = World(conn)
+    w.basic()
+    soon = datetime(2031, 1, 1, tzinfo=UTC)
+    w.request("ws1", "h", chat="dm-alice", user="alice")
+    w.message("ws1", "h-u", "h", "user", "alice", "I prefer tea", retain_until=soon)
+    w.message("ws1", "h-a", "h", "assistant", "bot1", "Noted.")
+    record = make_record(conn, "ws1", "h", ["h-a"], reused=["h-u"])
+    for req in ("q1", "q2"):
+        w.request("ws1", req, chat="dm-alice", user="alice", status="running")
+        w.message("ws1", f"{req}-a", req, "assistant", "bot1", "You prefer tea.")
+    assert recall(conn, "ws1", "q1")["mode"] == "directory"
+    assert query(conn, "ws1", "q2", "c1", {"id": record})["count"] == 1
+    if how == "forget":
+        conn.execute("select memory_private.forget_records('ws1', %s, %s, array[%s]::bigint[])",
+                     (scope_of(conn, "ws1", "h"), record, record))
+    else:
+        conn.execute("select memory_private.delete_records('ws1', array[%s]::bigint[])",
+                     (record,))
+    assert value(conn, "select count(*) from memory_private.records") == 0
+    assert boundary(conn, "ws1", "q1") == soon and boundary(conn, "ws1", "q2") == soon
+    assert citations(conn, "ws1", "q2") == [], "a record gone authorizes nothing"
+    w.remove("ws1", "h-u")
+    assert sweep(conn, "ws1")["answers_erased"] == 2
