@@ -1,6 +1,6 @@
 """The worker's own cost: overhead per model call (Pi RPC vs a direct HTTP call) and peak RSS.
 
-Both adapters call the same local fake OpenAI-compatible server (``tests/fakemodel.py``), which
+Both adapters call the same local fake OpenAI-compatible server (``pyworker/fakemodel.py``), which
 answers at once, so what is measured is the adapters' overhead, not a model. The fake runs in
 its own process so that it does not share the measuring process's interpreter lock.
 
@@ -32,8 +32,7 @@ PRICES: dict[str, Any] = {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrit
 
 FAKE_SERVER = """
 import sys
-sys.path.insert(0, sys.argv[1])
-from tests.fakemodel import FakeModel
+from pyworker.fakemodel import FakeModel
 with FakeModel() as fake:
     print(fake.url, flush=True)
     sys.stdin.read()
@@ -49,7 +48,7 @@ def fake_server() -> Iterator[str]:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         if not url.startswith("http"):
-            raise RuntimeError("the fake model server did not start (tests/fakemodel.py)")
+            raise RuntimeError("the fake model server did not start (pyworker/fakemodel.py)")
         yield url
     finally:
         if proc.stdin:
@@ -258,16 +257,6 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
 
 
 def measure(dsn: str, *, calls: int, job_dsn: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    try:
-        import tests.fakemodel
-    except ImportError:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-    try:
-        import tests.fakemodel  # noqa: F401
-    except ImportError as exc:
-        reason = f"the fake model server (tests/fakemodel.py) is not importable: {exc}"
-        return not_available(reason), not_available(reason)
     with fake_server() as url:
         overhead = measure_overhead(url, calls)
         memory = measure_memory(url, calls, job_dsn or (lambda _name: None))
