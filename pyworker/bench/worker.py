@@ -25,9 +25,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyworker.bench_db import not_available, summarize
+from pyworker.bench.db import not_available, summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 PRICES: dict[str, Any] = {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}
 
 FAKE_SERVER = """
@@ -199,7 +199,7 @@ def rss_child(adapter_name: str, url: str, dsn: str | None, calls: int) -> dict[
     pi_mib = None
     try:
         if dsn is not None:
-            from pyworker.bench_jobs import NoMaintenanceDatabase
+            from pyworker.bench.jobs import NoMaintenanceDatabase
             from pyworker.worker import Worker, WorkerConfig
 
             config = WorkerConfig(dsn=dsn, interval=0.1)
@@ -234,7 +234,7 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
     variants = ["offline"] + (["pi"] if pi_unavailable_reason() is None else [])
     for name in variants:
         dsn = job_dsn(name)
-        code = ("import json, sys; from pyworker.bench_worker import rss_child; "
+        code = ("import json, sys; from pyworker.bench.worker import rss_child; "
                 "print(json.dumps(rss_child(sys.argv[1], sys.argv[2], "
                 "sys.argv[3] or None, int(sys.argv[4]))))")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
