@@ -154,8 +154,12 @@ def log(msg: str) -> None:
 
 
 def run(profile: Profile, *, dsn: str | None, out_dir: Path,
-        data_dir: Path = ROOT / ".pimem" / "bench-pg", server: str = "embedded") -> Section:
+        data_dir: Path | None = None, server: str = "embedded") -> Section:
     started = time.monotonic()
+    if data_dir is None:
+        from pyworker.servers import state_dir
+
+        data_dir = state_dir() / "bench-pg"
     target = open_target(dsn, data_dir, server)
     command = "pimem bench" + (" --quick" if profile.name == "quick" else "")
     if profile.sizes != PROFILES[profile.name].sizes:

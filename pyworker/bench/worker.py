@@ -27,7 +27,6 @@ from typing import Any
 
 from pyworker.bench.db import not_available, summarize
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 PRICES: dict[str, Any] = {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}
 
 FAKE_SERVER = """
@@ -42,7 +41,7 @@ with FakeModel() as fake:
 @contextmanager
 def fake_server() -> Iterator[str]:
     """The fake model server in a child process; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(ROOT)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -237,9 +236,8 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
         code = ("import json, sys; from pyworker.bench.worker import rss_child; "
                 "print(json.dumps(rss_child(sys.argv[1], sys.argv[2], "
                 "sys.argv[3] or None, int(sys.argv[4]))))")
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
         res = subprocess.run([sys.executable, "-c", code, name, url, dsn or "", str(calls)],
-                             capture_output=True, text=True, env=env, timeout=600, check=False)
+                             capture_output=True, text=True, timeout=600, check=False)
         if res.returncode != 0:
             out[f"worker ({name})"] = None
             notes.append(f"{name}: failed: {res.stderr.strip()[-300:]}")
