@@ -2,14 +2,15 @@
 
 The repository's HEAD (``git archive``: what is committed, not the working tree) is unpacked into
 a temporary directory; ``python -m build`` makes the sdist and a wheel from that sdist, and
-``pip wheel`` makes a wheel straight from the tree; both wheels must hold the same files: every
+``pip wheel`` makes a wheel straight from the tree (without build isolation, to save time); both
+wheels must hold the same files: every
 subpackage, the schema, the migrations, the prompts and the data. The wheel built from the sdist
 goes into a fresh virtual environment outside the checkout (its dependencies come from the
 package index, so pip's cache makes repeated runs cheap), and from a directory outside the
 checkout that environment's ``pimem`` migrates an empty database of the throwaway server (twice:
 the second run is a no-op), runs the worker once over a finished conversation with the offline
-model, runs the demo, shows the status, and exports the tool schemas. About 35 s on the 2-core
-machine with a warm pip cache (docs/migrations.md).
+model, runs the demo, shows the status, and exports the tool schemas. About 20 s on the 2-core
+machine with a warm pip cache, 45-75 s while other test suites share it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ from tests.conftest import Server
 from tests.factory import World
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run by the installed interpreter: where pyworker comes from, whether the test tree is
+# importable, and which benchmark modules the CLI and the worker pulled in.
+PROBE = """
+import importlib.util, sys
+import pyworker, pyworker.cli, pyworker.worker
+print(pyworker.__file__)
+print(importlib.util.find_spec("tests") is None)
+print(sorted(m for m in sys.modules if m.startswith("pyworker.bench")))
+"""
 
 
 def run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None,
@@ -69,14 +79,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     python = sys.executable
     run([python, "-m", "build", "--outdir", str(base / "dist"), str(src)], cwd=base)
-    run([python, "-m", "pip", "wheel", "--no-deps", "-w", str(base / "direct"), str(src)],
-        cwd=base)
+    run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+         str(base / "direct"), str(src)], cwd=base)
     [from_sdist] = (base / "dist").glob("pimem-*.whl")
     [sdist] = (base / "dist").glob("pimem-*.tar.gz")
     [direct] = (base / "direct").glob("pimem-*.whl")
     venv = base / "venv"
-    run([python, "-m", "venv", str(venv)], cwd=base)
-    run([str(venv / "bin" / "pip"), "install", "-q", str(from_sdist)], cwd=base)
+    # A bare venv filled by this environment's pip (ensurepip would add 5-10 s and nothing the
+    # test looks at).
+    run([python, "-m", "venv", "--without-pip", str(venv)], cwd=base)
+    run([python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+         str(from_sdist)], cwd=base)
     home = base / "home"
     home.mkdir()
     return {"src": src, "wheel": from_sdist, "sdist": sdist, "direct": direct, "venv": venv,
@@ -119,12 +132,7 @@ def test_a_user_install_migrates_runs_the_worker_and_the_demo_away_from_the_chec
     env.update(PIMEM_HOME=str(installed["home"]), COLUMNS="200")
     cwd = tmp_path  # outside the checkout: nothing can be imported from it
 
-    probe = run([str(venv_bin / "python"), "-c",
-                 "import importlib.util, sys, pyworker, pyworker.cli, pyworker.worker; "
-                 "print(pyworker.__file__); "
-                 "print(importlib.util.find_spec('tests') is None); "
-                 "print(sorted(m for m in sys.modules if m.startswith('pyworker.bench')))"],
-                cwd=cwd, env=env).stdout.splitlines()
+    probe = run([str(venv_bin / "python"), "-c", PROBE], cwd=cwd, env=env).stdout.splitlines()
     assert probe[0].startswith(str(installed["venv"])), probe
     assert probe[1:] == ["True", "[]"], "the runtime worker imports no benchmark and no tests"
     assert pyworker.__version__ in run([pimem, "--version"], cwd=cwd, env=env).stdout
