@@ -244,8 +244,12 @@ def demo(
     from pyworker.demo import run_demo
 
     provider, _, model_id = model_ref.partition("/")
-    result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
-                      pi_models=pi_models)
+    try:
+        result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
+                          pi_models=pi_models)
+    except schema.MigrateError as exc:
+        console.print(f"[red]pimem demo: {exc}[/red]")
+        raise typer.Exit(1) from None
     if result.get("leaked"):
         raise typer.Exit(1)
 
