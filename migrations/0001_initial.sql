@@ -1,6 +1,7 @@
 -- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is tagged this file is regenerated from sql/; after it, it is frozen
--- and every change ships as a new migration (see docs/migrations.md).
+-- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
+-- is regenerated from sql/; after it, it never changes and every change ships as a new migration
+-- (see docs/migrations.md).
 
 -- ==== 00_base.sql ====
 -- 00_base.sql: schemas, roles, the clock, errors and argument checks.

@@ -190,8 +190,9 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
 INITIAL_MIGRATION = MIGRATIONS_DIR / "0001_initial.sql"
 BUNDLE_HEADER = """\
 -- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is tagged this file is regenerated from sql/; after it, it is frozen
--- and every change ships as a new migration (see docs/migrations.md).
+-- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
+-- is regenerated from sql/; after it, it never changes and every change ships as a new migration
+-- (see docs/migrations.md).
 """
 
 

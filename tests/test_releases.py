@@ -40,6 +40,7 @@ from tests.conftest import Server
 from tests.factory import World
 
 RELEASED = releases.load()
+SYNTHETIC_VERSION = "0.0.1"
 NO_RELEASE = ("no release is frozen yet; `pimem freeze-release VERSION` (docs/migrations.md) "
               "records one and turns this test on")
 
@@ -118,7 +119,10 @@ def synthetic(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Sy
         shutil.copyfile(path, release_dir / path.name)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(schema, "MIGRATIONS_DIR", release_dir)
-        result = CliRunner().invoke(app, ["freeze-release", pyworker.__version__,
+        mp.setattr(pyworker, "__version__", SYNTHETIC_VERSION)
+        refused = CliRunner().invoke(app, ["freeze-release", "9.9.9"])
+        assert refused.exit_code == 1 and "set pyworker.__version__" in refused.output
+        result = CliRunner().invoke(app, ["freeze-release", SYNTHETIC_VERSION,
                                           "--dsn", pg_server.admin_dsn])
     assert result.exit_code == 0, result.output
     [release] = releases.load(release_dir)
