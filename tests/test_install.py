@@ -67,11 +67,9 @@ def expected_files(src: Path) -> set[str]:
     return files
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("the install test builds from `git archive HEAD`: needs git and a checkout")
-    base = tmp_path_factory.mktemp("install")
+def build_and_install(base: Path) -> dict[str, Path]:
+    """The clean copy, its sdist, the wheel from the sdist, the wheel from the tree, and a
+    fresh venv with the former installed."""
     src = base / "src"
     src.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"],
@@ -96,8 +94,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "home": home}
 
 
-def test_the_wheel_from_the_sdist_and_from_the_tree_hold_the_package_schema_and_metadata(
-        installed: dict[str, Path]) -> None:
+def check_distributions(installed: dict[str, Path]) -> None:
+    """Both wheels hold the same files: the package, its schema and migrations, its prompts and
+    data, and complete metadata; the sdist holds the sources and the tests."""
     files = wheel_files(installed["wheel"])
     assert files == wheel_files(installed["direct"])
     missing = expected_files(installed["src"]) - files
@@ -124,13 +123,20 @@ def test_the_wheel_from_the_sdist_and_from_the_tree_hold_the_package_schema_and_
             "tests/conftest.py", "LICENSE", "CHANGELOG.md"} <= names
 
 
-def test_a_user_install_migrates_runs_the_worker_and_the_demo_away_from_the_checkout(
-        installed: dict[str, Path], pg_server: Server, tmp_path: Path) -> None:
+def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_commands(
+        pg_server: Server, tmp_path: Path) -> None:
+    """One test, so that parallel test workers do not build and install twice."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("the install test builds from `git archive HEAD`: needs git and a checkout")
+    (tmp_path / "build").mkdir()
+    installed = build_and_install(tmp_path / "build")
+    check_distributions(installed)
     venv_bin = installed["venv"] / "bin"
     pimem = str(venv_bin / "pimem")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PIMEM_HOME=str(installed["home"]), COLUMNS="200")
-    cwd = tmp_path  # outside the checkout: nothing can be imported from it
+    cwd = tmp_path / "elsewhere"  # outside the checkout: nothing can be imported from it
+    cwd.mkdir()
 
     probe = run([str(venv_bin / "python"), "-c", PROBE], cwd=cwd, env=env).stdout.splitlines()
     assert probe[0].startswith(str(installed["venv"])), probe
