@@ -1,6 +1,7 @@
 -- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is tagged this file is regenerated from sql/; after it, it is frozen
--- and every change ships as a new migration (see docs/migrations.md).
+-- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
+-- is regenerated from sql/; after it, it never changes and every change ships as a new migration
+-- (see docs/migrations.md).
 
 -- ==== 00_base.sql ====
 -- 00_base.sql: schemas, roles, the clock, errors and argument checks.
@@ -159,6 +160,22 @@ create function memory_private.content_hash(p_text text) returns text
   as $$ select encode(sha256(convert_to(p_text, 'UTF8')), 'hex') $$;
 comment on function memory_private.content_hash(text) is
   'The content hash of a message text: hex SHA-256 of its UTF-8 bytes.';
+
+-- The schema version: the number of the last migration that built this schema (0001 = 1).
+-- Every migration after the first replaces this function with its own number, and sql/ says the
+-- same number, so `pimem migrate` can check that a database ends where the package expects
+-- (docs/migrations.md). Readable by every memory role: a deploy script or a worker may ask it.
+create function memory.schema_version() returns integer
+  language sql immutable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select 1 $$;
+comment on function memory.schema_version() is
+  'The schema version of this database: the number of the last migration applied (0001 = 1). '
+  'pimem migrate fails when it differs from the version the package expects.';
+
+revoke all on function memory.schema_version() from public;
+grant execute on function memory.schema_version()
+  to memory_backend, memory_worker, memory_operator;
 
 -- ==== 10_ingest.sql ====
 -- 10_ingest.sql: the facts the host application owns, mirrored into the database.

@@ -25,21 +25,107 @@ def _dsn(dsn: str | None) -> str:
     return value
 
 
+def _version(value: bool) -> None:
+    if value:
+        from pyworker import __version__
+
+        try:
+            expected: object = schema.expected_version()
+        except schema.MigrateError:
+            expected = "missing"
+        typer.echo(f"pimem {__version__} (schema version {expected})")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="print the package version and the schema version it migrates to")] = False,
+) -> None:
+    """Long-term conversation memory for chat bots, inside PostgreSQL."""
+
+
 @app.command()
-def migrate(dsn: str = typer.Option(None, "--dsn", help=DSN_HELP)) -> None:
-    """Bring a database to the current schema (idempotent; uses the yoyo migrations)."""
-    applied = schema.migrate(_dsn(dsn))
+def migrate(
+    dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="change nothing: exit 0 when the database is current, 1 when "
+        "migrations are pending, 2 when it is at another version")] = False,
+    lock_timeout: Annotated[float, typer.Option(
+        help="seconds to wait while another migrate holds the lock")] = schema.LOCK_TIMEOUT,
+) -> None:
+    """Bring a database to the current schema (idempotent; uses the yoyo migrations), then
+    check that memory.schema_version() is the version this package expects."""
+    import psycopg
+
+    target = _dsn(dsn)
+    try:
+        if check:
+            state = schema.schema_state(target)
+            if state.pending:
+                console.print(f"{len(state.pending)} migration(s) pending: "
+                              f"{', '.join(state.pending)}", markup=False)
+                raise typer.Exit(1)
+            problem = state.problem()
+            if problem:
+                console.print(f"[red]{problem}[/red]")
+                raise typer.Exit(2)
+            console.print(f"up to date (schema version {state.version})")
+            return
+        applied = schema.migrate(target, lock_timeout=lock_timeout)
+    except (schema.MigrateError, psycopg.Error) as exc:
+        console.print(f"[red]pimem migrate: {exc}[/red]")
+        raise typer.Exit(2 if check else 1) from None
+    version = schema.expected_version()
     if applied:
-        console.print(f"applied {len(applied)} migration(s): {', '.join(applied)}")
+        console.print(f"applied {len(applied)} migration(s): {', '.join(applied)}; "
+                      f"schema version {version}", markup=False)
     else:
-        console.print("already up to date")
+        console.print(f"already up to date (schema version {version})")
 
 
 @app.command("schema-bundle")
 def schema_bundle() -> None:
-    """Regenerate the unreleased first migration from sql/ (developers only)."""
-    path = schema.write_initial_migration()
+    """Regenerate the unreleased first migration from sql/ (maintainers, in a checkout)."""
+    if not schema.in_checkout():
+        console.print("[red]schema-bundle runs in a source checkout only[/red]")
+        raise typer.Exit(1)
+    try:
+        path = schema.write_initial_migration()
+    except schema.MigrateError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
     console.print(f"wrote {path}")
+
+
+@app.command("freeze-release")
+def freeze_release(
+    version: Annotated[str, typer.Argument(help="the release, MAJOR.MINOR.PATCH")],
+    dsn: Annotated[str | None, typer.Option(
+        "--dsn", help="a server where a superuser may create a scratch database (default: a "
+        "throwaway cluster of the machine's PostgreSQL binaries)")] = None,
+) -> None:
+    """Record VERSION in migrations/releases.json: its migration files and their sha256, the
+    schema version and the API per role (maintainers, in a checkout; docs/migrations.md)."""
+    from pyworker import __version__, releases
+
+    if not schema.in_checkout():
+        console.print("[red]freeze-release runs in a source checkout only[/red]")
+        raise typer.Exit(1)
+    if version != __version__:
+        console.print(f"[red]the package is version {__version__}: set pyworker.__version__ "
+                      f"to {version} first (docs/migrations.md)[/red]")
+        raise typer.Exit(1)
+    try:
+        release = releases.freeze(version, dsn=dsn)
+    except (ValueError, RuntimeError, schema.MigrateError) as exc:
+        console.print(f"[red]{exc}[/red]", markup=False)
+        raise typer.Exit(1) from None
+    functions = sum(len(v) for v in release.api.values())
+    console.print(f"release {release.version}: {len(release.migrations)} migration(s), schema "
+                  f"version {release.schema_version}, {functions} role grants recorded in "
+                  f"{releases.manifest_path()}", markup=False)
 
 
 ADAPTER_HELP = "model adapter: pi (the Pi CLI), openai (direct HTTP) or offline (heuristic)."
@@ -122,6 +208,14 @@ def bench(
 ) -> None:
     """Measure recall, query_memories, ingest, the job machinery and the worker, each beside
     its floor (docs/benchmarks.md)."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "procrastinate") if importlib.util.find_spec(m) is None]
+    if missing:
+        console.print(f"the 'bench' extra is not installed ({', '.join(missing)} missing): "
+                      "pip install 'pimem[bench]' (from a checkout: scripts/bench). Without it "
+                      "the growth plot and the procrastinate peer are reported as not "
+                      "available.", markup=False)
     from pyworker import bench as benchmark
 
     profile = benchmark.profile_for(quick, sizes)
@@ -138,7 +232,7 @@ def bench(
 def demo(
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a database of your own (superuser; the demo moves the memory clock); "
-        "default: an embedded PostgreSQL in .pimem/demo-pg")] = None,
+        "default: an embedded PostgreSQL in .pimem/demo-pg (PIMEM_HOME moves .pimem)")] = None,
     model: Annotated[str, typer.Option(
         "--model", help="offline (default, no network), pi or openai")] = "offline",
     model_ref: Annotated[str, typer.Option(
@@ -150,8 +244,12 @@ def demo(
     from pyworker.demo import run_demo
 
     provider, _, model_id = model_ref.partition("/")
-    result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
-                      pi_models=pi_models)
+    try:
+        result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
+                          pi_models=pi_models)
+    except schema.MigrateError as exc:
+        console.print(f"[red]pimem demo: {exc}[/red]")
+        raise typer.Exit(1) from None
     if result.get("leaked"):
         raise typer.Exit(1)
 

@@ -30,7 +30,6 @@ from pyworker.adapters.base import Adapter
 from pyworker.db import Database
 from pyworker.worker import Worker, WorkerConfig
 
-DEMO_DIR = schema.ROOT / ".pimem" / "demo-pg"
 DEMO_DB = "pimem_demo"
 SECRETS = ("Sunny-Day-42", "sk-proj-Zq8Xw2Lm4Np6Rt0Vb3Kc")
 
@@ -42,12 +41,13 @@ def sample() -> dict[str, Any]:
 
 def embedded_database(console: Console) -> str:
     """A fresh ``pimem_demo`` database in the project-local embedded server."""
-    from pyworker.servers import embedded_dsn
+    from pyworker.servers import embedded_dsn, state_dir
 
-    with console.status("starting the embedded PostgreSQL in .pimem/demo-pg ..."), \
+    demo_dir = state_dir() / "demo-pg"
+    with console.status(f"starting the embedded PostgreSQL in {demo_dir} ..."), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
-        admin = embedded_dsn(DEMO_DIR)
+        admin = embedded_dsn(demo_dir)
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"drop database if exists {DEMO_DB} with (force)")
             conn.execute(f"create database {DEMO_DB}")

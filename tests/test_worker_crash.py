@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from pyworker.adapters.pi import pi_unavailable_reason
-from tests.fakemodel import FakeModel
+from pyworker.fakemodel import FakeModel
 from tests.test_pi_adapter import fake_models
 from tests.test_worker_e2e import (
     PRICES,

@@ -17,9 +17,9 @@ import pytest
 from pyworker.adapters.base import Adapter
 from pyworker.adapters.openai_compat import OpenAIAdapter, load_prices
 from pyworker.db import DatabaseUnavailable
+from pyworker.fakemodel import FakeModel
 from pyworker.worker import Worker, WorkerConfig
 from tests.factory import World
-from tests.fakemodel import FakeModel
 
 PRICES = '{"fake/m": {"input": 3, "output": 15}}'
 # 1,200 input tokens at $3/M + 300 output tokens at $15/M: what the fake reports per call.

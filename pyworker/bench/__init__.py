@@ -1,15 +1,15 @@
 """``pimem bench``: how fast the memory is where it matters, each figure beside its floor.
 
 One run, one server, the same connections:
-1. build W workspaces x 256 records (``bench_data``), growing through the sizes of the profile;
+1. build W workspaces x 256 records (``bench.data``), growing through the sizes of the profile;
 2. at each size: recall for a new request and query_memories over a full scope, each
-   interleaved with a ``SELECT 1`` round trip (``bench_db``);
+   interleaved with a ``SELECT 1`` round trip (``bench.db``);
 3. at the largest size: ingest (``memory.upsert_message``) vs a plain INSERT of the same row,
    and the EXPLAIN of every statement of the hot paths;
 4. the job machinery with the offline model, 1 and 4 workers, vs procrastinate's
-   fetch-and-finish on the same server (``bench_jobs``);
+   fetch-and-finish on the same server (``bench.jobs``);
 5. the worker's overhead per model call, Pi RPC vs a direct HTTP call to the same local fake
-   server, and the worker's peak RSS (``bench_worker``).
+   server, and the worker's peak RSS (``bench.worker``).
 Output: ``bench.json``, ``bench.md`` and ``growth.png`` in the output directory. A part whose
 code has not landed yet is reported as not available, never estimated.
 """
@@ -29,12 +29,11 @@ from typing import Any
 
 import psycopg
 
-from pyworker import bench_data as data
-from pyworker import bench_db as db
 from pyworker import schema
+from pyworker.bench import data, db
 
 Section = dict[str, Any]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass(frozen=True)
@@ -155,8 +154,12 @@ def log(msg: str) -> None:
 
 
 def run(profile: Profile, *, dsn: str | None, out_dir: Path,
-        data_dir: Path = ROOT / ".pimem" / "bench-pg", server: str = "embedded") -> Section:
+        data_dir: Path | None = None, server: str = "embedded") -> Section:
     started = time.monotonic()
+    if data_dir is None:
+        from pyworker.servers import state_dir
+
+        data_dir = state_dir() / "bench-pg"
     target = open_target(dsn, data_dir, server)
     command = "pimem bench" + (" --quick" if profile.name == "quick" else "")
     if profile.sizes != PROFILES[profile.name].sizes:
@@ -199,7 +202,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
             log("EXPLAIN of the hot paths")
             if run_jobs_available(target.dsn):
-                from pyworker import bench_jobs
+                from pyworker.bench import jobs as bench_jobs
 
                 bench_jobs.prepare_jobs(target.dsn, "explain", 1)  # a job for claim_job's plan
             result["explain"] = db.explain_hot_paths(conn, have)
@@ -237,7 +240,7 @@ def guarded(part: Callable[[], Section]) -> Section:
 
 def run_jobs(profile: Profile, dsn: str) -> Section:
     try:
-        from pyworker import bench_jobs
+        from pyworker.bench import jobs as bench_jobs
     except ImportError as exc:
         return db.not_available(f"job benchmark cannot load: {exc}")
     return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs)
@@ -245,7 +248,7 @@ def run_jobs(profile: Profile, dsn: str) -> Section:
 
 def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
     try:
-        from pyworker import bench_worker
+        from pyworker.bench import worker as bench_worker
     except ImportError as exc:
         reason = f"worker benchmark cannot load: {exc}"
         return db.not_available(reason), db.not_available(reason)
@@ -253,7 +256,7 @@ def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
         """The DSN with jobs ready for a memory run of this adapter, or None without the job
         machinery (the run then makes adapter calls only)."""
         if run_jobs_available(dsn):
-            from pyworker import bench_jobs
+            from pyworker.bench import jobs as bench_jobs
 
             if bench_jobs.prepare_jobs(dsn, f"rss-{adapter}", profile.model_calls):
                 return dsn

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker import bench_data as data
+from pyworker.bench import data
 
 Section = dict[str, Any]
 FLOOR_SQL = "select 1"

@@ -203,7 +203,7 @@ class FakeModel:
         h.close_connection = True
 
 
-if __name__ == "__main__":  # a standalone fake for manual runs: python -m tests.fakemodel
+if __name__ == "__main__":  # a standalone fake for manual runs: python -m pyworker.fakemodel
     with FakeModel() as f:
         print(f.url, flush=True)
         threading.Event().wait()

@@ -1,6 +1,6 @@
 """The worker's own cost: overhead per model call (Pi RPC vs a direct HTTP call) and peak RSS.
 
-Both adapters call the same local fake OpenAI-compatible server (``tests/fakemodel.py``), which
+Both adapters call the same local fake OpenAI-compatible server (``pyworker/fakemodel.py``), which
 answers at once, so what is measured is the adapters' overhead, not a model. The fake runs in
 its own process so that it does not share the measuring process's interpreter lock.
 
@@ -25,15 +25,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyworker.bench_db import not_available, summarize
+from pyworker.bench.db import not_available, summarize
 
-ROOT = Path(__file__).resolve().parent.parent
 PRICES: dict[str, Any] = {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}
 
 FAKE_SERVER = """
 import sys
-sys.path.insert(0, sys.argv[1])
-from tests.fakemodel import FakeModel
+from pyworker.fakemodel import FakeModel
 with FakeModel() as fake:
     print(fake.url, flush=True)
     sys.stdin.read()
@@ -43,13 +41,13 @@ with FakeModel() as fake:
 @contextmanager
 def fake_server() -> Iterator[str]:
     """The fake model server in a child process; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(ROOT)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         if not url.startswith("http"):
-            raise RuntimeError("the fake model server did not start (tests/fakemodel.py)")
+            raise RuntimeError("the fake model server did not start (pyworker/fakemodel.py)")
         yield url
     finally:
         if proc.stdin:
@@ -200,7 +198,7 @@ def rss_child(adapter_name: str, url: str, dsn: str | None, calls: int) -> dict[
     pi_mib = None
     try:
         if dsn is not None:
-            from pyworker.bench_jobs import NoMaintenanceDatabase
+            from pyworker.bench.jobs import NoMaintenanceDatabase
             from pyworker.worker import Worker, WorkerConfig
 
             config = WorkerConfig(dsn=dsn, interval=0.1)
@@ -235,12 +233,11 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
     variants = ["offline"] + (["pi"] if pi_unavailable_reason() is None else [])
     for name in variants:
         dsn = job_dsn(name)
-        code = ("import json, sys; from pyworker.bench_worker import rss_child; "
+        code = ("import json, sys; from pyworker.bench.worker import rss_child; "
                 "print(json.dumps(rss_child(sys.argv[1], sys.argv[2], "
                 "sys.argv[3] or None, int(sys.argv[4]))))")
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
         res = subprocess.run([sys.executable, "-c", code, name, url, dsn or "", str(calls)],
-                             capture_output=True, text=True, env=env, timeout=600, check=False)
+                             capture_output=True, text=True, timeout=600, check=False)
         if res.returncode != 0:
             out[f"worker ({name})"] = None
             notes.append(f"{name}: failed: {res.stderr.strip()[-300:]}")
@@ -258,16 +255,6 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
 
 
 def measure(dsn: str, *, calls: int, job_dsn: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    try:
-        import tests.fakemodel
-    except ImportError:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-    try:
-        import tests.fakemodel  # noqa: F401
-    except ImportError as exc:
-        reason = f"the fake model server (tests/fakemodel.py) is not importable: {exc}"
-        return not_available(reason), not_available(reason)
     with fake_server() as url:
         overhead = measure_overhead(url, calls)
         memory = measure_memory(url, calls, job_dsn or (lambda _name: None))

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench_db import has_function, not_available, summarize
+from pyworker.bench.db import has_function, not_available, summarize
 from pyworker.db import Database
 
 PEER_SCHEMA = "bench_peer"
