@@ -1036,25 +1036,39 @@ comment on function memory_private.passages(text) is
 create function memory_private.repeated_sources(
   p_job memory_private.jobs, p_summary text, p_cited text[]
 ) returns table (message_id text, content_hash text)
-  language sql stable
+  language plpgsql stable
   set search_path = pg_catalog, pg_temp
   as $$
+declare
+  v_said text[];
+begin
   -- Defence in depth for provenance: a model may lean on a batch message without citing it. A
   -- summary that repeats eight consecutive words of an uncited message depends on that message
-  -- too. Paraphrase passes unseen; docs/retention.md says what this trades.
-  with said as (
-    select distinct p from unnest(memory_private.passages(p_summary)) as p
-  ), uncited as (
-    select s.id, s.hash, m.body
-      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-      join memory_private.messages m
-        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where s.id <> all (p_cited) and m.content_hash = s.hash
-  )
-  select distinct u.id, u.hash
-    from uncited u
-   cross join lateral unnest(memory_private.passages(u.body)) as q(p)
-    join said on said.p = q.p
+  -- too. Paraphrase passes unseen; docs/retention.md says what this trades. Nothing to compare
+  -- when the output cites the whole batch or the summary is shorter than eight words.
+  if not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
+                  where s ->> 'id' <> all (p_cited)) then
+    return;
+  end if;
+  v_said := memory_private.passages(p_summary);
+  if cardinality(v_said) = 0 then
+    return;
+  end if;
+  return query
+    with said as (
+      select unnest(v_said) as p
+    ), uncited as (
+      select s.id, s.hash, m.body
+        from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+        join memory_private.messages m
+          on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+       where s.id <> all (p_cited) and m.content_hash = s.hash
+    )
+    select distinct u.id, u.hash
+      from uncited u
+     cross join lateral unnest(memory_private.passages(u.body)) as q(p)
+      join said on said.p = q.p;
+end
 $$;
 comment on function memory_private.repeated_sources(memory_private.jobs, text, text[]) is
   'The uncited messages of an extraction batch whose words the summary repeats (eight '
