@@ -122,16 +122,23 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _usage(message: dict[str, Any]) -> Usage:
-    """The usage of an assistant message; a value that is not a valid number is None."""
+    """The usage of an assistant message. A count Pi leaves out is 0; one it reports as
+    something other than a valid number (null: Pi writes a non-finite number so) is None."""
     u = message.get("usage")
     if not isinstance(u, dict):
         return provider_usage(None, None, None)
-    parts = [u.get(k) or 0 for k in ("input", "cacheRead", "cacheWrite")]
-    counted = [token_count(p) for p in parts]
+    counted = [token_count(u.get(k, 0)) for k in ("input", "cacheRead", "cacheWrite")]
     tokens_in = None if None in counted else sum(c for c in counted if c is not None)
     cost = u.get("cost")
-    total = (cost.get("total") or 0) if isinstance(cost, dict) else None
-    return provider_usage(tokens_in, u.get("output") or 0, total)
+    total = cost.get("total") if isinstance(cost, dict) else None
+    return provider_usage(tokens_in, u.get("output", 0), total)
+
+
+def _asks_for_tools(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return message.get("stopReason") == "toolUse" or (
+        isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "toolCall" for b in content))
 
 
 def _assistant(event: dict[str, Any]) -> bool:
@@ -345,9 +352,45 @@ class PiAdapter:
                 accepted = True
             elif kind == "message_end" and _assistant(rec):
                 last = rec["message"]
+                if _asks_for_tools(last):
+                    self._stop_after_tool_call(last)
             elif kind == "agent_settled":
                 break
         return self._result(last)
+
+    def _stop_after_tool_call(self, message: dict[str, Any]) -> None:
+        """The model answered with a tool call. This call has no tools (P11), but Pi would run
+        the missing tool and call the model again with its error, turn after turn until the
+        deadline, each turn billed (a hostile reply made 441 calls in 8 seconds). One attempt
+        is one model call: stop Pi now. If it had already started the next call, the provider
+        may be running it: unknown, charged at the reserve; otherwise the reply failed with
+        this call's usage."""
+        started_again = False
+        try:
+            self._send({"type": "abort", "id": self._next_id()})
+        except ModelFailure:
+            self.kill()
+            started_again = True  # cannot know: assume the worst
+        until = time.monotonic() + 3
+        while not started_again:
+            if remaining(until) <= 0:
+                self.kill()
+                started_again = True
+                break
+            try:
+                rec = self._events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if rec is EOF or rec.get("type") == "agent_settled":
+                break
+            if rec.get("type") == "message_start" and _assistant(rec):
+                started_again = True  # the next model call began
+        if started_again:
+            self.kill()  # whatever it is still doing; the next call restarts it
+            raise ModelFailure("the model asked for a tool and Pi began another model call; "
+                               "stopped", outcome="unknown", code="reply_invalid")
+        raise ModelFailure("the model asked for a tool; this call has none", outcome="failed",
+                           usage=_usage(message), code="reply_invalid")
 
     def _abort(self, last: dict[str, Any] | None) -> Usage | None:
         """Asks Pi to abort and waits briefly; kills it if it does not settle in 3 s."""
@@ -377,6 +420,10 @@ class PiAdapter:
         usage = _usage(last)
         stop = last.get("stopReason")
         if stop == "stop":
+            # A call that read a prompt always has input tokens: zero means the provider sent
+            # no usage and Pi filled in zeros. Its cost is not known.
+            if usage.input_tokens == 0 and usage.output_tokens == 0:
+                usage = usage.model_copy(update={"cost_usd": None})
             if not usage.known:
                 raise ModelFailure("the usage Pi reported is not valid numbers; the charge is "
                                    "the reserve", outcome="failed", usage=usage,
