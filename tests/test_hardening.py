@@ -234,16 +234,21 @@ def test_a_float_record_id_is_bad_model_output_not_a_cast_error(
 # 4-6. Claims: per unchanged input, only those that can reach the provider --------------------
 
 
-def test_a_checkpoint_saved_on_the_third_claim_is_committed_after_the_worker_dies(
-        conn: psycopg.Connection) -> None:
-    idle_private_world(conn)
+def third_claim(conn: psycopg.Connection) -> dict[str, Any]:
+    """Maintenance, two claims whose model calls failed, and the third claim of the input."""
     maintenance(conn, "ws1")
     for _ in range(2):
         job = claimed(conn)
         start(conn, job)
         fail(conn, job)
         advance(conn, "61 minutes")
-    job = claimed(conn)
+    return claimed(conn)
+
+
+def test_a_checkpoint_saved_on_the_third_claim_is_committed_after_the_worker_dies(
+        conn: psycopg.Connection) -> None:
+    idle_private_world(conn)
+    job = third_claim(conn)
     assert start(conn, job) == 3
     checkpoint(conn, job, extraction_of(job))
     advance(conn, "3 minutes")  # the worker died before its commit
@@ -259,13 +264,7 @@ def test_a_checkpoint_saved_on_the_third_claim_is_committed_after_the_worker_die
 
 def test_a_failure_reported_after_a_checkpoint_keeps_it(conn: psycopg.Connection) -> None:
     idle_private_world(conn)
-    maintenance(conn, "ws1")
-    for _ in range(2):
-        job = claimed(conn)
-        start(conn, job)
-        fail(conn, job)
-        advance(conn, "61 minutes")
-    job = claimed(conn)
+    job = third_claim(conn)
     start(conn, job)
     checkpoint(conn, job, extraction_of(job))
     fail(conn, job, "failed", "database_error")  # e.g. the commit failed unexpectedly
@@ -316,13 +315,7 @@ def test_at_most_three_model_calls_per_input_across_a_transient_supersede(
 def test_a_job_superseded_after_its_third_call_blocks_its_input(
         conn: psycopg.Connection) -> None:
     w = idle_private_world(conn)
-    maintenance(conn, "ws1")
-    for _ in range(2):
-        job = claimed(conn)
-        start(conn, job)
-        fail(conn, job)
-        advance(conn, "61 minutes")
-    job = claimed(conn)
+    job = third_claim(conn)
     start(conn, job)
     checkpoint(conn, job, extraction_of(job))
     # Recall turned off before the commit: the checkpoint is stale, the job superseded.
