@@ -195,6 +195,23 @@ def test_pimem_status_and_explain_print_no_control_characters_or_markup_from_the
 # 3. Malformed values a worker can send get MB codes -------------------------------------------
 
 
+def test_the_claim_payload_budget_is_exact_decimal_strings_and_the_worker_reads_them_exactly(
+        conn: psycopg.Connection) -> None:
+    from pyworker.payload import ClaimPayload
+
+    w = World(conn)
+    w.basic()
+    w.request("ws1", "r1", chat="dm-alice", user="alice", budget=0.3, spent=0.1)
+    w.message("ws1", "r1-u", "r1", "user", "alice", "remember that I like tea")
+    w.message("ws1", "r1-a", "r1", "assistant", "bot1", "noted")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    raw = claimed(conn)
+    assert raw["budget"]["request_left_usd"] == "0.200000"  # a string, not a float 0.2
+    budget = ClaimPayload.model_validate(raw).budget
+    assert budget.request_left_usd == Decimal("0.2") and budget.workspace_left_usd == 100
+
+
 @pytest.mark.parametrize("call", [
     "select memory.extend_lease('ws1', %s, %s)",
     "select memory.start_attempt('ws1', %s, %s, 0.01)",
