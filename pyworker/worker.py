@@ -287,7 +287,10 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - never leave an attempt open
             self._log("worker_error", logging.ERROR, error_type=type(exc).__name__,
                       error=_bounded(exc), **ids)
-            return self._fail(job, ids, "failed", "worker_error", usage)
+            # Before the reply was read the provider may have run: its cost is not known, and
+            # the database charges the reserve for it.
+            return self._fail(job, ids, "failed", "worker_error",
+                              usage if usage is not None else UNKNOWN_USAGE.as_json())
         self._log("checkpoint_saved", **ids)
         pause = float(os.environ.get(PAUSE_AFTER_CHECKPOINT) or 0)
         if pause:
