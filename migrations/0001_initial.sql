@@ -16,13 +16,18 @@
 --   MB003 conflict              the call contradicts stored facts (a chat changing kind, ...)
 --   MB004 too_large             a text or list is over its byte or count limit
 --   MB005 no_scope              the request has no memory scope (scheduled, or not interactive)
---   MB010 not_allowed           the caller may not do this (role, membership, scope)
 --   MB020 job_lost              the job's ownership token is not current or its lease expired
 --   MB021 job_stale             the job's input changed since it was claimed
 --   MB022 job_config_changed    the workspace's model/provider configuration changed
 --   MB023 bad_model_output      the model output fails validation
 --   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
 --   MB025 job_state             the job is not in a state that allows this
+--
+-- What a caller may not do is refused by PostgreSQL's own grants (42501); what a user may not ask
+-- of manage_memory is a refused outcome, not an error. Values PostgreSQL cannot hold (a NUL
+-- character, a malformed literal of a parameter's type, an integer out of range, JSON nested
+-- deeper than the server's stack) are refused by PostgreSQL before a function runs (22P05,
+-- 22P02, 22003, 54001): docs/errors.md. Tokens are taken as text, so a malformed one is MB001.
 
 create schema memory;
 create schema memory_private;
@@ -185,26 +190,60 @@ grant execute on function memory.schema_version()
 -- every argument (MB001/MB003/MB004) before it writes, and answers 'inserted', 'updated' or
 -- 'unchanged'. Content hashes are computed here, never trusted from the caller.
 --
--- Locking: memory writes lock a workspace row with FOR NO KEY UPDATE, which does not conflict
--- with the FOR KEY SHARE locks that foreign-key checks take, so ingest never waits on them (P16).
+-- Locking: memory writes take the workspace's memory lock (memory_private.lock_workspace: its
+-- workspace_memory row), a row ingest never touches, and memory work never updates a row that
+-- ingest upserts (workspaces, requests), so ingest never waits on memory work (P16).
 
 create table memory_private.workspaces (
   workspace_id text primary key,
   config_version integer not null check (config_version >= 0),
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   idle_window interval not null default interval '30 minutes'
     check (idle_window >= interval '0' and idle_window <= interval '30 days'),
   paused boolean not null default false,
-  maintained_at timestamptz,
   created_at timestamptz not null,
   updated_at timestamptz not null
 );
 comment on table memory_private.workspaces is
-  'Tenants. config_version is the model/provider configuration version; spent_usd is what the '
-  'backend reports, memory_spent_usd what memory jobs charged; maintained_at when maintenance '
-  'last ran for it.';
+  'Tenants, as the backend reports them. config_version is the model/provider configuration '
+  'version; spent_usd is what the backend reports it spent. paused is the operator''s switch '
+  '(memory.set_workspace_paused). What the memory itself writes per workspace lives in '
+  'workspace_memory, so that the backend''s own writes never wait on memory work.';
+
+-- The memory's own row per workspace. Every memory write (claim, checkpoint, commit, fail,
+-- maintenance, query_memories usage, manage_memory, retention, retry) locks this row, never the
+-- workspaces row: upsert_workspace's ON CONFLICT DO UPDATE takes the same row lock as FOR NO KEY
+-- UPDATE, so a memory lock on the workspaces row made the backend's own upsert wait on a job
+-- transaction (and on a whole run_maintenance() transaction). The memory spend is kept here for
+-- the same reason: charging an attempt must not update a row the backend upserts.
+create table memory_private.workspace_memory (
+  workspace_id text primary key references memory_private.workspaces on delete cascade,
+  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
+  maintained_at timestamptz
+);
+comment on table memory_private.workspace_memory is
+  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
+  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
+  'request_charges, kept as a running total for exact budget checks) and maintained_at (when '
+  'maintenance last ran for it). Created with the workspace by a trigger.';
+
+create function memory_private.workspaces_add_memory_row() returns trigger
+  language plpgsql
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.workspace_memory (workspace_id) values (new.workspace_id)
+  on conflict do nothing;
+  return null;
+end
+$$;
+comment on function memory_private.workspaces_add_memory_row() is
+  'Trigger: every new workspace gets its workspace_memory row in the same transaction, so the '
+  'memory lock always has a row to lock.';
+
+create trigger workspaces_add_memory_row after insert on memory_private.workspaces
+  for each row execute function memory_private.workspaces_add_memory_row();
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,
@@ -275,7 +314,6 @@ create table memory_private.requests (
   model_id text not null,
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   thread_id text not null,
   created_at timestamptz not null,
   updated_at timestamptz not null,
@@ -287,7 +325,9 @@ create table memory_private.requests (
 );
 comment on table memory_private.requests is
   'Bot requests (one conversation turn or scheduled run) with their pinned model, budget and '
-  'spend. memory_spent_usd is what memory jobs charged to the request.';
+  'the spend the backend reports. What memory jobs charged to a request is the sum of its '
+  'request_charges (memory_private.request_memory_spent): charging never updates this row, '
+  'which the backend upserts.';
 
 create index requests_scope_idx
   on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id);
@@ -357,6 +397,34 @@ end
 $$;
 comment on function memory_private.require_workspace(text) is
   'Raises MB001/MB002 unless the workspace identifier is valid and known.';
+
+create function memory_private.lock_workspace(p_workspace_id text) returns void
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update;
+end
+$$;
+comment on function memory_private.lock_workspace(text) is
+  'The memory lock of a workspace: locks its workspace_memory row until the transaction ends. '
+  'Every memory write takes it first, so memory writes of one workspace run one at a time; the '
+  'backend''s ingest never touches that row, so it never waits on them (P16).';
+
+create function memory_private.try_lock_workspace(p_workspace_id text) returns boolean
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update skip locked;
+  return found;
+end
+$$;
+comment on function memory_private.try_lock_workspace(text) is
+  'memory_private.lock_workspace without waiting: false when another transaction holds the '
+  'workspace''s memory lock (claim_job and maintain_next_workspace skip it).';
 
 create function memory.upsert_workspace(
   p_workspace_id text,
@@ -666,6 +734,13 @@ begin
           is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
                             excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
   returning (xmax = 0) into v_inserted;
+  -- An interactive request's scope is created with its first report (memory_private.
+  -- scope_of_request, sql/20_memory_state.sql). Created later by the first recall or by
+  -- maintenance instead, one of them would wait on the other's uncommitted insert of the same
+  -- scope key: a recall waited on a whole run_maintenance() transaction (P16).
+  if v_inserted and p_kind = 'interactive' then
+    perform memory_private.scope_of_request(p_workspace_id, p_request_id);
+  end if;
   return memory_private.upsert_outcome(v_inserted);
 end
 $$;
@@ -673,7 +748,8 @@ comment on function memory.upsert_request(text, text, text, text, bigint, text, 
                                           text, numeric, numeric, text) is
   'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
   'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
-  'request keeps its status; where it runs never changes (MB003).';
+  'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
+  'memory scope is created with it.';
 
 create function memory.upsert_message(
   p_workspace_id text,
@@ -718,10 +794,6 @@ begin
   end if;
   select kind into v_chat_kind from memory_private.chats
    where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
-  -- V10: ordinary group traffic is never collected.
-  if v_chat_kind = 'group' and not p_directed then
-    return 'ignored';
-  end if;
 
   v_hash := memory_private.content_hash(p_text);
   select * into v_old from memory_private.messages
@@ -732,6 +804,21 @@ begin
       raise exception 'message % cannot move to another request, role or speaker', p_message_id
         using errcode = 'MB003';
     end if;
+  end if;
+  -- V10: ordinary group traffic is never collected. A message first reported as directed and
+  -- now as not directed loses its stored copy, exactly as remove_message would erase it: its
+  -- text and hash go, and every memory built on it stops being recalled.
+  if v_chat_kind = 'group' and not p_directed then
+    if v_old.message_id is null then
+      return 'ignored';
+    end if;
+    update memory_private.messages
+       set body = null, content_hash = null, removed_at = v_now, removal_reason = 'removed',
+           scrub_pending = true
+     where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+    return case when found then 'updated' else 'unchanged' end;
+  end if;
+  if v_old.message_id is not null then
     if v_old.removed_at is not null then
       raise exception 'message % was removed; a removed message cannot be edited', p_message_id
         using errcode = 'MB003';
@@ -764,7 +851,8 @@ comment on function memory.upsert_message(text, text, text, text, text, text, bo
                                           timestamptz, text[]) is
   'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
   'here; an edit changes it, which invalidates memories built on the old text. A group message '
-  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10).';
+  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10); one '
+  'stored earlier as directed is removed as remove_message would remove it (''updated'').';
 
 create function memory.remove_message(p_workspace_id text, p_message_id text) returns text
   language plpgsql volatile security definer
@@ -1366,14 +1454,29 @@ comment on function memory_private.redact_json_strings(jsonb) is
 -- here.
 --
 --   maintenance ─▶ pending ─claim_job─▶ running (token, 2-minute lease)
---                    ▲                    │ start_attempt (budget check, attempt 'open')
+--                    ▲                    │ start_attempt (budget check, attempt 'open', the
+--                    │                    │                input's model calls + 1, at most 3)
 --                    │                    │ save_checkpoint (validated, redacted output + usage,
 --                    │                    │                  attempt 'ok', charge)
 --                    │                    │ commit_job ─▶ succeeded
---                    │   fail_job failed: │ 1-hour backoff; 'stopped' once three claims are used
+--                    │   fail_job failed: │ 1-hour backoff; 'stopped' after the third model call
 --                    └────────────────────┤ fail_job unknown / lease lost with an attempt open:
 --                                         │   charged at the reserve, 'stopped' (no replay)
 --                                         └ input changed: 'superseded' (a fresh snapshot follows)
+--
+-- Claims are counted per unchanged input, and only claims that could reach the provider count
+-- (graphile/worker's attempts keyed by the job's input): start_attempt counts the model call;
+-- a claim that ends before it (a budget refusal, a crash, a checkpoint commit) costs nothing. A
+-- job made for an input a superseded job already tried carries that job's count and backoff on
+-- (memory_private.input_carryover), so no transient change in between (bot deactivated and
+-- reactivated, recall off and on) gives an input more than three model calls. A job holding a
+-- valid checkpoint is always claimable: committing it makes no model call.
+--
+-- Charges: an attempt is charged what the provider reported, never more than its reserve (a
+-- check constraint on job_attempts holds it); an unknown outcome, or a reply whose cost could
+-- not be read, is charged the reserve. Errors the worker reports are codes from
+-- memory_private.failure_codes(), never text: no model output reaches storage or an operator
+-- view through an error.
 --
 -- A job stores its input as ids and content hashes only (never message text): the claim payload
 -- renders the current, redacted text, and a job whose sources changed is superseded instead of
@@ -1414,8 +1517,8 @@ create table memory_private.jobs (
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   foreign key (workspace_id, origin_request_id) references memory_private.requests
     on delete cascade,
-  check ((status = 'running')
-         = (token is not null and lease_expires_at is not null and worker_id is not null)),
+  check ((status = 'running') = (lease_expires_at is not null and worker_id is not null)),
+  check (status <> 'running' or token is not null),
   check (checkpoint is null or status in ('pending', 'running')),
   check ((status in ('succeeded', 'stopped', 'skipped', 'superseded')) = (finished_at is not null))
 );
@@ -1424,6 +1527,17 @@ comment on table memory_private.jobs is
   'originating request with its pinned model/provider, the workspace config version, status, '
   'ownership token, lease, claims for this input (<= 3), next attempt time, and the separate '
   'model checkpoint (validated, redacted output + usage).';
+comment on column memory_private.jobs.claims is
+  'The model calls made for this input: claims that reached start_attempt (a claim that ends '
+  'before the call does not count), carried over from a superseded job of the same input and '
+  'config version. At most 3; the third failed call stops the job.';
+comment on column memory_private.jobs.token is
+  'The token of the latest claim. Kept when the claim ends, so a worker that reports after '
+  'maintenance retired the job is told why (MB021 input changed, MB022 config changed) rather '
+  'than only that the job is no longer its own (MB020).';
+comment on column memory_private.jobs.last_error is
+  'Why the job last failed, stopped or was retired: a failure code '
+  '(memory_private.failure_codes) or a sentence of the database naming ids, never model text.';
 comment on column memory_private.jobs.status is
   'pending (claimable from next_attempt_at), running (token + lease), succeeded, stopped (no '
   'automatic replay: unknown outcome, three claims used, or config changed), skipped (a batch '
@@ -1440,7 +1554,7 @@ create unique index jobs_one_open_per_scope_phase on memory_private.jobs
 -- claim_job reads the due jobs from here (the oldest first), then checks their workspaces: its
 -- cost follows the jobs that are due, not the number of workspaces.
 create index jobs_claimable_idx on memory_private.jobs (next_attempt_at, workspace_id)
-  where status = 'pending' and claims < 3;
+  where status = 'pending';
 create index jobs_input_idx on memory_private.jobs (workspace_id, scope_id, phase, input_hash);
 create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_request_id);
 
@@ -1453,6 +1567,7 @@ create table memory_private.job_attempts (
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
   input_tokens integer check (input_tokens >= 0),
   output_tokens integer check (output_tokens >= 0),
+  reported_cost_usd numeric(14, 6) check (reported_cost_usd >= 0),
   cost_usd numeric(14, 6) check (cost_usd >= 0),
   error text,
   started_at timestamptz not null,
@@ -1460,11 +1575,20 @@ create table memory_private.job_attempts (
   primary key (workspace_id, job_id, attempt_no),
   unique (workspace_id, job_id, token),
   foreign key (workspace_id, job_id) references memory_private.jobs on delete cascade,
-  check ((outcome = 'open') = (finished_at is null))
+  check ((outcome = 'open') = (finished_at is null)),
+  -- A charge never exceeds what was reserved against the budgets before the call (P17).
+  check (cost_usd <= reserved_usd)
 );
 comment on table memory_private.job_attempts is
-  'Model calls of a job, at most one per claim (attempt_no = the claim number): the dollars '
-  'reserved before the call, then the outcome (ok | failed | unknown) with usage and cost.';
+  'Model calls of a job, at most one per claim (attempt_no = the input''s call number, 1 to 3): '
+  'the dollars reserved before the call, then the outcome (ok | failed | unknown) with the '
+  'usage the worker could read, the cost the provider reported, and the dollars charged '
+  '(cost_usd: at most the reserve). error is a failure code, never text.';
+comment on column memory_private.job_attempts.reported_cost_usd is
+  'The cost the provider reported; NULL when none was reported or it could not be read.';
+comment on column memory_private.job_attempts.cost_usd is
+  'The dollars charged: the reported cost capped at the reserve; the reserve when the outcome '
+  'is unknown or the cost could not be read; 0 when the provider answered with no usage.';
 
 create unique index job_attempts_one_open on memory_private.job_attempts (workspace_id, job_id)
   where outcome = 'open';
@@ -1492,6 +1616,19 @@ comment on table memory_private.request_charges is
 
 create index request_charges_request_idx
   on memory_private.request_charges (workspace_id, request_id);
+
+create function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
+  returns numeric
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+$$;
+comment on function memory_private.request_memory_spent(text, text) is
+  'What memory jobs charged to a request: the sum of its request_charges. Derived, not stored '
+  'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
+  'every charge is made under the workspace''s memory lock.';
 
 create table memory_private.extracted_sources (
   workspace_id text not null,
@@ -1539,6 +1676,58 @@ create trigger jobs_check_transition before update of status on memory_private.j
   for each row execute function memory_private.jobs_check_transition();
 
 -- Helpers -----------------------------------------------------------------------------------
+
+create function memory_private.failure_codes()
+  returns table (code text, meaning text)
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select * from (values
+    ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
+    ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
+                       'reason of error)'),
+    ('reply_cut_off', 'the reply stopped at the output token limit'),
+    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, or '
+                         'usage that is missing or not valid numbers'),
+    ('reply_not_json', 'the model''s reply is not one JSON object'),
+    ('reply_invalid', 'the model''s JSON does not fit the output contract (keys, types, byte '
+                      'limits, ids)'),
+    ('output_refused', 'the database refused the output: MB023, or a value PostgreSQL cannot '
+                       'hold (a NUL character, a lone surrogate, JSON nested too deep)'),
+    ('not_priced', 'the worker cannot price the model, so no call was made'),
+    ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
+    ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
+    ('call_aborted', 'the worker stopped during the call'),
+    ('deadline_exceeded', 'the call did not finish before the tick''s deadline'),
+    ('lease_lost', 'the worker lost the lease during the call'),
+    ('lease_expired', 'the lease expired while the model call was open (written by '
+                      'maintenance)'),
+    ('input_changed', 'a source of the batch changed during the call (MB021 at the checkpoint): '
+                      'nothing was stored'),
+    ('database_error', 'a database call of the tick failed unexpectedly'),
+    ('worker_error', 'an unexpected error in the worker')) as c(code, meaning)
+$$;
+comment on function memory_private.failure_codes() is
+  'The codes a failed or unknown attempt is recorded with (fail_job''s error, job_attempts.error, '
+  'jobs.last_error). Coded and content-free: a model''s text never reaches storage or an '
+  'operator view through an error. docs/errors.md lists them.';
+
+create function memory_private.check_token(p_token text) returns uuid
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_token is null
+     or p_token !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' then
+    raise exception 'token must be the job token claim_job returned (a UUID)'
+      using errcode = 'MB001';
+  end if;
+  return p_token::uuid;
+end
+$$;
+comment on function memory_private.check_token(text) is
+  'A job token as the worker sends it (text, so a malformed one is MB001 here rather than a '
+  'cast error before the function runs), as a uuid.';
 
 create function memory_private.job_limits() returns jsonb
   language sql immutable
@@ -1680,15 +1869,16 @@ comment on function memory_private.job_stale_reason(memory_private.jobs) is
   'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
   'longer valid.';
 
-create function memory_private.check_usage(p_usage jsonb) returns jsonb
+create function memory_private.check_usage(p_usage jsonb, p_complete boolean default true)
+  returns jsonb
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_key text;
-  v_in numeric;
-  v_out numeric;
-  v_cost numeric;
+  v_value jsonb;
+  v_number numeric;
+  v_result jsonb := '{}';
 begin
   if p_usage is null or jsonb_typeof(p_usage) <> 'object' then
     raise exception 'usage must be a JSON object {"input_tokens", "output_tokens", "cost_usd"}'
@@ -1696,31 +1886,43 @@ begin
   end if;
   for v_key in select jsonb_object_keys(p_usage) loop
     if v_key not in ('input_tokens', 'output_tokens', 'cost_usd') then
-      raise exception 'usage has an unknown key "%"', v_key using errcode = 'MB001',
+      raise exception 'usage has an unknown key' using errcode = 'MB001',
         hint = 'usage is {"input_tokens": int, "output_tokens": int, "cost_usd": number}.';
     end if;
   end loop;
-  if jsonb_typeof(p_usage -> 'input_tokens') is distinct from 'number'
-     or jsonb_typeof(p_usage -> 'output_tokens') is distinct from 'number'
-     or jsonb_typeof(p_usage -> 'cost_usd') is distinct from 'number' then
-    raise exception 'usage needs numbers input_tokens, output_tokens and cost_usd'
-      using errcode = 'MB001';
-  end if;
-  v_in := (p_usage ->> 'input_tokens')::numeric;
-  v_out := (p_usage ->> 'output_tokens')::numeric;
-  v_cost := (p_usage ->> 'cost_usd')::numeric;
-  if v_in <> trunc(v_in) or v_in < 0 or v_in > 2147483647
-     or v_out <> trunc(v_out) or v_out < 0 or v_out > 2147483647 then
-    raise exception 'usage token counts must be non-negative integers' using errcode = 'MB001';
-  end if;
-  perform memory_private.check_money('usage.cost_usd', v_cost);
-  return jsonb_build_object('input_tokens', v_in::integer, 'output_tokens', v_out::integer,
-                            'cost_usd', round(v_cost, 6));
+  foreach v_key in array array['input_tokens', 'output_tokens', 'cost_usd'] loop
+    v_value := p_usage -> v_key;
+    if v_value is null then
+      raise exception 'usage lacks %', v_key using errcode = 'MB001';
+    end if;
+    if jsonb_typeof(v_value) = 'null' and not p_complete then
+      v_result := v_result || jsonb_build_object(v_key, null);  -- not known
+      continue;
+    end if;
+    if jsonb_typeof(v_value) <> 'number' then
+      raise exception 'usage.% must be a number%', v_key,
+        case when p_complete then '' else ' or null (not known)' end using errcode = 'MB001';
+    end if;
+    v_number := (v_value #>> '{}')::numeric;
+    if v_key = 'cost_usd' then
+      perform memory_private.check_money('usage.cost_usd', v_number);
+      v_result := v_result || jsonb_build_object(v_key, round(v_number, 6));
+    else
+      if v_number <> trunc(v_number) or v_number < 0 or v_number > 2147483647 then
+        raise exception 'usage.% must be an integer from 0 to 2147483647', v_key
+          using errcode = 'MB001';
+      end if;
+      v_result := v_result || jsonb_build_object(v_key, v_number::integer);
+    end if;
+  end loop;
+  return v_result;
 end
 $$;
-comment on function memory_private.check_usage(jsonb) is
-  'Validates a model call''s usage {"input_tokens", "output_tokens", "cost_usd"} (no other '
-  'keys) and returns it normalized; raises MB001.';
+comment on function memory_private.check_usage(jsonb, boolean) is
+  'Validates a model call''s usage {"input_tokens": 0..2147483647, "output_tokens": same, '
+  '"cost_usd": 0..1000000} (all three keys, no other) and returns it normalized; raises MB001. '
+  'With p_complete false (fail_job) a value may be null: the worker could not read it (a '
+  'provider''s NaN, negative or oversized count), and a null cost is charged at the reserve.';
 
 create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
@@ -1749,10 +1951,12 @@ begin
       array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
-  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k
-   where k <> all (v_expected || v_optional);
-  if v_bad is not null then
-    raise exception 'the % output has unknown keys: %', p_job.phase, v_bad using errcode = 'MB023';
+  -- Messages name the contract, never what the model wrote (its keys, ids or text): they reach
+  -- the worker's logs, and a model's output is hostile input.
+  select count(*)::text into v_bad from unnest(v_keys) as k where k <> all (v_expected || v_optional);
+  if v_bad <> '0' then
+    raise exception 'the % output has % unknown key(s); the keys are exactly %', p_job.phase,
+      v_bad, array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   select string_agg(k, ', ') into v_bad from unnest(v_expected) as k where k <> all (v_keys);
   if v_bad is not null then
@@ -1811,11 +2015,11 @@ begin
       raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
         v_limits ->> 'summary_bytes' using errcode = 'MB023';
     end if;
-    select string_agg(i, ', ') into v_bad from unnest(v_ids) as i
+    select count(*)::text into v_bad from unnest(v_ids) as i
      where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
                         where s ->> 'id' = i);
-    if v_bad is not null then
-      raise exception 'source ids not in the job''s batch: %', left(v_bad, 500)
+    if v_bad <> '0' then
+      raise exception '% source id(s) are not messages of the job''s batch', v_bad
         using errcode = 'MB023';
     end if;
     -- Reuse can only be declared of a memory the model was shown with the batch (P5).
@@ -1841,11 +2045,12 @@ begin
   if jsonb_typeof(p_output -> 'index') <> 'string' then
     raise exception 'index must be a string' using errcode = 'MB023';
   end if;
+  -- An id is an integer literal: 1.0 is refused here (it would not cast to bigint below).
   if jsonb_typeof(p_output -> 'record_ids') <> 'array'
      or exists (select 1 from jsonb_array_elements(p_output -> 'record_ids') e
                  where case when jsonb_typeof(e) <> 'number' then true
-                            else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
-                                 or (e #>> '{}')::numeric not between 1 and 9223372036854775807
+                            when (e #>> '{}') !~ '^[0-9]{1,19}$' then true
+                            else (e #>> '{}')::numeric not between 1 and 9223372036854775807
                        end) then
     raise exception 'record_ids must be an array of record ids (positive integers)'
       using errcode = 'MB023';
@@ -1872,11 +2077,12 @@ begin
      <> (select count(distinct x) from unnest(v_record_ids) as x) then
     raise exception 'record_ids has duplicates' using errcode = 'MB023';
   end if;
-  select string_agg(x::text, ', ') into v_bad from unnest(v_record_ids) as x
+  select count(*)::text into v_bad from unnest(v_record_ids) as x
    where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'candidates') c
                       where c::bigint = x);
-  if v_bad is not null then
-    raise exception 'record ids not among the candidates: %', v_bad using errcode = 'MB023';
+  if v_bad <> '0' then
+    raise exception '% record id(s) are not among the job''s candidates', v_bad
+      using errcode = 'MB023';
   end if;
   v_index := memory_private.redact(v_index);
   if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
@@ -1901,6 +2107,7 @@ declare
   v_scope memory_private.scopes;
   v_request memory_private.requests;
   v_ws memory_private.workspaces;
+  v_workspace_spent numeric;
   v_input jsonb;
 begin
   select * into v_scope from memory_private.scopes
@@ -1908,6 +2115,8 @@ begin
   select * into v_request from memory_private.requests
    where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
   select * into v_ws from memory_private.workspaces where workspace_id = p_job.workspace_id;
+  select memory_spent_usd into v_workspace_spent from memory_private.workspace_memory
+   where workspace_id = p_job.workspace_id;
 
   -- Inputs are redacted before they are serialized (P8).
   if p_job.phase = 'extract' then
@@ -1951,17 +2160,21 @@ begin
     'workspace_id', p_job.workspace_id,
     'token', p_job.token::text,
     'phase', p_job.phase,
-    'attempt', p_job.claims,
+    -- The number this claim's model call gets (claims count calls); none with a checkpoint.
+    'attempt', case when p_job.checkpoint is null then p_job.claims + 1 end,
     'lease_expires_at', p_job.lease_expires_at,
     'scope', jsonb_build_object('scope_id', v_scope.scope_id, 'kind', v_scope.kind,
                                 'bot_id', v_scope.bot_id, 'chat_id', v_scope.chat_id,
                                 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id),
     'origin_request_id', p_job.origin_request_id,
     'model', jsonb_build_object('provider', p_job.model_provider, 'id', p_job.model_id),
+    -- Dollars as exact decimal strings, as the rest of the API takes them (a JSON number is a
+    -- float in most clients).
     'budget', jsonb_build_object(
-       'request_left_usd',
-       v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
-       'workspace_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd),
+       'request_left_usd', (v_request.budget_usd - v_request.spent_usd
+                            - memory_private.request_memory_spent(p_job.workspace_id,
+                                                                   p_job.origin_request_id))::text,
+       'workspace_left_usd', (v_ws.budget_usd - v_ws.spent_usd - v_workspace_spent)::text),
     'limits', memory_private.job_limits(),
     'input', v_input,
     'checkpoint', case when p_job.checkpoint is not null
@@ -1970,25 +2183,28 @@ begin
 end
 $$;
 comment on function memory_private.job_payload(memory_private.jobs) is
-  'The claim payload of a running job: ids, token, phase, attempt, lease, scope, origin request, '
-  'pinned model, budget left, limits, the redacted input rendered from current facts, and the '
+  'The claim payload of a running job: ids, token, phase, attempt (the number its model call '
+  'gets; null with a checkpoint), lease, scope, origin request, pinned model, budget left (exact '
+  'decimal strings), limits, the redacted input rendered from current facts, and the '
   'checkpoint when one exists.';
 
 create function memory_private.owned_job(
-  p_workspace_id text, p_job_id bigint, p_token uuid
+  p_workspace_id text, p_job_id bigint, p_token text
 ) returns memory_private.jobs
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
+  v_token uuid;
+  v_config integer;
 begin
   perform memory_private.require_workspace(p_workspace_id);
-  if p_job_id is null or p_token is null then
-    raise exception 'job_id and token are required' using errcode = 'MB001';
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
   end if;
-  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  v_token := memory_private.check_token(p_token);
+  perform memory_private.lock_workspace(p_workspace_id);
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;
@@ -1996,7 +2212,26 @@ begin
     raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  if v_job.status <> 'running' or v_job.token <> p_token then
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
     raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
       using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
   end if;
@@ -2007,62 +2242,65 @@ begin
   return v_job;
 end
 $$;
-comment on function memory_private.owned_job(text, bigint, uuid) is
-  'Locks the workspace row and the job and returns the job when the token is its current one '
-  'and the lease has not expired; raises MB001, MB002 or MB020.';
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';
 
-create function memory_private.charge_attempt(
-  p_job memory_private.jobs, p_attempt_no integer, p_outcome text,
-  p_input_tokens integer, p_output_tokens integer, p_cost_usd numeric
-) returns void
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  insert into memory_private.request_charges
-    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
-     cost_usd, created_at)
-  values (p_job.workspace_id, p_job.origin_request_id,
-          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
-          p_job.job_id, p_attempt_no, p_outcome, p_input_tokens, p_output_tokens, p_cost_usd,
-          memory_private.clock_now());
-  update memory_private.requests
-     set memory_spent_usd = memory_spent_usd + p_cost_usd
-   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
-  update memory_private.workspaces
-     set memory_spent_usd = memory_spent_usd + p_cost_usd
-   where workspace_id = p_job.workspace_id;
-end
-$$;
-comment on function memory_private.charge_attempt(memory_private.jobs, integer, text, integer,
-                                                   integer, numeric) is
-  'Records an attempt''s charge on the originating request (memory_extract or '
-  'memory_consolidate) and adds its dollars to the request''s and the workspace''s memory spend.';
-
-create function memory_private.close_open_attempt_unknown(p_job memory_private.jobs, p_error text)
-  returns boolean
+create function memory_private.close_attempt(
+  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
+) returns boolean
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_attempt memory_private.job_attempts;
+  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
+  v_cost numeric;
 begin
-  update memory_private.job_attempts
-     set outcome = 'unknown', cost_usd = reserved_usd, error = p_error,
-         finished_at = memory_private.clock_now()
+  select * into v_attempt from memory_private.job_attempts
    where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
-  returning * into v_attempt;
+     for update;
   if not found then
     return false;
   end if;
-  perform memory_private.charge_attempt(p_job, v_attempt.attempt_no, 'unknown', null, null,
-                                        v_attempt.reserved_usd);
+  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
+  v_cost := case
+              -- the provider may have run and charged anything up to what was reserved
+              when p_outcome = 'unknown' then v_attempt.reserved_usd
+              -- the provider answered with no usage (an error status): nothing was billed
+              when p_usage is null then 0
+              -- it answered, but its cost could not be read: assume the reserve
+              when v_reported is null then v_attempt.reserved_usd
+              else least(v_reported, v_attempt.reserved_usd)
+            end;
+  update memory_private.job_attempts
+     set outcome = p_outcome,
+         input_tokens = (p_usage ->> 'input_tokens')::integer,
+         output_tokens = (p_usage ->> 'output_tokens')::integer,
+         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
+     and attempt_no = v_attempt.attempt_no;
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
+          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
+  update memory_private.workspace_memory
+     set memory_spent_usd = memory_spent_usd + v_cost
+   where workspace_id = p_job.workspace_id;
   return true;
 end
 $$;
-comment on function memory_private.close_open_attempt_unknown(memory_private.jobs, text) is
-  'Closes the job''s open attempt, if any, as unknown and charges its reserve (the provider may '
-  'have run and charged). Returns whether there was one.';
+comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
+  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
+  'could read (memory_private.check_usage) and a failure code, and charges it to the '
+  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
+  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
+  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
 
 create function memory_private.release_job(
   p_job memory_private.jobs, p_status text, p_error text,
@@ -2075,7 +2313,7 @@ declare
   v_now timestamptz := memory_private.clock_now();
 begin
   update memory_private.jobs
-     set status = p_status, token = null, worker_id = null, lease_expires_at = null,
+     set status = p_status, worker_id = null, lease_expires_at = null,
          last_error = coalesce(left(p_error, 2000), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
@@ -2086,7 +2324,8 @@ end
 $$;
 comment on function memory_private.release_job(memory_private.jobs, text, text, timestamptz) is
   'Moves a job out of running (or out of pending) to pending, stopped or superseded: clears '
-  'the token and lease; keeps the checkpoint only when the job stays pending.';
+  'the lease (the token stays, so the old claim is told why, see owned_job); keeps the '
+  'checkpoint only when the job stays pending.';
 
 create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
   language plpgsql volatile
@@ -2151,13 +2390,19 @@ begin
        for update
   loop
     v_expired := v_expired + 1;
-    if memory_private.close_open_attempt_unknown(v_job, 'lease expired during the model call') then
+    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
       v_unknown := v_unknown + 1;
       perform memory_private.release_job(v_job, 'stopped',
         'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.checkpoint is not null then
+      -- A valid answer was paid for: the next claim commits it without a model call, whatever
+      -- the number of calls the input has made.
+      perform memory_private.release_job(v_job, 'pending',
+        'the lease expired after the checkpoint; the next claim commits it',
+        memory_private.clock_now());
     elsif v_job.claims >= 3 then
       perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired and the job has used its three claims');
+        'the lease expired and the input has made its three model calls');
     else
       perform memory_private.release_job(v_job, 'pending', 'the lease expired',
                                          memory_private.clock_now());
@@ -2168,8 +2413,10 @@ end
 $$;
 comment on function memory_private.expire_leases(text) is
   'Maintenance step: a running job whose lease passed is stopped when a model call was open '
-  '(the attempt becomes unknown and is charged at its reserve; no automatic replay) or after '
-  'three claims, and otherwise goes back to pending. Returns counts.';
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
+  'to pending due now with its checkpoint when it has one (committed by the next claim without '
+  'a model call, even after the third call), is stopped when its input made its three calls, '
+  'and otherwise goes back to pending. Returns counts.';
 
 -- The worker's API ----------------------------------------------------------------------------
 
@@ -2185,12 +2432,15 @@ declare
   v_reason text;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
-  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace.
+  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace. A job
+  -- with calls left is claimable, and so is one holding a checkpoint whatever its count: its
+  -- claim only commits.
   for v_ws in
     select d.workspace_id
       from (select j.workspace_id, min(j.next_attempt_at) as due
               from memory_private.jobs j
-             where j.status = 'pending' and j.next_attempt_at <= v_now and j.claims < 3
+             where j.status = 'pending' and j.next_attempt_at <= v_now
+               and (j.claims < 3 or j.checkpoint is not null)
              group by j.workspace_id) d
       join memory_private.workspaces w on w.workspace_id = d.workspace_id
      where not w.paused
@@ -2198,10 +2448,11 @@ begin
                         where r.workspace_id = d.workspace_id and r.status = 'running')
      order by d.due, d.workspace_id
   loop
-    -- The workspace lock, without waiting: another claim or a memory write holds it briefly.
+    -- The workspace's memory lock, without waiting: another claim or a memory write holds it
+    -- briefly.
+    continue when not memory_private.try_lock_workspace(v_ws.workspace_id);
     select config_version into v_config from memory_private.workspaces
-     where workspace_id = v_ws.workspace_id and not paused
-       for no key update skip locked;
+     where workspace_id = v_ws.workspace_id and not paused;
     continue when not found;
     -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
     continue when exists (select 1 from memory_private.jobs j
@@ -2209,7 +2460,7 @@ begin
     loop
       select * into v_job from memory_private.jobs j
        where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now and j.claims < 3
+         and j.next_attempt_at <= v_now and (j.claims < 3 or j.checkpoint is not null)
        order by j.next_attempt_at, j.job_id
        limit 1
          for update skip locked;
@@ -2225,10 +2476,10 @@ begin
         perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
         continue;
       end if;
+      -- The claim is counted by start_attempt, when it can reach the provider.
       update memory_private.jobs
          set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + interval '2 minutes', claims = claims + 1,
-             updated_at = v_now
+             lease_expires_at = v_now + interval '2 minutes', updated_at = v_now
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       return memory_private.job_payload(v_job);
@@ -2238,13 +2489,15 @@ begin
 end
 $$;
 comment on function memory.claim_job(text) is
-  'Claims at most one memory job (NULL when there is none): pending, due, fewer than three '
-  'claims, workspace not paused and with no running job. Issues a fresh token and a two-minute '
-  'lease and returns the payload: phase, scope, origin request, pinned model, budget left, '
-  'limits, redacted input, and the checkpoint when one exists (then commit without calling '
-  'the model). Jobs found stale on the way are superseded or stopped.';
+  'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
+  'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
+  'with no running job. Issues a fresh token and a two-minute lease and returns the payload: '
+  'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
+  'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
+  'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
+  'opens its model call.';
 
-create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token uuid)
+create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
   returns timestamptz
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -2260,12 +2513,12 @@ begin
   return v_until;
 end
 $$;
-comment on function memory.extend_lease(text, bigint, uuid) is
+comment on function memory.extend_lease(text, bigint, text) is
   'Extends the lease of a job the caller holds to two minutes from now and returns the new '
   'expiry; MB020 when the token is not current or the lease already expired.';
 
 create function memory.start_attempt(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_reserve_usd numeric
+  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
 ) returns integer
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -2283,11 +2536,17 @@ begin
   end if;
   if exists (select 1 from memory_private.job_attempts
               where workspace_id = p_workspace_id and job_id = p_job_id
-                and (token = p_token or outcome = 'open')) then
+                and (token = v_job.token or outcome = 'open')) then
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  select budget_usd - spent_usd - memory_spent_usd into v_request_left
+  if v_job.claims >= 3 then
+    raise exception 'the input of job % has made its three model calls', p_job_id
+      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select budget_usd - spent_usd
+         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
+    into v_request_left
     from memory_private.requests
    where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
   if p_reserve_usd > v_request_left then
@@ -2295,28 +2554,34 @@ begin
       greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select budget_usd - spent_usd - memory_spent_usd into v_workspace_left
-    from memory_private.workspaces where workspace_id = p_workspace_id;
+  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
+    from memory_private.workspaces w
+    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+   where w.workspace_id = p_workspace_id;
   if p_reserve_usd > v_workspace_left then
     raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
       greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
+  -- This claim can reach the provider now: it counts against the input's three calls.
+  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
   insert into memory_private.job_attempts
     (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
-  values (p_workspace_id, p_job_id, v_job.claims, p_token, p_reserve_usd,
+  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
           memory_private.clock_now());
-  return v_job.claims;
+  return v_job.claims + 1;
 end
 $$;
-comment on function memory.start_attempt(text, bigint, uuid, numeric) is
-  'Opens the model call of the current claim after checking that the reserved dollars fit '
-  'both the originating request''s remaining budget (budget - spent - memory spent) and the '
-  'workspace''s; MB024 otherwise, before any call is made (P17). Returns the attempt number '
-  '(the claim number).';
+comment on function memory.start_attempt(text, bigint, text, numeric) is
+  'Opens the model call of the current claim after checking that the input has a call left (at '
+  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
+  'originating request''s remaining budget (budget - spent - memory charges) and the '
+  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
+  'Returns the attempt number (the input''s call number, 1 to 3).';
 
 create function memory.save_checkpoint(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_output jsonb, p_usage jsonb
+  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
 ) returns void
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -2330,7 +2595,7 @@ declare
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and token = p_token
+   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
      and outcome = 'open';
   if not found then
     raise exception 'job % has no open attempt for this claim', p_job_id
@@ -2346,27 +2611,20 @@ begin
       hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
              'supersedes the job.';
   end if;
-  update memory_private.job_attempts
-     set outcome = 'ok', input_tokens = (v_usage ->> 'input_tokens')::integer,
-         output_tokens = (v_usage ->> 'output_tokens')::integer,
-         cost_usd = (v_usage ->> 'cost_usd')::numeric, finished_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id
-     and attempt_no = v_attempt.attempt_no;
-  perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'ok',
-    (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
-    (v_usage ->> 'cost_usd')::numeric);
+  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
   update memory_private.jobs
      set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
          updated_at = memory_private.clock_now()
    where workspace_id = p_workspace_id and job_id = p_job_id;
 end
 $$;
-comment on function memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb) is
+comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
   'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
-  'transcript (P19): validated (MB023) and redacted, with its usage; closes the attempt as ok '
-  'and charges the originating request. An invalid output (MB023) or an input that changed '
-  'since the claim (MB021) changes nothing: report it with fail_job(..., ''failed'', error, '
-  'usage).';
+  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
+  'the attempt as ok and charges the originating request the reported cost, at most the '
+  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
+  '(MB021: the output could never be committed and may carry the text that changed) changes '
+  'nothing: report it with fail_job(..., ''failed'', code, usage).';
 
 create function memory_private.passages(p_text text) returns text[]
   language sql immutable strict parallel safe
@@ -2547,7 +2805,7 @@ comment on function memory_private.write_index(memory_private.jobs, jsonb) is
   'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
   'changed since the snapshot.';
 
-create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token uuid)
+create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
   returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -2604,7 +2862,7 @@ begin
   return v_result || jsonb_build_object('job_id', p_job_id);
 end
 $$;
-comment on function memory.commit_job(text, bigint, uuid) is
+comment on function memory.commit_job(text, bigint, text) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
   'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
   '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
@@ -2613,7 +2871,7 @@ comment on function memory.commit_job(text, bigint, uuid) is
   'depending on every candidate. All or nothing.';
 
 create function memory.fail_job(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,
+  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
   p_usage jsonb default null
 ) returns jsonb
   language plpgsql volatile security definer
@@ -2621,87 +2879,88 @@ create function memory.fail_job(
   as $$
 declare
   v_job memory_private.jobs;
-  v_attempt memory_private.job_attempts;
+  v_open boolean;
   v_usage jsonb;
   v_now timestamptz := memory_private.clock_now();
-  v_error text := coalesce(left(p_error, 2000), 'no error message');
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   if p_outcome is null or p_outcome not in ('failed', 'unknown') then
     raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
   end if;
-  if p_usage is not null then
-    v_usage := memory_private.check_usage(p_usage);
+  -- A code, never text: what a worker would write here can carry the model's output.
+  if p_error is null
+     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
+    raise exception 'error must be a failure code (see docs/errors.md), not a message'
+      using errcode = 'MB001',
+      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
   end if;
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and outcome = 'open';
+  if p_usage is not null then
+    v_usage := memory_private.check_usage(p_usage, false);
+  end if;
+  v_open := exists (select 1 from memory_private.job_attempts
+                     where workspace_id = p_workspace_id and job_id = p_job_id
+                       and outcome = 'open');
+  if not v_open and p_outcome = 'unknown' then
+    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
+      using errcode = 'MB025', hint = 'Report failed instead.';
+  end if;
+  if not v_open and v_usage is not null then
+    raise exception 'job % has no open model call to charge the usage to', p_job_id
+      using errcode = 'MB025';
+  end if;
 
   if p_outcome = 'unknown' then
-    if v_attempt.attempt_no is null then
-      raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
-        using errcode = 'MB025', hint = 'Report failed instead.';
-    end if;
-    perform memory_private.close_open_attempt_unknown(v_job, v_error);
+    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
     perform memory_private.release_job(v_job, 'stopped',
-      'outcome unknown, not replayed: ' || v_error);
+      'outcome unknown, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
                               'why', 'unknown_outcome');
   end if;
 
-  if v_attempt.attempt_no is not null then
-    update memory_private.job_attempts
-       set outcome = 'failed', error = v_error,
-           input_tokens = (v_usage ->> 'input_tokens')::integer,
-           output_tokens = (v_usage ->> 'output_tokens')::integer,
-           cost_usd = coalesce((v_usage ->> 'cost_usd')::numeric, 0), finished_at = v_now
-     where workspace_id = p_workspace_id and job_id = p_job_id
-       and attempt_no = v_attempt.attempt_no;
-    perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'failed',
-      (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
-      coalesce((v_usage ->> 'cost_usd')::numeric, 0));
-  elsif v_usage is not null then
-    raise exception 'job % has no open model call to charge the usage to', p_job_id
-      using errcode = 'MB025';
-  end if;
-  if v_job.claims >= 3 then
+  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
+  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
+  if v_job.checkpoint is null and v_job.claims >= 3 then
     perform memory_private.release_job(v_job, 'stopped',
-      'failed on its third claim, not replayed: ' || v_error);
+      'failed on its third model call, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
-  perform memory_private.release_job(v_job, 'pending', v_error, v_now + interval '1 hour');
+  perform memory_private.release_job(v_job, 'pending', p_error, v_now + interval '1 hour');
   return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
                             'next_attempt_at', v_now + interval '1 hour');
 end
 $$;
-comment on function memory.fail_job(text, bigint, uuid, text, text, jsonb) is
-  'Reports that the current claim failed. failed: the open attempt (if any) closes as failed '
-  'with its usage charged, and the job backs off one hour, or stops after its third claim. '
-  'unknown: the provider may have run, so the open attempt is charged at its reserve and the '
-  'job stops without automatic replay (P13). Answers the job''s new status: '
-  '{"status": "pending", "next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" '
-  '| "third_claim"}.';
+comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
+  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
+  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
+  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
+  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
+  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
+  'third model call; a job holding a checkpoint keeps it and stays pending. unknown: the '
+  'provider may have run, so the open attempt is charged at its reserve and the job stops '
+  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
+  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
 
 revoke all on function
   memory.claim_job(text),
-  memory.extend_lease(text, bigint, uuid),
-  memory.start_attempt(text, bigint, uuid, numeric),
-  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
-  memory.commit_job(text, bigint, uuid),
-  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
 from public;
 grant execute on function
   memory.claim_job(text),
-  memory.extend_lease(text, bigint, uuid),
-  memory.start_attempt(text, bigint, uuid, numeric),
-  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
-  memory.commit_job(text, bigint, uuid),
-  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
 to memory_worker;
 
 -- ==== 45_scheduling.sql ====
 -- 45_scheduling.sql: maintenance, the tick that turns facts into jobs (P2-P5, P10, P15, V5, V10).
 --
--- memory.run_maintenance runs, for each workspace under its row lock, the steps listed in
+-- memory.run_maintenance runs, for each workspace under its memory lock, the steps listed in
 -- memory_private.maintenance_steps in position order. Each step is a function
 -- (p_workspace_id text) returns jsonb of counts; the counts of all steps and workspaces are
 -- summed into the answer. Another file adds a step with one insert, e.g.
@@ -2712,10 +2971,12 @@ to memory_worker;
 -- the same tick.
 --
 -- Extraction: a conversation (one request: its user and assistant messages) qualifies when the
--- request is interactive and succeeded, the scope's last activity is older than the workspace's
--- idle window, the scope has recall on, the workspace is not paused, and it has retained
--- directed user and assistant messages, not tombstoned in the scope, at least one of which is
--- not yet extracted at its current content hash. Scheduled requests have no scope (V5); group
+-- request is interactive and succeeded, the conversation's own last activity (the request's
+-- update or finish, its messages' creation or edit) is older than the workspace's idle window,
+-- the scope has recall on, the workspace is not paused, and it has retained directed user and
+-- assistant messages, not tombstoned in the scope, at least one of which is not yet extracted
+-- at its current content hash. The window is per conversation, not per scope: in a busy group
+-- topic, someone always talking must not hold back everyone's finished conversations. Scheduled requests have no scope (V5); group
 -- messages not directed at the bot are never stored (V10). The batch takes the most recent
 -- conversations whose texts fit 24,000 bytes together; a conversation that cannot fit alone is
 -- recorded as a 'skipped' job and its messages marked skipped, so it is never retried.
@@ -2756,6 +3017,37 @@ $$;
 comment on function memory_private.add_counts(jsonb, jsonb) is
   'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
 
+create function memory_private.input_carryover(
+  p_workspace_id text, p_scope_id bigint, p_phase text, p_input_hash text,
+  p_config_version integer,
+  out blocked boolean, out claims integer, out next_attempt_at timestamptz
+)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The most recent earlier job of the same input (scope, phase, input hash) under the same
+  -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
+  -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
+  -- a source edited and edited back) hands its model calls and its backoff on, so the count is
+  -- per unchanged input whatever happened in between; anything else starts afresh.
+  select coalesce(bool_or(j.status = 'stopped'
+                          or (j.status = 'superseded' and j.claims >= 3)), false),
+         coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
+         greatest(memory_private.clock_now(),
+                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+    from (select * from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+             and j.phase = p_phase and j.input_hash = p_input_hash
+             and j.config_version = p_config_version and j.status <> 'skipped'
+           order by j.job_id desc
+           limit 1) j
+$$;
+comment on function memory_private.input_carryover(text, bigint, text, text, integer) is
+  'What an input (scope, phase, input hash, config version) carries into a new job from its '
+  'most recent earlier job: blocked (it stopped, or was superseded after its three model '
+  'calls), and otherwise the model calls already made and the backoff of a superseded job. '
+  'This keeps "at most three model calls per unchanged input" across transient supersedes.';
+
 create function memory_private.create_job(
   p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
   p_origin_request_id text, p_config_version integer
@@ -2765,17 +3057,21 @@ create function memory_private.create_job(
   as $$
   insert into memory_private.jobs
     (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
-     model_id, config_version, next_attempt_at, created_at, updated_at)
+     model_id, config_version, claims, next_attempt_at, created_at, updated_at)
   select p_workspace_id, p_scope_id, p_phase, p_input, p_input_hash, r.request_id,
-         r.model_provider, r.model_id, p_config_version, memory_private.clock_now(),
+         r.model_provider, r.model_id, p_config_version, c.claims, c.next_attempt_at,
          memory_private.clock_now(), memory_private.clock_now()
     from memory_private.requests r
+   cross join memory_private.input_carryover(p_workspace_id, p_scope_id, p_phase, p_input_hash,
+                                             p_config_version) c
    where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
   returning job_id
 $$;
 comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer) is
-  'Creates a pending job due now, pinned to the originating request''s model/provider and the '
-  'workspace configuration version it was made under (P17, P20).';
+  'Creates a pending job pinned to the originating request''s model/provider and the workspace '
+  'configuration version it was made under (P17, P20), carrying over the model calls and '
+  'backoff its input already had (memory_private.input_carryover): due now otherwise. The '
+  'caller checks that the input is not blocked.';
 
 create function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
   returns jsonb
@@ -2787,7 +3083,6 @@ declare
   v_scope memory_private.scopes;
   v_now timestamptz := memory_private.clock_now();
   v_cutoff timestamptz;
-  v_last timestamptz;
   v_identity text;
   v_unit record;
   v_ceiling integer := (memory_private.job_limits() ->> 'batch_bytes')::integer;
@@ -2817,19 +3112,6 @@ begin
   end if;
   v_cutoff := v_now - v_ws.idle_window;
 
-  -- Idle window: measured from the last activity of any conversation in the scope.
-  select greatest(max(r.updated_at), max(r.finished_at), max(m.created_at), max(m.edited_at))
-    into v_last
-    from memory_private.requests r
-    left join memory_private.messages m
-      on m.workspace_id = r.workspace_id and m.request_id = r.request_id
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-     and r.bot_id = v_scope.bot_id and r.chat_id = v_scope.chat_id
-     and (v_scope.kind = 'private' or r.topic_id = v_scope.topic_id);
-  if v_last > v_cutoff then
-    return v_result;
-  end if;
-
   for v_unit in
     select r.request_id, sum(octet_length(m.body))::integer as bytes,
            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
@@ -2850,9 +3132,16 @@ begin
        and not exists (select 1 from memory_private.tombstones t
                         where t.workspace_id = m.workspace_id and t.scope_id = v_scope.scope_id
                           and t.message_id = m.message_id)
-     group by r.request_id, r.finished_at, r.created_at
+     group by r.request_id, r.finished_at, r.created_at, r.updated_at
     having bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
        and bool_or(e.message_id is null)
+       -- Idle window, per conversation: its own last activity (the request's update or finish,
+       -- its messages' creation or edit; removed messages count too).
+       and greatest(r.updated_at, r.finished_at,
+                    (select max(greatest(a.created_at, a.edited_at, a.removed_at))
+                       from memory_private.messages a
+                      where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
+           <= v_cutoff
      order by r.finished_at desc, r.created_at desc, r.request_id desc
   loop
     if v_unit.bytes > v_ceiling then
@@ -2915,12 +3204,10 @@ begin
       'the conversation changed: a newer snapshot replaces this one');
     v_result := v_result || jsonb_build_object('jobs_superseded_new_input', 1);
   end if;
-  -- An input that was stopped (unknown outcome, three claims) under this configuration is not
-  -- replayed automatically (P13).
-  if exists (select 1 from memory_private.jobs
-              where workspace_id = p_workspace_id and scope_id = p_scope_id
-                and phase = 'extract' and input_hash = v_hash and status = 'stopped'
-                and config_version = v_ws.config_version) then
+  -- An input that was stopped (unknown outcome, three failed calls) under this configuration,
+  -- or superseded after its three calls, is not replayed automatically (P13).
+  if (memory_private.input_carryover(p_workspace_id, p_scope_id, 'extract', v_hash,
+                                     v_ws.config_version)).blocked then
     return v_result || jsonb_build_object('replays_blocked', 1);
   end if;
 
@@ -2994,10 +3281,8 @@ begin
       'the records changed: a newer snapshot replaces this one');
     v_result := jsonb_build_object('jobs_superseded_new_input', 1);
   end if;
-  if exists (select 1 from memory_private.jobs
-              where workspace_id = p_workspace_id and scope_id = p_scope_id
-                and phase = 'consolidate' and input_hash = v_hash and status = 'stopped'
-                and config_version = v_ws.config_version) then
+  if (memory_private.input_carryover(p_workspace_id, p_scope_id, 'consolidate', v_hash,
+                                     v_ws.config_version)).blocked then
     return v_result || jsonb_build_object('replays_blocked', 1);
   end if;
 
@@ -3087,21 +3372,21 @@ declare
   v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                       'leases_expired', 0);
 begin
-  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   for v_step in
     select step::oid::regproc from memory_private.maintenance_steps order by position
   loop
     execute format('select %s($1)', v_step) into v_counts using p_workspace_id;
     v_total := memory_private.add_counts(v_total, v_counts);
   end loop;
-  update memory_private.workspaces set maintained_at = memory_private.clock_now()
+  update memory_private.workspace_memory set maintained_at = memory_private.clock_now()
    where workspace_id = p_workspace_id;
   return v_total;
 end
 $$;
 comment on function memory_private.maintain_workspace(text) is
-  'Runs every maintenance step for one workspace under its row lock and stamps maintained_at. '
+  'Runs every maintenance step for one workspace under its memory lock and stamps '
+  'maintained_at. '
   'Returns the summed counts.';
 
 create function memory.run_maintenance(p_workspace_id text default null) returns jsonb
@@ -3144,7 +3429,7 @@ create function memory.maintain_next_workspace(p_after_workspace_id text default
 declare
   v_ws text;
 begin
-  select workspace_id into v_ws from memory_private.workspaces
+  select workspace_id into v_ws from memory_private.workspace_memory
    where p_after_workspace_id is null or workspace_id > p_after_workspace_id
    order by workspace_id
    limit 1
@@ -3607,8 +3892,7 @@ begin
   end if;
 
   -- Usage is a memory write: take the workspace lock before anything else is written.
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
 
   v_hash := memory_private.args_hash(p_args);
@@ -3763,8 +4047,10 @@ to memory_backend;
 -- private scope, its user (C5); group topic, a participant adds notes and forgets when every
 -- record the forget removes holds only their own statements (C6); everything else in a group
 -- needs an active owner/admin (C7).
--- A change is committed with the call (C4); a replayed tool call id returns the stored outcome
--- once more, after re-checking that the caller still has the standing it needed (C9).
+-- A change is committed with the call (C4); a replayed tool call id is never applied again: after
+-- re-checking that the caller still has the standing it needed, it answers the stored outcome
+-- while that still holds, and says what changed when it does not (C9). The recogniser reads the
+-- first 300 characters and the end of a message, so it is linear in its length.
 
 -- Recognising a direct request -----------------------------------------------------------------
 
@@ -3774,25 +4060,30 @@ create function memory_private.request_has_content(p_rest text) returns boolean
   as $$
   select char_length(regexp_replace(
            regexp_replace(coalesce(p_rest, ''),
-             '^([ ,.:;!\-，。：；！、]|that\M|this\M|these\M|the following\M|following\M'
-             || '|下面|以下|这个|这件事|这点|一下|下来|下)*', ''),
-           '[[:space:][:punct:]，。！？、：；“”‘’「」『』]', '', 'g')) >= 2
+             '^([ ,.:;!\-，。：；！、…]|that\M|this\M|it\M|these\M|those\M|the following\M'
+             || '|following\M|things\M|stuff\M|something\M|anything\M|everything\M'
+             || '|下面|以下|这个|那个|这件事|这点|这些|它|一下|下来|下)*', ''),
+           '[[:space:][:punct:]，。！？、：；“”‘’「」『』…]', '', 'g')) >= 2
 $$;
 comment on function memory_private.request_has_content(text) is
-  'Whether what follows a remember phrase says something (not just "this", "that" or '
-  'punctuation).';
+  'Whether what follows a remember phrase says something: not just "this", "that", "it", '
+  '"things" or punctuation ("remember it" has nothing to remember).';
 
-create function memory_private.request_form(p_text text) returns text
+create function memory_private.request_clause_form(p_clause text, p_ends_as_question boolean)
+  returns text
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
   as $$
 declare
-  t text;
+  t text := p_clause;
   v_prev text;
   v_rest text;
+  v_polite boolean := false;
+  v_steps integer := 0;
   c_remember constant text :=
-    '^(remember|memorize|memorise|keep in mind|note down|make a note of|make a note'
-    || '|take note of|take note|note that|note:|save (this |that |it )?(to|in|into) (your )?memory'
+    '^(remember|memorize|memorise|keep in mind|keep (this|that|it) in mind|note down'
+    || '|make a note of|make a note|take note of|take note|note that|note:'
+    || '|save (this |that |it )?(to|in|into) (your )?memory'
     || '|add (this |that |it )?to (your )?memory)';
   c_forget constant text :=
     '^(forget|(delete|remove|erase|wipe) (this |that |the |my |your )?(memory|memories|note|notes))'
@@ -3805,51 +4096,62 @@ declare
     '^(((turn|switch) on|enable|activate|resume|reactivate) (the |your )?'
     || '(memory|memories|remembering|recall)|start (remembering|using memory)'
     || '|(turn|switch) (the |your )?(memory|recall)( feature)? (back )?on)([^a-z]|$)';
+  c_zh_remember constant text := '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)';
+  -- An explanation question right after the verb ("记住是什么意思"); after a separator it is
+  -- content ("记住：API 是什么协议").
+  c_zh_explain constant text :=
+    '^(是什么|什么意思|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用'
+    || '|什么作用|会怎么样|怎么样|是干嘛的|是干什么的)';
 begin
-  if p_text is null then
-    return 'none';
-  end if;
-  -- One line of lower-case text with plain apostrophes.
-  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
-  t := translate(t, '’', '''');
-  if t = '' then
-    return 'none';
-  end if;
-  -- Quoted history, code or tool output: the request is not the user's own words.
-  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
-    return 'quoted';
-  end if;
-  -- Reported speech: someone else's words.
-  if t ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
-     or t ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
-    return 'quoted';
-  end if;
-  -- Questions (including about the feature) are not requests.
-  if t ~ '[?？]$' or t ~ '(吗|嘛)[。.!！~～ ]*$'
-     or t ~ '(什么意思|是什么|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用|什么作用)'
-     or t ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M' then
-    return 'question';
-  end if;
-
-  -- Politeness, addressing and framing in front of the request.
+  -- Politeness, addressing, thanks and framing in front of the request. The clause is at most
+  -- 300 characters (request_form cuts it) and at most 20 words are stripped, so this costs the
+  -- same whatever the length of the message.
   loop
     v_prev := t;
     t := regexp_replace(t, (
       '^(@[^ ]+|(hey|hi|hello|ok|okay) [^ ,，]+[,，]|hey\M|hi\M|hello\M|ok\M|okay\M|alright\M'
       || '|so\M|also\M|and\M|now\M|then\M|oh\M|bot\M|please\M|pls\M|plz\M|kindly\M|just\M'
+      || '|thanks\M|thank you\M|thx\M|great\M|cool\M|nice\M|perfect\M|awesome\M|got it\M'
+      || '|sure\M|btw\M|by the way\M|one more thing\M'
       || '|from now on\M|i want you to\M|i''d like you to\M|i would like you to\M|i need you to\M'
-      || '|can you\M|could you\M|would you\M|will you\M|go ahead and\M|be sure to\M'
-      || '|make sure to\M|you should\M|you must\M'
-      || '|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|那就|现在|以后|今后'
-      || '|从现在开始|从现在起)[ ,，、:：!！.。~～-]*'), '');
-    exit when t = v_prev;
+      || '|go ahead and\M|be sure to\M|make sure to\M|you should\M|you must\M'
+      || '|请问|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|哦|噢|谢谢|多谢|对了'
+      || '|另外|还有|顺便说一下|顺便|那就|现在|以后|今后|从现在开始|从现在起)'
+      || '[ ,，、:：!！.。~～-]*'), '');
+    v_steps := v_steps + 1;
+    exit when t = v_prev or v_steps >= 20;
   end loop;
+  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
+    return 'quoted';
+  end if;
 
   -- Negative requests ("don't remember this", "不要记住").
   if t ~ ('^(do not|don''t|dont|never|not|no need to|there''s no need to|you don''t need to'
           || '|you do not need to|i don''t want you to|i do not want you to)\M')
      or t ~ '^(不要|别|不用|无需|不必|不需要|甭|千万别|勿|我不想|我不希望|我不要|我不需要)' then
     return 'negative';
+  end if;
+
+  -- "Can you ..." is a polite request only when it says what to remember or forget ("Can you
+  -- remember that my deploy day is Friday?"); otherwise it asks about the capability ("can you
+  -- remember things", "could you turn off memory?").
+  if t ~ '^(can|could|would|will) you\M' then
+    t := regexp_replace(t, '^(can|could|would|will) you( please| kindly| also)*[ ,，]*', '');
+    if not (t ~ (c_remember || ' *(that\M|[:：])') or t ~ '^forget (that|about)\M') then
+      return 'question';
+    end if;
+    v_polite := true;
+  end if;
+  -- "你能帮我记住……吗？" asks for help: a request. "你能记住……吗" asks what it can do.
+  if t ~ '^(能不能|可不可以|能否|可以|能|会)' then
+    if not t ~ '^(能不能|可不可以|能否|可以|能)(帮我|替我)(记住|记下来|记下|记一下)' then
+      return 'question';
+    end if;
+    t := regexp_replace(t, '^(能不能|可不可以|能否|可以|能)(帮我|替我)', '');
+    v_polite := true;
+  end if;
+  if p_ends_as_question and not v_polite then
+    return 'question';
   end if;
 
   if t ~ c_disable
@@ -3872,8 +4174,11 @@ begin
     v_rest := regexp_replace(t, c_remember, '');
     return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
   end if;
-  if t ~ '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)' then
-    v_rest := regexp_replace(t, '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)', '');
+  if t ~ c_zh_remember then
+    v_rest := regexp_replace(t, c_zh_remember, '');
+    if v_rest ~ c_zh_explain then
+      return 'question';
+    end if;
     return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
   end if;
   if t ~ '^把.{2,}(记住|记下来|记下)' then
@@ -3882,12 +4187,75 @@ begin
   return 'none';
 end
 $$;
+comment on function memory_private.request_clause_form(text, boolean) is
+  'The request a normalized clause opens with, after politeness and thanks: remember, forget, '
+  'enable-memory, disable-memory, or quoted, question, negative, empty, none. A polite request '
+  'question ("can you remember that ...?", "你能帮我记住……吗？") is a request; a question '
+  'about the capability ("can you remember things") or an explanation ("记住是什么意思") is not. '
+  'p_ends_as_question: the whole message ends with a question mark or 吗.';
+
+create function memory_private.request_form(p_text text) returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  t text;
+  v_head text;
+  v_question boolean;
+  v_form text;
+  v_preamble text;
+begin
+  if p_text is null then
+    return 'none';
+  end if;
+  -- One line of lower-case text: one pass over the message. Everything after is read from its
+  -- first 300 characters (a request opens the message, after at most a short preamble) and its
+  -- last few, so the cost is linear in the length of the message and small under the workspace
+  -- lock however long it is (64,000 bytes of "please please ..." included).
+  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
+  if t = '' then
+    return 'none';
+  end if;
+  v_head := translate(left(t, 300), '’', '''');
+  v_question := right(t, 8) ~ '([?？]|(吗|嘛|么)[。.!！~～ ]*)$';
+
+  -- Quoted history, code or tool output: the request is not the user's own words.
+  if v_head ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
+    return 'quoted';
+  end if;
+  -- Reported speech: someone else's words.
+  if v_head ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
+     or v_head ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
+    return 'quoted';
+  end if;
+  -- Questions about the feature or anything else.
+  if v_head ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M'
+     or v_head ~ '^(什么|怎么|如何|为什么|为啥|啥是)' then
+    return 'question';
+  end if;
+
+  v_form := memory_private.request_clause_form(v_head, v_question);
+  if v_form = 'none' then
+    -- A request may open the second sentence, after one short preamble ("Great meeting.
+    -- Remember that ..."), unless the preamble quotes something.
+    v_preamble := substring(v_head from '^[^"“”‘’「」『』`>]{1,60}?(?:[.!] |[。！])');
+    if v_preamble is not null then
+      v_form := memory_private.request_clause_form(substr(v_head, char_length(v_preamble) + 1),
+                                                   v_question);
+    end if;
+  end if;
+  return v_form;
+end
+$$;
 comment on function memory_private.request_form(text) is
   'What a human message directly asks of the memory: remember, forget, enable-memory, '
   'disable-memory; or why it does not: quoted (quoted history, code, tool output, reported '
-  'speech), question (about the feature or anything else), negative ("don''t remember"), empty '
-  '(remember with nothing to remember) or none. English and Chinese; the request phrase must open '
-  'the message, after politeness ("please", "请", "@bot").';
+  'speech), question (about the feature or anything else; a polite request question is a '
+  'request), negative ("don''t remember"), empty (remember with nothing to remember) or none. '
+  'English and Chinese; the request phrase opens the message, after politeness and thanks '
+  '("please", "thanks!", "请", "对了", "@bot"), or opens its second sentence after one short '
+  'preamble. Linear in the length of the message: it reads the first 300 characters and the '
+  'last few.';
 
 create function memory_private.classify_request(p_text text) returns text
   language sql immutable
@@ -4127,8 +4495,7 @@ declare
   v_ids bigint[];
   v_now timestamptz := memory_private.clock_now();
 begin
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_ids := array(select record_id from memory_private.records
                   where workspace_id = p_workspace_id and scope_id = p_scope_id
                     and record_id = any(p_record_ids) order by record_id);
@@ -4157,6 +4524,55 @@ comment on function memory_private.forget_records(text, bigint, bigint, bigint[]
   'Returns the ids deleted.';
 
 -- manage_memory --------------------------------------------------------------------------------
+
+create function memory_private.replay_outcome(
+  p_call memory_private.tool_calls, p_request memory_private.requests,
+  p_scope memory_private.scopes
+) returns jsonb
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_action text := p_call.outcome ->> 'action';
+  v_memory_id bigint := (p_call.outcome ->> 'memory_id')::bigint;
+  v_record memory_private.records;
+  v_reason text;
+begin
+  -- A replay is never applied again, and never reports a state that no longer holds (C9): the
+  -- stored outcome is answered only while what it says is still true now.
+  if v_action = 'remember' then
+    select * into v_record from memory_private.records
+     where workspace_id = p_request.workspace_id and record_id = v_memory_id
+       and scope_id = p_scope.scope_id;
+    if not found then
+      v_reason := format('An earlier call saved this message as memory %s; it has since been '
+                         'forgotten or removed, so it is not remembered now.', v_memory_id);
+    else
+      v_reason := memory_private.record_invalid_reason(v_record, p_request.user_id);
+      if v_reason is not null then
+        v_reason := format('An earlier call saved this message as memory %s; it is not '
+                           'recalled now (%s).', v_memory_id, v_reason);
+      end if;
+    end if;
+  elsif v_action = 'disable-memory' and p_scope.recall_enabled then
+    v_reason := 'An earlier call turned memory off in this chat; it is on again now.';
+  elsif v_action = 'enable-memory' and not p_scope.recall_enabled then
+    v_reason := 'An earlier call turned memory on in this chat; it is off again now.';
+  end if;
+  -- forget holds for good: a forgotten record never comes back and ids are never reused.
+  if v_reason is not null then
+    return memory_private.control_outcome('done', v_action, 'no_longer_holds', v_reason,
+                                          v_memory_id, jsonb_build_object('holds', false));
+  end if;
+  return p_call.outcome || jsonb_build_object('holds', true);
+end
+$$;
+comment on function memory_private.replay_outcome(memory_private.tool_calls,
+                                                  memory_private.requests,
+                                                  memory_private.scopes) is
+  'The answer to a replayed manage_memory call that was done: its stored outcome while it still '
+  'holds (the note exists and is recalled, memory is still off or on), otherwise '
+  'code no_longer_holds saying what changed since (C9). holds says which.';
 
 create function memory_private.apply_control(
   p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
@@ -4434,8 +4850,7 @@ begin
       p_request_id using errcode = 'MB005';
   end if;
 
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
   v_hash := memory_private.args_hash(p_args);
 
@@ -4456,7 +4871,8 @@ begin
           'This change was made by an earlier call, but ' || v_refusal || ' now.',
           (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
       end if;
-      return v_call.outcome || jsonb_build_object('replayed', true);
+      return memory_private.replay_outcome(v_call, v_request, v_scope)
+             || jsonb_build_object('replayed', true);
     end if;
     -- A refused call changed nothing; its replay is decided again on current facts.
   end if;
@@ -4487,9 +4903,11 @@ comment on function memory.manage_memory(text, text, text, jsonb) is
   '(records kept). Private '
   'scope: its user; group: a participant for notes and their own records, an owner/admin for '
   'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
-  '"replayed"}; a replayed tool call id returns the stored outcome without applying it again, '
-  'once access is re-checked (C9). Committed when the call returns (C4). MB003 when the id was '
-  'used with other arguments; MB005 for a scheduled request.';
+  '"replayed"}; a replayed tool call id is never applied again: once access is re-checked it '
+  'answers the stored outcome while it still holds, or code no_longer_holds when the state '
+  'changed since (the note forgotten, memory turned back on), with "holds" (C9). Committed '
+  'when the call returns (C4). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
 revoke all on function memory.manage_memory(text, text, text, jsonb) from public;
 grant execute on function memory.manage_memory(text, text, text, jsonb) to memory_backend;
@@ -4740,8 +5158,7 @@ declare
   v_tombstones integer;
   v_pruned integer;
 begin
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_expired := memory_private.erase_expired_messages(p_workspace_id);
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
@@ -4942,9 +5359,9 @@ comment on view memory.scope_status is
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
-select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_at,
-       w.budget_usd, w.spent_usd, w.memory_spent_usd,
-       w.budget_usd - w.spent_usd - w.memory_spent_usd as budget_left_usd,
+select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
+       w.budget_usd, w.spent_usd, wm.memory_spent_usd,
+       w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
        (select count(*) from memory_private.scopes s
          where s.workspace_id = w.workspace_id) as scopes,
        (select count(*) from memory_private.scopes s
@@ -4964,6 +5381,7 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_a
        (select count(*) from memory_private.tombstones t
          where t.workspace_id = w.workspace_id) as tombstones
   from memory_private.workspaces w
+  join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
   left join lateral (
     select sum(g.n) filter (where g.reason is null) as records_valid,
            sum(g.n) filter (where g.reason is not null) as records_invalid,
@@ -5120,8 +5538,8 @@ comment on view memory.job_status is
 create view memory.request_memory_charges as
 select q.workspace_id, q.request_id, q.status as request_status,
        q.model_provider, q.model_id,
-       q.budget_usd, q.spent_usd, q.memory_spent_usd,
-       q.budget_usd - q.spent_usd - q.memory_spent_usd as budget_left_usd,
+       q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
+       q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
        count(*) as attempts,
        count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
        coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
@@ -5161,8 +5579,8 @@ begin
   if p_job_id is null then
     raise exception 'job_id is required' using errcode = 'MB001';
   end if;
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;
@@ -5204,8 +5622,11 @@ begin
     'next_attempt_at', v_now,
     'workspace_paused', v_ws.paused,
     'request_budget_left_usd',
-      v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
-    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd);
+      v_request.budget_usd - v_request.spent_usd
+      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
+    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
+      - (select memory_spent_usd from memory_private.workspace_memory
+          where workspace_id = p_workspace_id));
 end
 $$;
 comment on function memory.retry_job(text, bigint) is
@@ -5468,3 +5889,22 @@ grant execute on function
   memory.set_workspace_paused(text, boolean),
   memory.explain_record(text, bigint, text)
 to memory_operator;
+
+-- ==== 90_privileges.sql ====
+-- 90_privileges.sql: last in name order, after every function exists.
+--
+-- PostgreSQL grants EXECUTE on every new function to PUBLIC. The public API revokes it function
+-- by function where it is defined (and grants each role its own); the internal helpers in
+-- memory_private had only the missing USAGE on their schema between them and any role
+-- (memory_private.advance_clock among them). Here every memory_private function loses PUBLIC's
+-- EXECUTE: a role given USAGE on the schema by mistake still calls nothing. The operator views'
+-- wrappers (memory_private.operator_*) keep their explicit grant to memory_operator.
+--
+-- Functions added later are covered twice: migrations/post-apply.sql repeats this statement after
+-- every `pimem migrate` / `yoyo apply` that applied something, and pgtap/00_schema_shape.sql
+-- fails when any memory_private function is executable by PUBLIC. (ALTER DEFAULT PRIVILEGES
+-- cannot do it per schema: PUBLIC's EXECUTE on functions is a global default, and a
+-- per-schema default only adds to it; the global form would change the migrating role's
+-- functions in every other schema of the database too.)
+
+revoke execute on all functions in schema memory_private from public;

@@ -2,7 +2,7 @@
 -- Reference tables (global configuration, no tenant data; Citus reference tables, see
 -- docs/scaling.md) are listed by name: clock, redaction_patterns, maintenance_steps.
 begin;
-select plan(8);
+select plan(9);
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
@@ -28,6 +28,11 @@ select is_empty($$
   select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
    where n.nspname = 'memory' and has_function_privilege('public', p.oid, 'execute')
 $$, 'PUBLIC may execute no memory function');
+
+select is_empty($$
+  select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+   where n.nspname = 'memory_private' and has_function_privilege('public', p.oid, 'execute')
+$$, 'PUBLIC may execute no memory_private function (not only the schema''s USAGE protects them)');
 
 select is_empty($$
   select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace

@@ -1,6 +1,6 @@
 -- Each role can call exactly what its job needs, and is refused everything else.
 begin;
-select plan(10);
+select plan(13);
 
 create temporary view role_functions as
   select r.rolname, p.proname
@@ -51,6 +51,22 @@ select throws_ok($$ select * from memory_private.messages $$, '42501', null,
 select throws_ok($$ select memory.remove_message('rw', 'm') $$, '42501', null,
   'the worker cannot remove messages');
 reset role;
+
+-- A role with no grants at all, even one given USAGE on the private schema by mistake, calls
+-- no private function: each has lost PUBLIC's EXECUTE (sql/90_privileges.sql).
+create role pimem_test_nobody login;
+grant usage on schema memory_private to pimem_test_nobody;
+set role pimem_test_nobody;
+select throws_ok($$ select memory_private.advance_clock('1 day') $$, '42501', null,
+  'a role with no grants cannot move the memory clock, even with USAGE on memory_private');
+select throws_ok($$ select memory_private.lock_workspace('rw') $$, '42501', null,
+  'nor take a workspace''s memory lock');
+reset role;
+select is_empty($$
+  select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+   where n.nspname = 'memory_private'
+     and has_function_privilege('pimem_test_nobody', p.oid, 'execute')
+$$, 'a role with no grants may execute no memory_private function');
 
 select * from finish();
 rollback;

@@ -33,28 +33,31 @@ select is((select jsonb_array_length(job -> 'input' -> 'sources') from claimed),
 select is(memory.claim_job('w2'), null, 'a second claim finds nothing');
 
 select throws_ok($$ select memory.commit_job('wj', (select (job ->> 'job_id')::bigint from claimed),
-                                              gen_random_uuid()) $$,
+                                              gen_random_uuid()::text) $$,
   'MB020', null, 'a foreign token is refused');
+select throws_ok($$ select memory.commit_job('wj', (select (job ->> 'job_id')::bigint from claimed),
+                                              'not-a-token') $$,
+  'MB001', null, 'a malformed token is MB001, not a cast error before the function runs');
 select throws_ok($$ select memory.start_attempt('wj', (select (job ->> 'job_id')::bigint from claimed),
-                                                 (select (job ->> 'token')::uuid from claimed), 2) $$,
+                                                 (select (job ->> 'token') from claimed), 2) $$,
   'MB024', null, 'a reserve over the request budget is refused');
 select is(memory.start_attempt('wj', (select (job ->> 'job_id')::bigint from claimed),
-                               (select (job ->> 'token')::uuid from claimed), 0.1), 1,
+                               (select (job ->> 'token') from claimed), 0.1), 1,
   'a reserve that fits opens attempt 1');
 select throws_ok($$ select memory.save_checkpoint('wj', (select (job ->> 'job_id')::bigint from claimed),
-                      (select (job ->> 'token')::uuid from claimed),
+                      (select (job ->> 'token') from claimed),
                       '{"title": "Tea", "summary": "Tea.", "source_ids": ["m9"]}',
                       '{"input_tokens": 1, "output_tokens": 1, "cost_usd": 0.01}') $$,
   'MB023', null, 'a source id outside the snapshot is refused');
 select lives_ok($$ select memory.save_checkpoint('wj', (select (job ->> 'job_id')::bigint from claimed),
-                      (select (job ->> 'token')::uuid from claimed),
+                      (select (job ->> 'token') from claimed),
                       '{"title": "Tea", "summary": "Alice prefers tea.", "source_ids": ["m1"]}',
                       '{"input_tokens": 1, "output_tokens": 1, "cost_usd": 0.01}') $$,
   'a valid output is checkpointed');
-select is((select memory_spent_usd from memory_private.requests where request_id = 'r1'),
-  0.01::numeric(14, 6), 'the request is charged');
+select is(memory_private.request_memory_spent('wj', 'r1'),
+  0.01::numeric, 'the request is charged');
 select is((memory.commit_job('wj', (select (job ->> 'job_id')::bigint from claimed),
-                             (select (job ->> 'token')::uuid from claimed))) ->> 'status',
+                             (select (job ->> 'token') from claimed))) ->> 'status',
   'committed', 'the commit writes the record');
 select is((select array_agg(message_id order by message_id) from memory_private.record_sources),
   array['m1'], 'the record cites what the output cites');

@@ -271,13 +271,13 @@ def status(
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
-    from pyworker.status import gather_status, render_status
+    from pyworker.status import gather_status, render_status, sanitize
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = gather_status(db, workspace, limit)
     except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
     finally:
         db.close()
@@ -301,13 +301,13 @@ def explain(
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
-    from pyworker.status import render_explain
+    from pyworker.status import render_explain, sanitize
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = db.explain_record(workspace, memory_id, requester)
     except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
     finally:
         db.close()

@@ -40,10 +40,6 @@ class NoScope(MemoryError_):
     code = "MB005"
 
 
-class NotAllowed(MemoryError_):
-    code = "MB010"
-
-
 class JobLost(MemoryError_):
     code = "MB020"
 
@@ -71,7 +67,7 @@ class JobState(MemoryError_):
 BY_CODE: dict[str, type[MemoryError_]] = {
     cls.code: cls
     for cls in (
-        InvalidArgument, NotFound, Conflict, TooLarge, NoScope, NotAllowed, JobLost, JobStale,
+        InvalidArgument, NotFound, Conflict, TooLarge, NoScope, JobLost, JobStale,
         JobConfigChanged, BadModelOutput, BudgetExceeded, JobState,
     )
 }

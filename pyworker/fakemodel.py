@@ -5,6 +5,9 @@
         ...
         assert fake.calls == 1 and fake.violations == []
 
+    fake.mode = "hostile"                # each call answers the next of HOSTILE in turn
+    fake.mode = "hostile:nul_title"      # or always that one
+
 It answers streamed (SSE, with ``stream_options.include_usage``) and plain requests. By default
 the reply is a valid extraction or consolidation built from the prompt's DATA block, so the real
 Pi CLI and the ``openai`` adapter can run the whole pipeline against it. It counts calls, keeps
@@ -13,11 +16,13 @@ every request body, and records a violation (and answers 400) when a request off
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
@@ -76,6 +81,8 @@ class FakeModel:
         self.call_started = threading.Event()
         self.release = threading.Event()
         self._lock = threading.Lock()
+        self.hostile_cycle: list[str] = list(HOSTILE)  # what mode "hostile" serves, in turn
+        self.hostile_served: collections.Counter[str] = collections.Counter()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -151,6 +158,9 @@ class FakeModel:
             h._json(400, {"error": {"message": "tools are not allowed", "type": "fake"}})
             return
         self.call_started.set()
+        if mode.startswith("hostile"):
+            self._hostile(h, body, mode)
+            return
         if mode == "error":
             h._json(500, {"error": {"message": "fake provider error", "type": "server_error"}})
             return
@@ -201,6 +211,176 @@ class FakeModel:
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()
         h.close_connection = True
+
+
+    def _hostile(self, h: Any, body: dict[str, Any], mode: str) -> None:
+        """Answers as a hostile provider (HOSTILE): the named mode, or the next in turn."""
+        with self._lock:
+            if mode == "hostile":
+                name = self.hostile_cycle[sum(self.hostile_served.values())
+                                          % len(self.hostile_cycle)]
+            else:
+                name = mode.split(":", 1)[1]
+            self.hostile_served[name] += 1
+        reply = HOSTILE[name](body)
+        usage = reply.usage
+        if usage is None:
+            usage = json.dumps({"prompt_tokens": self.prompt_tokens,
+                                "completion_tokens": self.completion_tokens,
+                                "total_tokens": self.prompt_tokens + self.completion_tokens})
+        content = default_reply(body) if reply.content is None else reply.content
+        message = reply.message or json.dumps({"role": "assistant", "content": content})
+        model = json.dumps(body.get("model", "m"))
+        created = int(time.time())
+        if not body.get("stream"):
+            raw = reply.body if reply.body is not None else (
+                f'{{"id": "fake-h", "object": "chat.completion", "created": {created}, '
+                f'"model": {model}, ' + (f'"usage": {usage}, ' if usage else "")
+                + f'"choices": [{{"index": 0, "finish_reason": "{reply.finish}", '
+                f'"message": {message}}}]}}').encode()
+            h.send_response(reply.status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(raw) + (1000 if reply.truncate else 0)))
+            h.end_headers()
+            h.wfile.write(raw)
+            h.wfile.flush()
+            if reply.truncate:
+                h.close_connection = True
+            return
+        h.send_response(reply.status)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        if reply.body is not None:  # the stream itself is broken
+            h.wfile.write(b"data: " + reply.body + b"\n\n")
+            h.wfile.flush()
+            return
+        head = (f'{{"id": "fake-h", "object": "chat.completion.chunk", "created": {created}, '
+                f'"model": {model}, ')
+
+        def event(rest: str) -> None:
+            h.wfile.write(("data: " + head + rest + "}\n\n").encode())
+            h.wfile.flush()
+
+        event('"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, '
+              '"finish_reason": null}]')
+        if reply.message is not None:
+            event(f'"choices": [{{"index": 0, "delta": {reply.message}, '
+                  '"finish_reason": null}]')
+        else:
+            for i in range(0, len(content), 2000):
+                event('"choices": [{"index": 0, "delta": {"content": '
+                      + json.dumps(content[i:i + 2000]) + '}, "finish_reason": null}]')
+                if reply.truncate:
+                    return  # the connection drops mid-stream
+        event(f'"choices": [{{"index": 0, "delta": {{}}, "finish_reason": "{reply.finish}"}}]')
+        if usage and (body.get("stream_options") or {}).get("include_usage"):
+            event(f'"choices": [], "usage": {usage}')
+        h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()
+
+
+# Hostile replies -----------------------------------------------------------------------------
+# What a provider, or a model steered by what it read, may send back. Each entry answers one
+# request: the model's text (content), the usage object as raw JSON text (so it can hold NaN or
+# a 5,000-digit number), the finish reason, the HTTP status, or a whole body that is not a valid
+# response. The worker must survive every one: close the attempt with what can be known of its
+# usage, charge at most the reserve, and go on.
+
+
+@dataclass(frozen=True)
+class Hostile:
+    content: str | None = None  # the model's text; None: the valid reply for the prompt
+    usage: str | None = None  # the usage object as raw JSON; None: the normal one; "": none
+    finish: str = "stop"
+    status: int = 200
+    body: bytes | None = None  # the whole body (or SSE data) instead of a response
+    message: str | None = None  # the choice's message as raw JSON instead of text content
+    truncate: bool = False  # the connection drops before the body is complete
+
+
+def _valid(body: dict[str, Any]) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(default_reply(body))
+    return value
+
+
+def _with(body: dict[str, Any], **fields: Any) -> str:
+    return json.dumps({**_valid(body), **fields})
+
+
+def _ids_key(body: dict[str, Any]) -> str:
+    return "record_ids" if "record_ids" in _valid(body) else "source_ids"
+
+
+def _text_key(body: dict[str, Any]) -> str:
+    return "index" if "index" in _valid(body) else "title"
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE_DIGITS = "9" * 5000
+
+HOSTILE: dict[str, Callable[[dict[str, Any]], Hostile]] = {
+    # the model's text
+    "deep_nesting": lambda b: Hostile(content=DEEP),
+    "huge_integer": lambda b: Hostile(
+        content=_with(b).replace(f'"{_ids_key(b)}": [', f'"{_ids_key(b)}": [{HUGE_DIGITS}, ')),
+    "big_id": lambda b: Hostile(content=_with(b, **{_ids_key(b): [10**30]})),
+    "nul_title": lambda b: Hostile(content=_with(b, **{_text_key(b): "Tea\u0000time"})),
+    "lone_surrogate": lambda b: Hostile(
+        content=_with(b, **{_text_key(b): "X"}).replace('"X"', '"\\ud800 broken"')),
+    "float_ids": lambda b: Hostile(content=_with(b).replace(f'"{_ids_key(b)}": [',
+                                                            f'"{_ids_key(b)}": [1.5, ')),
+    "wrong_types": lambda b: Hostile(content=json.dumps(
+        {k: (5 if isinstance(v, str) else "r1-u") for k, v in _valid(b).items()})),
+    "token_ids": lambda b: Hostile(content=_with(b, **{_ids_key(b): [
+        "sk-live-0123456789abcdefghijKLMN", "\u001b[31mred\u001b[0m", "ghp_" + "a" * 36]})),
+    "escape_sequences": lambda b: Hostile(content=_with(b, **{
+        _text_key(b): "\u001b[2J\u001b]0;pwned\u0007\u202eevil\u202c title"})),
+    "oversize": lambda b: Hostile(content=oversize_reply(b)),
+    "huge_content": lambda b: Hostile(content="x" * 3_000_000),
+    "not_object": lambda b: Hostile(content="[1, 2, 3]"),
+    "nan_literal": lambda b: Hostile(
+        content=_with(b, **{_text_key(b): "X"}).replace('"X"', "NaN")),
+    "infinity_id": lambda b: Hostile(content=_with(b).replace(f'"{_ids_key(b)}": [',
+                                                              f'"{_ids_key(b)}": [1e999, ')),
+    "empty": lambda b: Hostile(content=""),
+    "extra_key_escape": lambda b: Hostile(content=_with(b, **{"\u001b]0;pwned\u0007": 1})),
+    "double_encoded": lambda b: Hostile(content=json.dumps(default_reply(b))),
+    # usage that is not numbers the database could store
+    "usage_negative": lambda b: Hostile(usage='{"prompt_tokens": -5, "completion_tokens": -1}'),
+    "usage_nan": lambda b: Hostile(usage='{"prompt_tokens": NaN, "completion_tokens": 300}'),
+    "usage_huge": lambda b: Hostile(
+        usage=f'{{"prompt_tokens": {HUGE_DIGITS}, "completion_tokens": 300}}'),
+    "usage_float": lambda b: Hostile(usage='{"prompt_tokens": 1200.5, "completion_tokens": 3}'),
+    "usage_string": lambda b: Hostile(usage='{"prompt_tokens": "1200", "completion_tokens": 3}'),
+    "usage_overflow": lambda b: Hostile(
+        usage='{"prompt_tokens": 1099511627776, "completion_tokens": 3}'),
+    "usage_missing": lambda b: Hostile(usage=""),
+    # a valid reply whose usage is worth far more than the reserve: charged the reserve
+    "usage_over_reserve": lambda b: Hostile(
+        usage='{"prompt_tokens": 2000000000, "completion_tokens": 300}'),
+    # the response itself
+    "body_not_json": lambda b: Hostile(body=b"<html><body>\x1b[31mBad gateway</body></html>"),
+    "body_deep": lambda b: Hostile(body=DEEP.encode()),
+    "body_no_choices": lambda b: Hostile(
+        body=b'{"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 0}}'),
+    "body_choices_not_list": lambda b: Hostile(body=b'{"choices": "no", "usage": 7}'),
+    "body_content_object": lambda b: Hostile(
+        message='{"role": "assistant", "content": {"title": "not text"}}'),
+    "tool_calls_only": lambda b: Hostile(message=(
+        '{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": '
+        '"function", "function": {"name": "manage_memory", "arguments": "{}"}}]}')),
+    "huge_int_elsewhere": lambda b: Hostile(usage=(
+        '{"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": '
+        + HUGE_DIGITS + "}")),
+    "status_500_html": lambda b: Hostile(status=500, body=b"<html>\x1b[5mdown</html>"),
+    "status_429": lambda b: Hostile(
+        status=429, body=b'{"error": {"message": "slow down \\u001b[31m", "type": "rate"}}'),
+    "finish_length": lambda b: Hostile(finish="length"),
+    "truncated": lambda b: Hostile(truncate=True),
+}
 
 
 if __name__ == "__main__":  # a standalone fake for manual runs: python -m pyworker.fakemodel

@@ -101,9 +101,9 @@ def observe(name: str, adapter: str, fields: dict[str, Any]) -> None:
         JOBS_FAILED.labels(phase, outcome).inc()
         with _lock:
             began = _calls.pop(job_id, None)  # type: ignore[arg-type]
-        if began is not None:
+        if began is not None:  # the call itself failed: its usage is not counted yet
             MODEL_SECONDS.labels(adapter, phase, outcome).observe(time.monotonic() - began)
-        _usage(adapter, phase, fields.get("usage"))
+            _usage(adapter, phase, fields.get("usage"))
     elif name == "job_stopped":  # the database's answer to fail_job, not a rule of ours
         JOBS_STOPPED.labels(phase, str(fields.get("why") or "unknown")).inc()
     elif name == "job_committed":

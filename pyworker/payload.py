@@ -40,6 +40,7 @@ class ModelRef(_Model):
 
 
 class Budget(_Model):
+    # Exact decimal strings in the payload ("0.420000"); a JSON number is accepted too.
     request_left_usd: Decimal
     workspace_left_usd: Decimal
 
@@ -86,16 +87,54 @@ class ConsolidateInput(_Model):
     candidates: list[Candidate]
 
 
-class Usage(_Model):
-    """What one model call used: tokens and dollars (the shape the database stores)."""
+MAX_TOKENS = 2**31 - 1  # what the database stores (integer)
+MAX_COST_USD = Decimal(1_000_000)  # the largest dollar amount the database takes
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: Decimal = Decimal(0)
+
+class Usage(_Model):
+    """What one model call used: tokens and dollars (the shape the database stores). ``None``
+    is a value the provider did not report readably (NaN, negative, out of range, not a
+    number): the database charges an unreadable cost at the attempt's reserve."""
+
+    input_tokens: int | None = Field(default=0, ge=0, le=MAX_TOKENS)
+    output_tokens: int | None = Field(default=0, ge=0, le=MAX_TOKENS)
+    cost_usd: Decimal | None = Field(default=Decimal(0), ge=0, le=MAX_COST_USD)
+
+    @property
+    def known(self) -> bool:
+        return None not in (self.input_tokens, self.output_tokens, self.cost_usd)
 
     def as_json(self) -> dict[str, Any]:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cost_usd": float(self.cost_usd)}
+                "cost_usd": None if self.cost_usd is None else float(self.cost_usd)}
+
+
+UNKNOWN_USAGE = Usage(input_tokens=None, output_tokens=None, cost_usd=None)
+
+
+def token_count(value: Any) -> int | None:
+    """A provider's token count as the database takes it, or None when it is not one (a
+    negative, fractional, NaN, oversized or non-numeric value)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def dollars(value: Any) -> Decimal | None:
+    """A provider's dollar amount as the database takes it (0 to 1,000,000), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except ArithmeticError:
+        return None
+    if not amount.is_finite() or amount < 0 or amount > MAX_COST_USD:
+        return None
+    return amount
 
 
 class Checkpoint(_Model):
@@ -175,7 +214,7 @@ class ExtractionOutput(_Model):
                              f"{limits.summary_bytes}")
         unknown = [i for i in self.source_ids if i not in allowed_ids]
         if unknown:
-            raise ReplyError(f"source_ids not in the batch: {unknown[:5]}")
+            raise ReplyError(f"{len(unknown)} source id(s) are not messages of the batch")
         return self
 
 
@@ -198,17 +237,27 @@ class ConsolidationOutput(_Model):
             raise ReplyError("record_ids has duplicates")
         unknown = [i for i in self.record_ids if i not in allowed_ids]
         if unknown:
-            raise ReplyError(f"record_ids not among the candidates: {unknown[:5]}")
+            raise ReplyError(f"{len(unknown)} record id(s) are not among the candidates")
         if not self.index.strip() or not self.record_ids:
             raise ReplyError("the index must not be empty and must name at least one record")
         return self
 
 
 class ReplyError(ValueError):
-    """The model's reply is not a valid output for the job (the attempt failed)."""
+    """The model's reply is not a valid output for the job (the attempt failed). ``code`` is
+    the failure code the attempt is recorded with; the message names the contract, never what
+    the model wrote (it goes to the logs)."""
+
+    def __init__(self, message: str, code: str = "reply_invalid") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -217,16 +266,24 @@ def _json_object(text: str) -> dict[str, Any]:
     if fenced:
         stripped = fenced.group(1)
     try:
-        value = json.loads(stripped)
+        # NaN/Infinity are not JSON; a number too long for int() (Python refuses more than 4,300
+        # digits) raises ValueError, and nesting deeper than the interpreter's stack
+        # RecursionError: each is a reply that is not JSON, never a crash of the worker.
+        value = json.loads(stripped, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise ReplyError(f"the reply is not JSON: {exc.msg} at {exc.pos}") from None
+        raise ReplyError(f"the reply is not JSON: {exc.msg} at {exc.pos}",
+                         "reply_not_json") from None
+    except (ValueError, RecursionError) as exc:
+        raise ReplyError(f"the reply is not JSON the worker can read ({type(exc).__name__})",
+                         "reply_not_json") from None
     if not isinstance(value, dict):
-        raise ReplyError("the reply is JSON but not an object")
+        raise ReplyError("the reply is JSON but not an object", "reply_not_json")
     return value
 
 
 def parse_reply(payload: ClaimPayload, text: str) -> ExtractionOutput | ConsolidationOutput:
-    """The validated output for a job from the model's reply text; raises :class:`ReplyError`."""
+    """The validated output for a job from the model's reply text; raises :class:`ReplyError`
+    for anything else the reply may be (the database validates the output again)."""
     value = _json_object(text)
     try:
         if payload.phase == "extract":
@@ -236,7 +293,17 @@ def parse_reply(payload: ClaimPayload, text: str) -> ExtractionOutput | Consolid
             return ExtractionOutput.model_validate(value).check(payload.limits, ids, existing)
         cids = {c.id for c in payload.consolidate_input().candidates}
         return ConsolidationOutput.model_validate(value).check(payload.limits, cids)
+    except ReplyError:
+        raise
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise ReplyError(f"the reply has the wrong shape: {where}: {first.get('msg')}") from None
+        # The location without the model's own keys: only the contract's names and positions.
+        where = ".".join(str(p) if isinstance(p, int) or p in CONTRACT_KEYS else "?"
+                         for p in first.get("loc", ()))
+        raise ReplyError(f"the reply has the wrong shape at {where or 'top'}: "
+                         f"{first.get('type')}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. a lone surrogate cannot be UTF-8
+        raise ReplyError(f"the reply cannot be checked ({type(exc).__name__})") from None
+
+
+CONTRACT_KEYS = frozenset({"title", "summary", "source_ids", "index", "record_ids"})

@@ -3,22 +3,49 @@
 Everything shown comes from the ``memory`` operator views and ``memory.explain_record``
 (sql/80_operator.sql), read through :class:`pyworker.db.Database`; nothing here decides a rule.
 Connect as a role that is a member of ``memory_operator``. No view carries message text, titles or
-summaries, so neither does this output.
+summaries, so neither does this output. Every string from the database is printed without its
+control characters (an id or an error could carry terminal escape sequences) and with rich's
+markup escaped, so a value can neither drive the operator's terminal nor restyle the table.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pyworker.db import Database
 
 # Jobs an operator may need to look at: everything not finished, and stopped jobs nobody retried.
 ATTENTION = ["pending", "running", "stopped"]
+
+
+# C0 and C1 control characters (ESC starts a terminal escape sequence) and the invisible
+# direction and format marks that can make a terminal show text other than what is stored.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+                          "\ufeff\ufff9-\ufffb]")
+
+
+def printable(text: str) -> str:
+    """The text without control characters, each replaced by a visible ``?``."""
+    return _UNPRINTABLE.sub("?", text)
+
+
+def sanitize(value: Any) -> Any:
+    """A value from the database made safe to print in a rich table: every string (also in
+    nested dicts and lists) without control characters and with markup escaped."""
+    if isinstance(value, str):
+        return escape(printable(value))
+    if isinstance(value, dict):
+        return {k: sanitize(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [sanitize(v) for v in value]
+    return value
 
 
 def age(value: timedelta | None) -> str:
@@ -85,6 +112,7 @@ def gather_status(db: Database, workspace_id: str | None = None,
 
 
 def render_status(data: dict[str, list[dict[str, Any]]], console: Console) -> None:
+    data = sanitize(data)
     ws = Table(title="Workspaces", title_justify="left")
     for col in ("workspace", "paused", "config", "budget left", "memory $", "records ok",
                 "invalid (by reason)", "consolidations due", "jobs pend/due/run/stop",
@@ -155,6 +183,7 @@ def render_status(data: dict[str, list[dict[str, Any]]], console: Console) -> No
 def render_explain(data: dict[str, Any], console: Console) -> None:
     """One record's explanation: verdict, the checks in rule order, and what it was made from
     (its dependencies, with its sources marked by their place)."""
+    data = sanitize(data)
     scope = data["scope"]
     record = data["record"]
     who = scope["user_id"] if scope["kind"] == "private" else f"topic {scope['topic_id']}"

@@ -16,16 +16,19 @@ import signal
 import socket
 import threading
 import time
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+import psycopg
+
 from pyworker import errors, metrics
 from pyworker.adapters.base import Adapter, ModelFailure
 from pyworker.db import Database, DatabaseUnavailable
 from pyworker.logs import event
-from pyworker.payload import ClaimPayload, ReplyError, parse_reply
+from pyworker.payload import UNKNOWN_USAGE, ClaimPayload, ReplyError, parse_reply
 from pyworker.prompting import build_prompt
 
 # Debug hook for the crash tests: seconds to pause after the checkpoint and before the commit.
@@ -112,18 +115,32 @@ class Worker:
     # the loop --------------------------------------------------------------------------------
 
     def run(self, *, until_idle: bool = False, max_jobs: int | None = None) -> int:
-        """Runs until stopped (or, with ``until_idle``, until no job is left). Returns 0."""
+        """Runs until stopped (or, with ``until_idle``, until no job is left). Returns 0.
+
+        Nothing a provider sends and no error of a tick ends the loop: a lost database is
+        retried with a backoff, and any other error is logged and the loop goes on after the
+        same backoff (the database already closed or will close the attempt truthfully)."""
         self._log("worker_started", interval=self.config.interval,
                   tick_seconds=self.config.tick_seconds)
         backoff = 1.0
+        errors_in_a_row = 0
         try:
             while not self.stop.is_set():
                 try:
                     result = self.tick()
-                    backoff = 1.0
+                    backoff, errors_in_a_row = 1.0, 0
                 except DatabaseUnavailable as exc:
                     self._log("database_unavailable", logging.WARNING, error=str(exc),
                               retry_in=backoff)
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.config.interval)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the loop must survive anything
+                    errors_in_a_row += 1
+                    self._log("tick_error", logging.ERROR, error_type=type(exc).__name__,
+                              error=_bounded(exc), retry_in=backoff)
+                    if until_idle and errors_in_a_row >= 5:
+                        break  # a one-shot run does not spin on a persistent error
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.interval)
                     continue
@@ -145,7 +162,14 @@ class Worker:
         """Maintenance, then at most one job, within the tick deadline."""
         start = time.monotonic()
         deadline = start + self.config.tick_seconds
-        counts = self.maintain()
+        try:
+            counts = self.maintain()
+        except DatabaseUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - jobs are still claimed and handled
+            self._log("maintenance_failed", logging.ERROR, error_type=type(exc).__name__,
+                      error=_bounded(exc))
+            counts = {}
         if counts and any(counts.values()):
             self._log("maintenance", counts=counts)
         if self.stop.is_set():
@@ -153,7 +177,10 @@ class Worker:
         raw = self.db.claim_job(self.config.worker_id)
         if raw is None:
             return TickResult("idle")
-        job = ClaimPayload.model_validate(raw)
+        try:
+            job = ClaimPayload.model_validate(raw)
+        except ValueError as exc:
+            return self._unreadable_claim(raw, exc)
         self._touched = job.workspace_id
         ids = job.log_fields()
         self._log("job_claimed", attempt=job.attempt, model=job.model.qualified,
@@ -165,56 +192,111 @@ class Worker:
             return self._commit(job, ids)
         return self._attempt(job, ids, deadline)
 
+    def _unreadable_claim(self, raw: Any, exc: Exception) -> TickResult:
+        """A claim payload the worker cannot read: give the job back (no model call was made,
+        so the claim does not count) and go on."""
+        self._log("claim_unreadable", logging.ERROR, error=_bounded(exc))
+        if isinstance(raw, dict) and {"workspace_id", "job_id", "token"} <= raw.keys():
+            try:
+                self.db.fail_job(str(raw["workspace_id"]), int(raw["job_id"]), str(raw["token"]),
+                                 "failed", "worker_error", None)
+            except (errors.MemoryError_, psycopg.Error, ValueError, TypeError) as err:
+                self._log("fail_not_recorded", logging.WARNING, error=_bounded(err))
+        return TickResult("failed", None, None, "worker_error")
+
     def _attempt(self, job: ClaimPayload, ids: dict[str, Any], deadline: float) -> TickResult:
         db = self.db
-        prompt = build_prompt(job)
         try:
+            prompt = build_prompt(job)
             reserve = self.adapter.reserve_usd(job.model, prompt)
         except ModelFailure as exc:
-            return self._fail(job, ids, "failed", f"before the call: {exc.message}", None)
+            self._log("before_call", logging.WARNING, error=_bounded(exc.message), **ids)
+            return self._fail(job, ids, "failed", exc.code, None)
+        except Exception as exc:  # noqa: BLE001 - nothing was called: give the claim back
+            self._log("before_call", logging.ERROR, error_type=type(exc).__name__,
+                      error=_bounded(exc), **ids)
+            return self._fail(job, ids, "failed", "worker_error", None)
         try:
             attempt = db.start_attempt(job.workspace_id, job.job_id, job.token, reserve)
         except errors.BudgetExceeded as exc:
-            return self._fail(job, ids, "failed", f"budget: {exc.message}", None)
-        except (errors.JobLost, errors.JobState) as exc:
-            self._log("job_lost", logging.WARNING, error=exc.message, **ids)
+            self._log("budget_exceeded", logging.WARNING, error=exc.message, **ids)
+            return self._fail(job, ids, "failed", "budget_exceeded", None)
+        except (errors.JobLost, errors.JobState, errors.JobStale,
+                errors.JobConfigChanged) as exc:
+            self._log("job_lost", logging.WARNING, code=exc.code, error=exc.message, **ids)
             return TickResult("lost", job.job_id, job.phase, exc.message)
         self._log("model_call", attempt=attempt, reserve_usd=str(reserve),
                   timeout_s=round(deadline - self.config.commit_margin - time.monotonic(), 1),
                   **ids)
-        began = time.monotonic()
-        lease_lost, finished = threading.Event(), threading.Event()
-        heartbeat = threading.Thread(target=self._heartbeat, args=(job, finished, lease_lost),
-                                     daemon=True, name="lease-heartbeat")
-        heartbeat.start()
+        # From here an attempt is open: whatever happens, it is closed truthfully, with what
+        # can be known of its usage (the database charges at most the reserve).
+        usage: dict[str, Any] | None = None
         try:
-            reply = self.adapter.complete(job.model, prompt,
-                                          deadline=deadline - self.config.commit_margin,
-                                          cancel=self._abort)
-        except ModelFailure as exc:
-            why = "lease lost" if lease_lost.is_set() else exc.message
-            usage = exc.usage.as_json() if exc.usage else None
-            return self._fail(job, ids, exc.outcome, why, usage)
-        finally:
-            finished.set()
-            heartbeat.join(5)
-        usage = reply.usage.as_json()
-        self._log("model_reply", seconds=round(time.monotonic() - began, 3), usage=usage, **ids)
-        try:
-            output = parse_reply(job, reply.text)
-        except ReplyError as exc:
-            return self._fail(job, ids, "failed", f"invalid reply: {exc}", usage)
-        try:
-            db.save_checkpoint(job.workspace_id, job.job_id, job.token, output.model_dump(),
-                               usage)
-        except errors.BadModelOutput as exc:
-            return self._fail(job, ids, "failed", f"output refused: {exc.message}", usage)
-        except errors.JobStale as exc:
-            # A source changed during the call: nothing was stored; the attempt is charged.
-            return self._fail(job, ids, "failed", f"input changed: {exc.message}", usage)
-        except (errors.JobLost, errors.JobState) as exc:
-            self._log("job_lost", logging.WARNING, error=exc.message, **ids)
-            return TickResult("lost", job.job_id, job.phase, exc.message)
+            began = time.monotonic()
+            lease_lost, finished = threading.Event(), threading.Event()
+            heartbeat = threading.Thread(target=self._heartbeat,
+                                         args=(job, finished, lease_lost),
+                                         daemon=True, name="lease-heartbeat")
+            heartbeat.start()
+            try:
+                reply = self.adapter.complete(job.model, prompt,
+                                              deadline=deadline - self.config.commit_margin,
+                                              cancel=self._abort)
+            except ModelFailure as exc:
+                failed_usage = exc.usage.as_json() if exc.usage else None
+                self._log("model_failed", logging.WARNING, outcome=exc.outcome, code=exc.code,
+                          error=_bounded(exc.message), **ids)
+                if lease_lost.is_set():
+                    return self._fail(job, ids, exc.outcome, "lease_lost", failed_usage)
+                return self._fail(job, ids, exc.outcome, exc.code, failed_usage)
+            finally:
+                finished.set()
+                heartbeat.join(5)
+            usage = reply.usage.as_json()
+            self._log("model_reply", seconds=round(time.monotonic() - began, 3), usage=usage,
+                      **ids)
+            try:
+                output = parse_reply(job, reply.text)
+            except ReplyError as exc:
+                self._log("reply_refused", logging.WARNING, code=exc.code, error=_bounded(exc),
+                          **ids)
+                return self._fail(job, ids, "failed", exc.code, usage)
+            try:
+                db.save_checkpoint(job.workspace_id, job.job_id, job.token,
+                                   output.model_dump(), usage)
+            except errors.BadModelOutput as exc:
+                self._log("output_refused", logging.WARNING, code=exc.code,
+                          error=_bounded(exc.message), **ids)
+                return self._fail(job, ids, "failed", "output_refused", usage)
+            except errors.JobStale as exc:
+                # A source changed during the call: the output could never be committed and may
+                # carry the text that changed, so nothing was stored; the attempt is closed as
+                # failed with its usage, and maintenance supersedes the job.
+                self._log("input_changed", logging.WARNING, code=exc.code,
+                          error=_bounded(exc.message), **ids)
+                return self._fail(job, ids, "failed", "input_changed", usage)
+            except (errors.JobLost, errors.JobState, errors.JobConfigChanged) as exc:
+                self._log("job_lost", logging.WARNING, code=exc.code, error=exc.message, **ids)
+                return TickResult("lost", job.job_id, job.phase, exc.message)
+            except psycopg.DataError as exc:
+                # A value PostgreSQL cannot hold (a NUL character, a lone surrogate, JSON nested
+                # too deep): the output is refused before any function runs.
+                self._log("output_refused", logging.WARNING, code=exc.sqlstate,
+                          error=_bounded(exc), **ids)
+                return self._fail(job, ids, "failed", "output_refused", usage)
+        except DatabaseUnavailable:
+            raise  # the attempt stays open: its lease decides (unknown, charged the reserve)
+        except (errors.MemoryError_, psycopg.Error) as exc:
+            self._log("database_error", logging.ERROR, error_type=type(exc).__name__,
+                      error=_bounded(exc), **ids)
+            return self._fail(job, ids, "failed", "database_error", usage)
+        except Exception as exc:  # noqa: BLE001 - never leave an attempt open
+            self._log("worker_error", logging.ERROR, error_type=type(exc).__name__,
+                      error=_bounded(exc), **ids)
+            # Before the reply was read the provider may have run: its cost is not known, and
+            # the database charges the reserve for it.
+            return self._fail(job, ids, "failed", "worker_error",
+                              usage if usage is not None else UNKNOWN_USAGE.as_json())
         self._log("checkpoint_saved", **ids)
         pause = float(os.environ.get(PAUSE_AFTER_CHECKPOINT) or 0)
         if pause:
@@ -234,27 +316,50 @@ class Worker:
             # supersedes or stops the job from its own facts; the worker just drops the work.
             self._log("commit_refused", logging.WARNING, code=exc.code, error=exc.message, **ids)
             return TickResult("refused", job.job_id, job.phase, f"{exc.code}: {exc.message}")
+        except psycopg.Error as exc:
+            # An unexpected database error: the job keeps its checkpoint and is committed by a
+            # later claim, without another model call.
+            self._log("database_error", logging.ERROR, error_type=type(exc).__name__,
+                      error=_bounded(exc), **ids)
+            return self._fail(job, ids, "failed", "database_error", None)
         status = "noop" if isinstance(result, dict) and result.get("noop") else "committed"
         self._log("job_committed", result=result, **ids)
         return TickResult(status, job.job_id, job.phase, commit=result)
 
-    def _fail(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, why: str,
+    def _fail(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, code: str,
               usage: dict[str, Any] | None) -> TickResult:
-        self._report(job, ids, outcome, why, usage)
-        return TickResult(outcome, job.job_id, job.phase, why)
+        self._report(job, ids, outcome, code, usage)
+        return TickResult(outcome, job.job_id, job.phase, code)
 
-    def _report(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, why: str,
+    def _report(self, job: ClaimPayload, ids: dict[str, Any], outcome: str, code: str,
                 usage: dict[str, Any] | None) -> None:
-        self._log("job_failed", logging.WARNING, outcome=outcome, error=why, usage=usage, **ids)
-        try:
-            state = self.db.fail_job(job.workspace_id, job.job_id, job.token, outcome, why, usage)
+        """fail_job with the failure code and the usage that could be read. Should the
+        database refuse that usage, the attempt is reported again with its usage unknown (the
+        database charges the reserve); should that fail too, the lease decides."""
+        self._log("job_failed", logging.WARNING, outcome=outcome, error=code, usage=usage, **ids)
+        for attempt_usage in (usage, UNKNOWN_USAGE.as_json() if usage is not None else None):
+            try:
+                state = self.db.fail_job(job.workspace_id, job.job_id, job.token, outcome, code,
+                                         attempt_usage)
+            except errors.InvalidArgument as exc:
+                self._log("fail_not_recorded", logging.WARNING, code=exc.code,
+                          error=exc.message, **ids)
+                if attempt_usage is None:
+                    return
+                continue
+            except errors.MemoryError_ as exc:
+                # Lost the job meanwhile: the database already decided (an expired lease with
+                # an open attempt is unknown there too).
+                self._log("fail_not_recorded", logging.WARNING, code=exc.code,
+                          error=exc.message, **ids)
+                return
+            except psycopg.Error as exc:
+                self._log("fail_not_recorded", logging.ERROR, error_type=type(exc).__name__,
+                          error=_bounded(exc), **ids)
+                return
             if state.get("status") == "stopped":
                 self._log("job_stopped", logging.WARNING, why=state.get("why"), **ids)
-        except errors.MemoryError_ as exc:
-            # Lost the job meanwhile: the database already decided (an expired lease with an
-            # open attempt is unknown there too).
-            self._log("fail_not_recorded", logging.WARNING, code=exc.code, error=exc.message,
-                      **ids)
+            return
 
     def _heartbeat(self, job: ClaimPayload, done: threading.Event,
                    lost: threading.Event) -> None:
@@ -277,3 +382,10 @@ class Worker:
                     return
         finally:
             db.close()
+
+
+def _bounded(value: object, limit: int = 300) -> str:
+    """A message for the worker's log: at most ``limit`` characters, control characters
+    replaced (it may quote a provider or a model)."""
+    text = str(value)[:limit]
+    return "".join("?" if unicodedata.category(c) in ("Cc", "Cs") else c for c in text)

@@ -10,13 +10,18 @@
 --   MB003 conflict              the call contradicts stored facts (a chat changing kind, ...)
 --   MB004 too_large             a text or list is over its byte or count limit
 --   MB005 no_scope              the request has no memory scope (scheduled, or not interactive)
---   MB010 not_allowed           the caller may not do this (role, membership, scope)
 --   MB020 job_lost              the job's ownership token is not current or its lease expired
 --   MB021 job_stale             the job's input changed since it was claimed
 --   MB022 job_config_changed    the workspace's model/provider configuration changed
 --   MB023 bad_model_output      the model output fails validation
 --   MB024 budget_exceeded       the call does not fit the request's or the workspace's budget
 --   MB025 job_state             the job is not in a state that allows this
+--
+-- What a caller may not do is refused by PostgreSQL's own grants (42501); what a user may not ask
+-- of manage_memory is a refused outcome, not an error. Values PostgreSQL cannot hold (a NUL
+-- character, a malformed literal of a parameter's type, an integer out of range, JSON nested
+-- deeper than the server's stack) are refused by PostgreSQL before a function runs (22P05,
+-- 22P02, 22003, 54001): docs/errors.md. Tokens are taken as text, so a malformed one is MB001.
 
 create schema memory;
 create schema memory_private;

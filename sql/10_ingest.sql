@@ -5,26 +5,60 @@
 -- every argument (MB001/MB003/MB004) before it writes, and answers 'inserted', 'updated' or
 -- 'unchanged'. Content hashes are computed here, never trusted from the caller.
 --
--- Locking: memory writes lock a workspace row with FOR NO KEY UPDATE, which does not conflict
--- with the FOR KEY SHARE locks that foreign-key checks take, so ingest never waits on them (P16).
+-- Locking: memory writes take the workspace's memory lock (memory_private.lock_workspace: its
+-- workspace_memory row), a row ingest never touches, and memory work never updates a row that
+-- ingest upserts (workspaces, requests), so ingest never waits on memory work (P16).
 
 create table memory_private.workspaces (
   workspace_id text primary key,
   config_version integer not null check (config_version >= 0),
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   idle_window interval not null default interval '30 minutes'
     check (idle_window >= interval '0' and idle_window <= interval '30 days'),
   paused boolean not null default false,
-  maintained_at timestamptz,
   created_at timestamptz not null,
   updated_at timestamptz not null
 );
 comment on table memory_private.workspaces is
-  'Tenants. config_version is the model/provider configuration version; spent_usd is what the '
-  'backend reports, memory_spent_usd what memory jobs charged; maintained_at when maintenance '
-  'last ran for it.';
+  'Tenants, as the backend reports them. config_version is the model/provider configuration '
+  'version; spent_usd is what the backend reports it spent. paused is the operator''s switch '
+  '(memory.set_workspace_paused). What the memory itself writes per workspace lives in '
+  'workspace_memory, so that the backend''s own writes never wait on memory work.';
+
+-- The memory's own row per workspace. Every memory write (claim, checkpoint, commit, fail,
+-- maintenance, query_memories usage, manage_memory, retention, retry) locks this row, never the
+-- workspaces row: upsert_workspace's ON CONFLICT DO UPDATE takes the same row lock as FOR NO KEY
+-- UPDATE, so a memory lock on the workspaces row made the backend's own upsert wait on a job
+-- transaction (and on a whole run_maintenance() transaction). The memory spend is kept here for
+-- the same reason: charging an attempt must not update a row the backend upserts.
+create table memory_private.workspace_memory (
+  workspace_id text primary key references memory_private.workspaces on delete cascade,
+  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
+  maintained_at timestamptz
+);
+comment on table memory_private.workspace_memory is
+  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
+  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
+  'request_charges, kept as a running total for exact budget checks) and maintained_at (when '
+  'maintenance last ran for it). Created with the workspace by a trigger.';
+
+create function memory_private.workspaces_add_memory_row() returns trigger
+  language plpgsql
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.workspace_memory (workspace_id) values (new.workspace_id)
+  on conflict do nothing;
+  return null;
+end
+$$;
+comment on function memory_private.workspaces_add_memory_row() is
+  'Trigger: every new workspace gets its workspace_memory row in the same transaction, so the '
+  'memory lock always has a row to lock.';
+
+create trigger workspaces_add_memory_row after insert on memory_private.workspaces
+  for each row execute function memory_private.workspaces_add_memory_row();
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,
@@ -95,7 +129,6 @@ create table memory_private.requests (
   model_id text not null,
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   thread_id text not null,
   created_at timestamptz not null,
   updated_at timestamptz not null,
@@ -107,7 +140,9 @@ create table memory_private.requests (
 );
 comment on table memory_private.requests is
   'Bot requests (one conversation turn or scheduled run) with their pinned model, budget and '
-  'spend. memory_spent_usd is what memory jobs charged to the request.';
+  'the spend the backend reports. What memory jobs charged to a request is the sum of its '
+  'request_charges (memory_private.request_memory_spent): charging never updates this row, '
+  'which the backend upserts.';
 
 create index requests_scope_idx
   on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id);
@@ -177,6 +212,34 @@ end
 $$;
 comment on function memory_private.require_workspace(text) is
   'Raises MB001/MB002 unless the workspace identifier is valid and known.';
+
+create function memory_private.lock_workspace(p_workspace_id text) returns void
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update;
+end
+$$;
+comment on function memory_private.lock_workspace(text) is
+  'The memory lock of a workspace: locks its workspace_memory row until the transaction ends. '
+  'Every memory write takes it first, so memory writes of one workspace run one at a time; the '
+  'backend''s ingest never touches that row, so it never waits on them (P16).';
+
+create function memory_private.try_lock_workspace(p_workspace_id text) returns boolean
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update skip locked;
+  return found;
+end
+$$;
+comment on function memory_private.try_lock_workspace(text) is
+  'memory_private.lock_workspace without waiting: false when another transaction holds the '
+  'workspace''s memory lock (claim_job and maintain_next_workspace skip it).';
 
 create function memory.upsert_workspace(
   p_workspace_id text,
@@ -486,6 +549,13 @@ begin
           is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
                             excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
   returning (xmax = 0) into v_inserted;
+  -- An interactive request's scope is created with its first report (memory_private.
+  -- scope_of_request, sql/20_memory_state.sql). Created later by the first recall or by
+  -- maintenance instead, one of them would wait on the other's uncommitted insert of the same
+  -- scope key: a recall waited on a whole run_maintenance() transaction (P16).
+  if v_inserted and p_kind = 'interactive' then
+    perform memory_private.scope_of_request(p_workspace_id, p_request_id);
+  end if;
   return memory_private.upsert_outcome(v_inserted);
 end
 $$;
@@ -493,7 +563,8 @@ comment on function memory.upsert_request(text, text, text, text, bigint, text, 
                                           text, numeric, numeric, text) is
   'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
   'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
-  'request keeps its status; where it runs never changes (MB003).';
+  'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
+  'memory scope is created with it.';
 
 create function memory.upsert_message(
   p_workspace_id text,
@@ -538,10 +609,6 @@ begin
   end if;
   select kind into v_chat_kind from memory_private.chats
    where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
-  -- V10: ordinary group traffic is never collected.
-  if v_chat_kind = 'group' and not p_directed then
-    return 'ignored';
-  end if;
 
   v_hash := memory_private.content_hash(p_text);
   select * into v_old from memory_private.messages
@@ -552,6 +619,21 @@ begin
       raise exception 'message % cannot move to another request, role or speaker', p_message_id
         using errcode = 'MB003';
     end if;
+  end if;
+  -- V10: ordinary group traffic is never collected. A message first reported as directed and
+  -- now as not directed loses its stored copy, exactly as remove_message would erase it: its
+  -- text and hash go, and every memory built on it stops being recalled.
+  if v_chat_kind = 'group' and not p_directed then
+    if v_old.message_id is null then
+      return 'ignored';
+    end if;
+    update memory_private.messages
+       set body = null, content_hash = null, removed_at = v_now, removal_reason = 'removed',
+           scrub_pending = true
+     where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+    return case when found then 'updated' else 'unchanged' end;
+  end if;
+  if v_old.message_id is not null then
     if v_old.removed_at is not null then
       raise exception 'message % was removed; a removed message cannot be edited', p_message_id
         using errcode = 'MB003';
@@ -584,7 +666,8 @@ comment on function memory.upsert_message(text, text, text, text, text, text, bo
                                           timestamptz, text[]) is
   'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
   'here; an edit changes it, which invalidates memories built on the old text. A group message '
-  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10).';
+  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10); one '
+  'stored earlier as directed is removed as remove_message would remove it (''updated'').';
 
 create function memory.remove_message(p_workspace_id text, p_message_id text) returns text
   language plpgsql volatile security definer

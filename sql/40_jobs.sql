@@ -5,14 +5,29 @@
 -- here.
 --
 --   maintenance ─▶ pending ─claim_job─▶ running (token, 2-minute lease)
---                    ▲                    │ start_attempt (budget check, attempt 'open')
+--                    ▲                    │ start_attempt (budget check, attempt 'open', the
+--                    │                    │                input's model calls + 1, at most 3)
 --                    │                    │ save_checkpoint (validated, redacted output + usage,
 --                    │                    │                  attempt 'ok', charge)
 --                    │                    │ commit_job ─▶ succeeded
---                    │   fail_job failed: │ 1-hour backoff; 'stopped' once three claims are used
+--                    │   fail_job failed: │ 1-hour backoff; 'stopped' after the third model call
 --                    └────────────────────┤ fail_job unknown / lease lost with an attempt open:
 --                                         │   charged at the reserve, 'stopped' (no replay)
 --                                         └ input changed: 'superseded' (a fresh snapshot follows)
+--
+-- Claims are counted per unchanged input, and only claims that could reach the provider count
+-- (graphile/worker's attempts keyed by the job's input): start_attempt counts the model call;
+-- a claim that ends before it (a budget refusal, a crash, a checkpoint commit) costs nothing. A
+-- job made for an input a superseded job already tried carries that job's count and backoff on
+-- (memory_private.input_carryover), so no transient change in between (bot deactivated and
+-- reactivated, recall off and on) gives an input more than three model calls. A job holding a
+-- valid checkpoint is always claimable: committing it makes no model call.
+--
+-- Charges: an attempt is charged what the provider reported, never more than its reserve (a
+-- check constraint on job_attempts holds it); an unknown outcome, or a reply whose cost could
+-- not be read, is charged the reserve. Errors the worker reports are codes from
+-- memory_private.failure_codes(), never text: no model output reaches storage or an operator
+-- view through an error.
 --
 -- A job stores its input as ids and content hashes only (never message text): the claim payload
 -- renders the current, redacted text, and a job whose sources changed is superseded instead of
@@ -53,8 +68,8 @@ create table memory_private.jobs (
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   foreign key (workspace_id, origin_request_id) references memory_private.requests
     on delete cascade,
-  check ((status = 'running')
-         = (token is not null and lease_expires_at is not null and worker_id is not null)),
+  check ((status = 'running') = (lease_expires_at is not null and worker_id is not null)),
+  check (status <> 'running' or token is not null),
   check (checkpoint is null or status in ('pending', 'running')),
   check ((status in ('succeeded', 'stopped', 'skipped', 'superseded')) = (finished_at is not null))
 );
@@ -63,6 +78,17 @@ comment on table memory_private.jobs is
   'originating request with its pinned model/provider, the workspace config version, status, '
   'ownership token, lease, claims for this input (<= 3), next attempt time, and the separate '
   'model checkpoint (validated, redacted output + usage).';
+comment on column memory_private.jobs.claims is
+  'The model calls made for this input: claims that reached start_attempt (a claim that ends '
+  'before the call does not count), carried over from a superseded job of the same input and '
+  'config version. At most 3; the third failed call stops the job.';
+comment on column memory_private.jobs.token is
+  'The token of the latest claim. Kept when the claim ends, so a worker that reports after '
+  'maintenance retired the job is told why (MB021 input changed, MB022 config changed) rather '
+  'than only that the job is no longer its own (MB020).';
+comment on column memory_private.jobs.last_error is
+  'Why the job last failed, stopped or was retired: a failure code '
+  '(memory_private.failure_codes) or a sentence of the database naming ids, never model text.';
 comment on column memory_private.jobs.status is
   'pending (claimable from next_attempt_at), running (token + lease), succeeded, stopped (no '
   'automatic replay: unknown outcome, three claims used, or config changed), skipped (a batch '
@@ -79,7 +105,7 @@ create unique index jobs_one_open_per_scope_phase on memory_private.jobs
 -- claim_job reads the due jobs from here (the oldest first), then checks their workspaces: its
 -- cost follows the jobs that are due, not the number of workspaces.
 create index jobs_claimable_idx on memory_private.jobs (next_attempt_at, workspace_id)
-  where status = 'pending' and claims < 3;
+  where status = 'pending';
 create index jobs_input_idx on memory_private.jobs (workspace_id, scope_id, phase, input_hash);
 create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_request_id);
 
@@ -92,6 +118,7 @@ create table memory_private.job_attempts (
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
   input_tokens integer check (input_tokens >= 0),
   output_tokens integer check (output_tokens >= 0),
+  reported_cost_usd numeric(14, 6) check (reported_cost_usd >= 0),
   cost_usd numeric(14, 6) check (cost_usd >= 0),
   error text,
   started_at timestamptz not null,
@@ -99,11 +126,20 @@ create table memory_private.job_attempts (
   primary key (workspace_id, job_id, attempt_no),
   unique (workspace_id, job_id, token),
   foreign key (workspace_id, job_id) references memory_private.jobs on delete cascade,
-  check ((outcome = 'open') = (finished_at is null))
+  check ((outcome = 'open') = (finished_at is null)),
+  -- A charge never exceeds what was reserved against the budgets before the call (P17).
+  check (cost_usd <= reserved_usd)
 );
 comment on table memory_private.job_attempts is
-  'Model calls of a job, at most one per claim (attempt_no = the claim number): the dollars '
-  'reserved before the call, then the outcome (ok | failed | unknown) with usage and cost.';
+  'Model calls of a job, at most one per claim (attempt_no = the input''s call number, 1 to 3): '
+  'the dollars reserved before the call, then the outcome (ok | failed | unknown) with the '
+  'usage the worker could read, the cost the provider reported, and the dollars charged '
+  '(cost_usd: at most the reserve). error is a failure code, never text.';
+comment on column memory_private.job_attempts.reported_cost_usd is
+  'The cost the provider reported; NULL when none was reported or it could not be read.';
+comment on column memory_private.job_attempts.cost_usd is
+  'The dollars charged: the reported cost capped at the reserve; the reserve when the outcome '
+  'is unknown or the cost could not be read; 0 when the provider answered with no usage.';
 
 create unique index job_attempts_one_open on memory_private.job_attempts (workspace_id, job_id)
   where outcome = 'open';
@@ -131,6 +167,19 @@ comment on table memory_private.request_charges is
 
 create index request_charges_request_idx
   on memory_private.request_charges (workspace_id, request_id);
+
+create function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
+  returns numeric
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+$$;
+comment on function memory_private.request_memory_spent(text, text) is
+  'What memory jobs charged to a request: the sum of its request_charges. Derived, not stored '
+  'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
+  'every charge is made under the workspace''s memory lock.';
 
 create table memory_private.extracted_sources (
   workspace_id text not null,
@@ -178,6 +227,58 @@ create trigger jobs_check_transition before update of status on memory_private.j
   for each row execute function memory_private.jobs_check_transition();
 
 -- Helpers -----------------------------------------------------------------------------------
+
+create function memory_private.failure_codes()
+  returns table (code text, meaning text)
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select * from (values
+    ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
+    ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
+                       'reason of error)'),
+    ('reply_cut_off', 'the reply stopped at the output token limit'),
+    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, or '
+                         'usage that is missing or not valid numbers'),
+    ('reply_not_json', 'the model''s reply is not one JSON object'),
+    ('reply_invalid', 'the model''s JSON does not fit the output contract (keys, types, byte '
+                      'limits, ids)'),
+    ('output_refused', 'the database refused the output: MB023, or a value PostgreSQL cannot '
+                       'hold (a NUL character, a lone surrogate, JSON nested too deep)'),
+    ('not_priced', 'the worker cannot price the model, so no call was made'),
+    ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
+    ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
+    ('call_aborted', 'the worker stopped during the call'),
+    ('deadline_exceeded', 'the call did not finish before the tick''s deadline'),
+    ('lease_lost', 'the worker lost the lease during the call'),
+    ('lease_expired', 'the lease expired while the model call was open (written by '
+                      'maintenance)'),
+    ('input_changed', 'a source of the batch changed during the call (MB021 at the checkpoint): '
+                      'nothing was stored'),
+    ('database_error', 'a database call of the tick failed unexpectedly'),
+    ('worker_error', 'an unexpected error in the worker')) as c(code, meaning)
+$$;
+comment on function memory_private.failure_codes() is
+  'The codes a failed or unknown attempt is recorded with (fail_job''s error, job_attempts.error, '
+  'jobs.last_error). Coded and content-free: a model''s text never reaches storage or an '
+  'operator view through an error. docs/errors.md lists them.';
+
+create function memory_private.check_token(p_token text) returns uuid
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if p_token is null
+     or p_token !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' then
+    raise exception 'token must be the job token claim_job returned (a UUID)'
+      using errcode = 'MB001';
+  end if;
+  return p_token::uuid;
+end
+$$;
+comment on function memory_private.check_token(text) is
+  'A job token as the worker sends it (text, so a malformed one is MB001 here rather than a '
+  'cast error before the function runs), as a uuid.';
 
 create function memory_private.job_limits() returns jsonb
   language sql immutable
@@ -319,15 +420,16 @@ comment on function memory_private.job_stale_reason(memory_private.jobs) is
   'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
   'longer valid.';
 
-create function memory_private.check_usage(p_usage jsonb) returns jsonb
+create function memory_private.check_usage(p_usage jsonb, p_complete boolean default true)
+  returns jsonb
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_key text;
-  v_in numeric;
-  v_out numeric;
-  v_cost numeric;
+  v_value jsonb;
+  v_number numeric;
+  v_result jsonb := '{}';
 begin
   if p_usage is null or jsonb_typeof(p_usage) <> 'object' then
     raise exception 'usage must be a JSON object {"input_tokens", "output_tokens", "cost_usd"}'
@@ -335,31 +437,43 @@ begin
   end if;
   for v_key in select jsonb_object_keys(p_usage) loop
     if v_key not in ('input_tokens', 'output_tokens', 'cost_usd') then
-      raise exception 'usage has an unknown key "%"', v_key using errcode = 'MB001',
+      raise exception 'usage has an unknown key' using errcode = 'MB001',
         hint = 'usage is {"input_tokens": int, "output_tokens": int, "cost_usd": number}.';
     end if;
   end loop;
-  if jsonb_typeof(p_usage -> 'input_tokens') is distinct from 'number'
-     or jsonb_typeof(p_usage -> 'output_tokens') is distinct from 'number'
-     or jsonb_typeof(p_usage -> 'cost_usd') is distinct from 'number' then
-    raise exception 'usage needs numbers input_tokens, output_tokens and cost_usd'
-      using errcode = 'MB001';
-  end if;
-  v_in := (p_usage ->> 'input_tokens')::numeric;
-  v_out := (p_usage ->> 'output_tokens')::numeric;
-  v_cost := (p_usage ->> 'cost_usd')::numeric;
-  if v_in <> trunc(v_in) or v_in < 0 or v_in > 2147483647
-     or v_out <> trunc(v_out) or v_out < 0 or v_out > 2147483647 then
-    raise exception 'usage token counts must be non-negative integers' using errcode = 'MB001';
-  end if;
-  perform memory_private.check_money('usage.cost_usd', v_cost);
-  return jsonb_build_object('input_tokens', v_in::integer, 'output_tokens', v_out::integer,
-                            'cost_usd', round(v_cost, 6));
+  foreach v_key in array array['input_tokens', 'output_tokens', 'cost_usd'] loop
+    v_value := p_usage -> v_key;
+    if v_value is null then
+      raise exception 'usage lacks %', v_key using errcode = 'MB001';
+    end if;
+    if jsonb_typeof(v_value) = 'null' and not p_complete then
+      v_result := v_result || jsonb_build_object(v_key, null);  -- not known
+      continue;
+    end if;
+    if jsonb_typeof(v_value) <> 'number' then
+      raise exception 'usage.% must be a number%', v_key,
+        case when p_complete then '' else ' or null (not known)' end using errcode = 'MB001';
+    end if;
+    v_number := (v_value #>> '{}')::numeric;
+    if v_key = 'cost_usd' then
+      perform memory_private.check_money('usage.cost_usd', v_number);
+      v_result := v_result || jsonb_build_object(v_key, round(v_number, 6));
+    else
+      if v_number <> trunc(v_number) or v_number < 0 or v_number > 2147483647 then
+        raise exception 'usage.% must be an integer from 0 to 2147483647', v_key
+          using errcode = 'MB001';
+      end if;
+      v_result := v_result || jsonb_build_object(v_key, v_number::integer);
+    end if;
+  end loop;
+  return v_result;
 end
 $$;
-comment on function memory_private.check_usage(jsonb) is
-  'Validates a model call''s usage {"input_tokens", "output_tokens", "cost_usd"} (no other '
-  'keys) and returns it normalized; raises MB001.';
+comment on function memory_private.check_usage(jsonb, boolean) is
+  'Validates a model call''s usage {"input_tokens": 0..2147483647, "output_tokens": same, '
+  '"cost_usd": 0..1000000} (all three keys, no other) and returns it normalized; raises MB001. '
+  'With p_complete false (fail_job) a value may be null: the worker could not read it (a '
+  'provider''s NaN, negative or oversized count), and a null cost is charged at the reserve.';
 
 create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
@@ -388,10 +502,12 @@ begin
       array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
-  select string_agg(k, ', ') into v_bad from unnest(v_keys) as k
-   where k <> all (v_expected || v_optional);
-  if v_bad is not null then
-    raise exception 'the % output has unknown keys: %', p_job.phase, v_bad using errcode = 'MB023';
+  -- Messages name the contract, never what the model wrote (its keys, ids or text): they reach
+  -- the worker's logs, and a model's output is hostile input.
+  select count(*)::text into v_bad from unnest(v_keys) as k where k <> all (v_expected || v_optional);
+  if v_bad <> '0' then
+    raise exception 'the % output has % unknown key(s); the keys are exactly %', p_job.phase,
+      v_bad, array_to_string(v_expected, ', ') using errcode = 'MB023';
   end if;
   select string_agg(k, ', ') into v_bad from unnest(v_expected) as k where k <> all (v_keys);
   if v_bad is not null then
@@ -450,11 +566,11 @@ begin
       raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
         v_limits ->> 'summary_bytes' using errcode = 'MB023';
     end if;
-    select string_agg(i, ', ') into v_bad from unnest(v_ids) as i
+    select count(*)::text into v_bad from unnest(v_ids) as i
      where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
                         where s ->> 'id' = i);
-    if v_bad is not null then
-      raise exception 'source ids not in the job''s batch: %', left(v_bad, 500)
+    if v_bad <> '0' then
+      raise exception '% source id(s) are not messages of the job''s batch', v_bad
         using errcode = 'MB023';
     end if;
     -- Reuse can only be declared of a memory the model was shown with the batch (P5).
@@ -480,11 +596,12 @@ begin
   if jsonb_typeof(p_output -> 'index') <> 'string' then
     raise exception 'index must be a string' using errcode = 'MB023';
   end if;
+  -- An id is an integer literal: 1.0 is refused here (it would not cast to bigint below).
   if jsonb_typeof(p_output -> 'record_ids') <> 'array'
      or exists (select 1 from jsonb_array_elements(p_output -> 'record_ids') e
                  where case when jsonb_typeof(e) <> 'number' then true
-                            else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
-                                 or (e #>> '{}')::numeric not between 1 and 9223372036854775807
+                            when (e #>> '{}') !~ '^[0-9]{1,19}$' then true
+                            else (e #>> '{}')::numeric not between 1 and 9223372036854775807
                        end) then
     raise exception 'record_ids must be an array of record ids (positive integers)'
       using errcode = 'MB023';
@@ -511,11 +628,12 @@ begin
      <> (select count(distinct x) from unnest(v_record_ids) as x) then
     raise exception 'record_ids has duplicates' using errcode = 'MB023';
   end if;
-  select string_agg(x::text, ', ') into v_bad from unnest(v_record_ids) as x
+  select count(*)::text into v_bad from unnest(v_record_ids) as x
    where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'candidates') c
                       where c::bigint = x);
-  if v_bad is not null then
-    raise exception 'record ids not among the candidates: %', v_bad using errcode = 'MB023';
+  if v_bad <> '0' then
+    raise exception '% record id(s) are not among the job''s candidates', v_bad
+      using errcode = 'MB023';
   end if;
   v_index := memory_private.redact(v_index);
   if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
@@ -540,6 +658,7 @@ declare
   v_scope memory_private.scopes;
   v_request memory_private.requests;
   v_ws memory_private.workspaces;
+  v_workspace_spent numeric;
   v_input jsonb;
 begin
   select * into v_scope from memory_private.scopes
@@ -547,6 +666,8 @@ begin
   select * into v_request from memory_private.requests
    where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
   select * into v_ws from memory_private.workspaces where workspace_id = p_job.workspace_id;
+  select memory_spent_usd into v_workspace_spent from memory_private.workspace_memory
+   where workspace_id = p_job.workspace_id;
 
   -- Inputs are redacted before they are serialized (P8).
   if p_job.phase = 'extract' then
@@ -590,17 +711,21 @@ begin
     'workspace_id', p_job.workspace_id,
     'token', p_job.token::text,
     'phase', p_job.phase,
-    'attempt', p_job.claims,
+    -- The number this claim's model call gets (claims count calls); none with a checkpoint.
+    'attempt', case when p_job.checkpoint is null then p_job.claims + 1 end,
     'lease_expires_at', p_job.lease_expires_at,
     'scope', jsonb_build_object('scope_id', v_scope.scope_id, 'kind', v_scope.kind,
                                 'bot_id', v_scope.bot_id, 'chat_id', v_scope.chat_id,
                                 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id),
     'origin_request_id', p_job.origin_request_id,
     'model', jsonb_build_object('provider', p_job.model_provider, 'id', p_job.model_id),
+    -- Dollars as exact decimal strings, as the rest of the API takes them (a JSON number is a
+    -- float in most clients).
     'budget', jsonb_build_object(
-       'request_left_usd',
-       v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
-       'workspace_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd),
+       'request_left_usd', (v_request.budget_usd - v_request.spent_usd
+                            - memory_private.request_memory_spent(p_job.workspace_id,
+                                                                   p_job.origin_request_id))::text,
+       'workspace_left_usd', (v_ws.budget_usd - v_ws.spent_usd - v_workspace_spent)::text),
     'limits', memory_private.job_limits(),
     'input', v_input,
     'checkpoint', case when p_job.checkpoint is not null
@@ -609,25 +734,28 @@ begin
 end
 $$;
 comment on function memory_private.job_payload(memory_private.jobs) is
-  'The claim payload of a running job: ids, token, phase, attempt, lease, scope, origin request, '
-  'pinned model, budget left, limits, the redacted input rendered from current facts, and the '
+  'The claim payload of a running job: ids, token, phase, attempt (the number its model call '
+  'gets; null with a checkpoint), lease, scope, origin request, pinned model, budget left (exact '
+  'decimal strings), limits, the redacted input rendered from current facts, and the '
   'checkpoint when one exists.';
 
 create function memory_private.owned_job(
-  p_workspace_id text, p_job_id bigint, p_token uuid
+  p_workspace_id text, p_job_id bigint, p_token text
 ) returns memory_private.jobs
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
+  v_token uuid;
+  v_config integer;
 begin
   perform memory_private.require_workspace(p_workspace_id);
-  if p_job_id is null or p_token is null then
-    raise exception 'job_id and token are required' using errcode = 'MB001';
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
   end if;
-  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  v_token := memory_private.check_token(p_token);
+  perform memory_private.lock_workspace(p_workspace_id);
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;
@@ -635,7 +763,26 @@ begin
     raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  if v_job.status <> 'running' or v_job.token <> p_token then
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
     raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
       using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
   end if;
@@ -646,62 +793,65 @@ begin
   return v_job;
 end
 $$;
-comment on function memory_private.owned_job(text, bigint, uuid) is
-  'Locks the workspace row and the job and returns the job when the token is its current one '
-  'and the lease has not expired; raises MB001, MB002 or MB020.';
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';
 
-create function memory_private.charge_attempt(
-  p_job memory_private.jobs, p_attempt_no integer, p_outcome text,
-  p_input_tokens integer, p_output_tokens integer, p_cost_usd numeric
-) returns void
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  insert into memory_private.request_charges
-    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
-     cost_usd, created_at)
-  values (p_job.workspace_id, p_job.origin_request_id,
-          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
-          p_job.job_id, p_attempt_no, p_outcome, p_input_tokens, p_output_tokens, p_cost_usd,
-          memory_private.clock_now());
-  update memory_private.requests
-     set memory_spent_usd = memory_spent_usd + p_cost_usd
-   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
-  update memory_private.workspaces
-     set memory_spent_usd = memory_spent_usd + p_cost_usd
-   where workspace_id = p_job.workspace_id;
-end
-$$;
-comment on function memory_private.charge_attempt(memory_private.jobs, integer, text, integer,
-                                                   integer, numeric) is
-  'Records an attempt''s charge on the originating request (memory_extract or '
-  'memory_consolidate) and adds its dollars to the request''s and the workspace''s memory spend.';
-
-create function memory_private.close_open_attempt_unknown(p_job memory_private.jobs, p_error text)
-  returns boolean
+create function memory_private.close_attempt(
+  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
+) returns boolean
   language plpgsql volatile
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_attempt memory_private.job_attempts;
+  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
+  v_cost numeric;
 begin
-  update memory_private.job_attempts
-     set outcome = 'unknown', cost_usd = reserved_usd, error = p_error,
-         finished_at = memory_private.clock_now()
+  select * into v_attempt from memory_private.job_attempts
    where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
-  returning * into v_attempt;
+     for update;
   if not found then
     return false;
   end if;
-  perform memory_private.charge_attempt(p_job, v_attempt.attempt_no, 'unknown', null, null,
-                                        v_attempt.reserved_usd);
+  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
+  v_cost := case
+              -- the provider may have run and charged anything up to what was reserved
+              when p_outcome = 'unknown' then v_attempt.reserved_usd
+              -- the provider answered with no usage (an error status): nothing was billed
+              when p_usage is null then 0
+              -- it answered, but its cost could not be read: assume the reserve
+              when v_reported is null then v_attempt.reserved_usd
+              else least(v_reported, v_attempt.reserved_usd)
+            end;
+  update memory_private.job_attempts
+     set outcome = p_outcome,
+         input_tokens = (p_usage ->> 'input_tokens')::integer,
+         output_tokens = (p_usage ->> 'output_tokens')::integer,
+         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
+     and attempt_no = v_attempt.attempt_no;
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
+          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
+  update memory_private.workspace_memory
+     set memory_spent_usd = memory_spent_usd + v_cost
+   where workspace_id = p_job.workspace_id;
   return true;
 end
 $$;
-comment on function memory_private.close_open_attempt_unknown(memory_private.jobs, text) is
-  'Closes the job''s open attempt, if any, as unknown and charges its reserve (the provider may '
-  'have run and charged). Returns whether there was one.';
+comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
+  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
+  'could read (memory_private.check_usage) and a failure code, and charges it to the '
+  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
+  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
+  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
 
 create function memory_private.release_job(
   p_job memory_private.jobs, p_status text, p_error text,
@@ -714,7 +864,7 @@ declare
   v_now timestamptz := memory_private.clock_now();
 begin
   update memory_private.jobs
-     set status = p_status, token = null, worker_id = null, lease_expires_at = null,
+     set status = p_status, worker_id = null, lease_expires_at = null,
          last_error = coalesce(left(p_error, 2000), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
@@ -725,7 +875,8 @@ end
 $$;
 comment on function memory_private.release_job(memory_private.jobs, text, text, timestamptz) is
   'Moves a job out of running (or out of pending) to pending, stopped or superseded: clears '
-  'the token and lease; keeps the checkpoint only when the job stays pending.';
+  'the lease (the token stays, so the old claim is told why, see owned_job); keeps the '
+  'checkpoint only when the job stays pending.';
 
 create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
   language plpgsql volatile
@@ -790,13 +941,19 @@ begin
        for update
   loop
     v_expired := v_expired + 1;
-    if memory_private.close_open_attempt_unknown(v_job, 'lease expired during the model call') then
+    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
       v_unknown := v_unknown + 1;
       perform memory_private.release_job(v_job, 'stopped',
         'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.checkpoint is not null then
+      -- A valid answer was paid for: the next claim commits it without a model call, whatever
+      -- the number of calls the input has made.
+      perform memory_private.release_job(v_job, 'pending',
+        'the lease expired after the checkpoint; the next claim commits it',
+        memory_private.clock_now());
     elsif v_job.claims >= 3 then
       perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired and the job has used its three claims');
+        'the lease expired and the input has made its three model calls');
     else
       perform memory_private.release_job(v_job, 'pending', 'the lease expired',
                                          memory_private.clock_now());
@@ -807,8 +964,10 @@ end
 $$;
 comment on function memory_private.expire_leases(text) is
   'Maintenance step: a running job whose lease passed is stopped when a model call was open '
-  '(the attempt becomes unknown and is charged at its reserve; no automatic replay) or after '
-  'three claims, and otherwise goes back to pending. Returns counts.';
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
+  'to pending due now with its checkpoint when it has one (committed by the next claim without '
+  'a model call, even after the third call), is stopped when its input made its three calls, '
+  'and otherwise goes back to pending. Returns counts.';
 
 -- The worker's API ----------------------------------------------------------------------------
 
@@ -824,12 +983,15 @@ declare
   v_reason text;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
-  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace.
+  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace. A job
+  -- with calls left is claimable, and so is one holding a checkpoint whatever its count: its
+  -- claim only commits.
   for v_ws in
     select d.workspace_id
       from (select j.workspace_id, min(j.next_attempt_at) as due
               from memory_private.jobs j
-             where j.status = 'pending' and j.next_attempt_at <= v_now and j.claims < 3
+             where j.status = 'pending' and j.next_attempt_at <= v_now
+               and (j.claims < 3 or j.checkpoint is not null)
              group by j.workspace_id) d
       join memory_private.workspaces w on w.workspace_id = d.workspace_id
      where not w.paused
@@ -837,10 +999,11 @@ begin
                         where r.workspace_id = d.workspace_id and r.status = 'running')
      order by d.due, d.workspace_id
   loop
-    -- The workspace lock, without waiting: another claim or a memory write holds it briefly.
+    -- The workspace's memory lock, without waiting: another claim or a memory write holds it
+    -- briefly.
+    continue when not memory_private.try_lock_workspace(v_ws.workspace_id);
     select config_version into v_config from memory_private.workspaces
-     where workspace_id = v_ws.workspace_id and not paused
-       for no key update skip locked;
+     where workspace_id = v_ws.workspace_id and not paused;
     continue when not found;
     -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
     continue when exists (select 1 from memory_private.jobs j
@@ -848,7 +1011,7 @@ begin
     loop
       select * into v_job from memory_private.jobs j
        where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now and j.claims < 3
+         and j.next_attempt_at <= v_now and (j.claims < 3 or j.checkpoint is not null)
        order by j.next_attempt_at, j.job_id
        limit 1
          for update skip locked;
@@ -864,10 +1027,10 @@ begin
         perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
         continue;
       end if;
+      -- The claim is counted by start_attempt, when it can reach the provider.
       update memory_private.jobs
          set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + interval '2 minutes', claims = claims + 1,
-             updated_at = v_now
+             lease_expires_at = v_now + interval '2 minutes', updated_at = v_now
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       return memory_private.job_payload(v_job);
@@ -877,13 +1040,15 @@ begin
 end
 $$;
 comment on function memory.claim_job(text) is
-  'Claims at most one memory job (NULL when there is none): pending, due, fewer than three '
-  'claims, workspace not paused and with no running job. Issues a fresh token and a two-minute '
-  'lease and returns the payload: phase, scope, origin request, pinned model, budget left, '
-  'limits, redacted input, and the checkpoint when one exists (then commit without calling '
-  'the model). Jobs found stale on the way are superseded or stopped.';
+  'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
+  'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
+  'with no running job. Issues a fresh token and a two-minute lease and returns the payload: '
+  'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
+  'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
+  'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
+  'opens its model call.';
 
-create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token uuid)
+create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
   returns timestamptz
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -899,12 +1064,12 @@ begin
   return v_until;
 end
 $$;
-comment on function memory.extend_lease(text, bigint, uuid) is
+comment on function memory.extend_lease(text, bigint, text) is
   'Extends the lease of a job the caller holds to two minutes from now and returns the new '
   'expiry; MB020 when the token is not current or the lease already expired.';
 
 create function memory.start_attempt(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_reserve_usd numeric
+  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
 ) returns integer
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -922,11 +1087,17 @@ begin
   end if;
   if exists (select 1 from memory_private.job_attempts
               where workspace_id = p_workspace_id and job_id = p_job_id
-                and (token = p_token or outcome = 'open')) then
+                and (token = v_job.token or outcome = 'open')) then
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  select budget_usd - spent_usd - memory_spent_usd into v_request_left
+  if v_job.claims >= 3 then
+    raise exception 'the input of job % has made its three model calls', p_job_id
+      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select budget_usd - spent_usd
+         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
+    into v_request_left
     from memory_private.requests
    where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
   if p_reserve_usd > v_request_left then
@@ -934,28 +1105,34 @@ begin
       greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select budget_usd - spent_usd - memory_spent_usd into v_workspace_left
-    from memory_private.workspaces where workspace_id = p_workspace_id;
+  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
+    from memory_private.workspaces w
+    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+   where w.workspace_id = p_workspace_id;
   if p_reserve_usd > v_workspace_left then
     raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
       greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
+  -- This claim can reach the provider now: it counts against the input's three calls.
+  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
   insert into memory_private.job_attempts
     (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
-  values (p_workspace_id, p_job_id, v_job.claims, p_token, p_reserve_usd,
+  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
           memory_private.clock_now());
-  return v_job.claims;
+  return v_job.claims + 1;
 end
 $$;
-comment on function memory.start_attempt(text, bigint, uuid, numeric) is
-  'Opens the model call of the current claim after checking that the reserved dollars fit '
-  'both the originating request''s remaining budget (budget - spent - memory spent) and the '
-  'workspace''s; MB024 otherwise, before any call is made (P17). Returns the attempt number '
-  '(the claim number).';
+comment on function memory.start_attempt(text, bigint, text, numeric) is
+  'Opens the model call of the current claim after checking that the input has a call left (at '
+  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
+  'originating request''s remaining budget (budget - spent - memory charges) and the '
+  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
+  'Returns the attempt number (the input''s call number, 1 to 3).';
 
 create function memory.save_checkpoint(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_output jsonb, p_usage jsonb
+  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
 ) returns void
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -969,7 +1146,7 @@ declare
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and token = p_token
+   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
      and outcome = 'open';
   if not found then
     raise exception 'job % has no open attempt for this claim', p_job_id
@@ -985,27 +1162,20 @@ begin
       hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
              'supersedes the job.';
   end if;
-  update memory_private.job_attempts
-     set outcome = 'ok', input_tokens = (v_usage ->> 'input_tokens')::integer,
-         output_tokens = (v_usage ->> 'output_tokens')::integer,
-         cost_usd = (v_usage ->> 'cost_usd')::numeric, finished_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id
-     and attempt_no = v_attempt.attempt_no;
-  perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'ok',
-    (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
-    (v_usage ->> 'cost_usd')::numeric);
+  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
   update memory_private.jobs
      set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
          updated_at = memory_private.clock_now()
    where workspace_id = p_workspace_id and job_id = p_job_id;
 end
 $$;
-comment on function memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb) is
+comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
   'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
-  'transcript (P19): validated (MB023) and redacted, with its usage; closes the attempt as ok '
-  'and charges the originating request. An invalid output (MB023) or an input that changed '
-  'since the claim (MB021) changes nothing: report it with fail_job(..., ''failed'', error, '
-  'usage).';
+  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
+  'the attempt as ok and charges the originating request the reported cost, at most the '
+  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
+  '(MB021: the output could never be committed and may carry the text that changed) changes '
+  'nothing: report it with fail_job(..., ''failed'', code, usage).';
 
 create function memory_private.passages(p_text text) returns text[]
   language sql immutable strict parallel safe
@@ -1186,7 +1356,7 @@ comment on function memory_private.write_index(memory_private.jobs, jsonb) is
   'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
   'changed since the snapshot.';
 
-create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token uuid)
+create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
   returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -1243,7 +1413,7 @@ begin
   return v_result || jsonb_build_object('job_id', p_job_id);
 end
 $$;
-comment on function memory.commit_job(text, bigint, uuid) is
+comment on function memory.commit_job(text, bigint, text) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
   'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
   '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
@@ -1252,7 +1422,7 @@ comment on function memory.commit_job(text, bigint, uuid) is
   'depending on every candidate. All or nothing.';
 
 create function memory.fail_job(
-  p_workspace_id text, p_job_id bigint, p_token uuid, p_outcome text, p_error text,
+  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
   p_usage jsonb default null
 ) returns jsonb
   language plpgsql volatile security definer
@@ -1260,79 +1430,80 @@ create function memory.fail_job(
   as $$
 declare
   v_job memory_private.jobs;
-  v_attempt memory_private.job_attempts;
+  v_open boolean;
   v_usage jsonb;
   v_now timestamptz := memory_private.clock_now();
-  v_error text := coalesce(left(p_error, 2000), 'no error message');
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   if p_outcome is null or p_outcome not in ('failed', 'unknown') then
     raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
   end if;
-  if p_usage is not null then
-    v_usage := memory_private.check_usage(p_usage);
+  -- A code, never text: what a worker would write here can carry the model's output.
+  if p_error is null
+     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
+    raise exception 'error must be a failure code (see docs/errors.md), not a message'
+      using errcode = 'MB001',
+      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
   end if;
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and outcome = 'open';
+  if p_usage is not null then
+    v_usage := memory_private.check_usage(p_usage, false);
+  end if;
+  v_open := exists (select 1 from memory_private.job_attempts
+                     where workspace_id = p_workspace_id and job_id = p_job_id
+                       and outcome = 'open');
+  if not v_open and p_outcome = 'unknown' then
+    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
+      using errcode = 'MB025', hint = 'Report failed instead.';
+  end if;
+  if not v_open and v_usage is not null then
+    raise exception 'job % has no open model call to charge the usage to', p_job_id
+      using errcode = 'MB025';
+  end if;
 
   if p_outcome = 'unknown' then
-    if v_attempt.attempt_no is null then
-      raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
-        using errcode = 'MB025', hint = 'Report failed instead.';
-    end if;
-    perform memory_private.close_open_attempt_unknown(v_job, v_error);
+    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
     perform memory_private.release_job(v_job, 'stopped',
-      'outcome unknown, not replayed: ' || v_error);
+      'outcome unknown, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
                               'why', 'unknown_outcome');
   end if;
 
-  if v_attempt.attempt_no is not null then
-    update memory_private.job_attempts
-       set outcome = 'failed', error = v_error,
-           input_tokens = (v_usage ->> 'input_tokens')::integer,
-           output_tokens = (v_usage ->> 'output_tokens')::integer,
-           cost_usd = coalesce((v_usage ->> 'cost_usd')::numeric, 0), finished_at = v_now
-     where workspace_id = p_workspace_id and job_id = p_job_id
-       and attempt_no = v_attempt.attempt_no;
-    perform memory_private.charge_attempt(v_job, v_attempt.attempt_no, 'failed',
-      (v_usage ->> 'input_tokens')::integer, (v_usage ->> 'output_tokens')::integer,
-      coalesce((v_usage ->> 'cost_usd')::numeric, 0));
-  elsif v_usage is not null then
-    raise exception 'job % has no open model call to charge the usage to', p_job_id
-      using errcode = 'MB025';
-  end if;
-  if v_job.claims >= 3 then
+  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
+  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
+  if v_job.checkpoint is null and v_job.claims >= 3 then
     perform memory_private.release_job(v_job, 'stopped',
-      'failed on its third claim, not replayed: ' || v_error);
+      'failed on its third model call, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
-  perform memory_private.release_job(v_job, 'pending', v_error, v_now + interval '1 hour');
+  perform memory_private.release_job(v_job, 'pending', p_error, v_now + interval '1 hour');
   return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
                             'next_attempt_at', v_now + interval '1 hour');
 end
 $$;
-comment on function memory.fail_job(text, bigint, uuid, text, text, jsonb) is
-  'Reports that the current claim failed. failed: the open attempt (if any) closes as failed '
-  'with its usage charged, and the job backs off one hour, or stops after its third claim. '
-  'unknown: the provider may have run, so the open attempt is charged at its reserve and the '
-  'job stops without automatic replay (P13). Answers the job''s new status: '
-  '{"status": "pending", "next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" '
-  '| "third_claim"}.';
+comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
+  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
+  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
+  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
+  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
+  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
+  'third model call; a job holding a checkpoint keeps it and stays pending. unknown: the '
+  'provider may have run, so the open attempt is charged at its reserve and the job stops '
+  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
+  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
 
 revoke all on function
   memory.claim_job(text),
-  memory.extend_lease(text, bigint, uuid),
-  memory.start_attempt(text, bigint, uuid, numeric),
-  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
-  memory.commit_job(text, bigint, uuid),
-  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
 from public;
 grant execute on function
   memory.claim_job(text),
-  memory.extend_lease(text, bigint, uuid),
-  memory.start_attempt(text, bigint, uuid, numeric),
-  memory.save_checkpoint(text, bigint, uuid, jsonb, jsonb),
-  memory.commit_job(text, bigint, uuid),
-  memory.fail_job(text, bigint, uuid, text, text, jsonb)
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
 to memory_worker;

@@ -1,6 +1,6 @@
 -- 45_scheduling.sql: maintenance, the tick that turns facts into jobs (P2-P5, P10, P15, V5, V10).
 --
--- memory.run_maintenance runs, for each workspace under its row lock, the steps listed in
+-- memory.run_maintenance runs, for each workspace under its memory lock, the steps listed in
 -- memory_private.maintenance_steps in position order. Each step is a function
 -- (p_workspace_id text) returns jsonb of counts; the counts of all steps and workspaces are
 -- summed into the answer. Another file adds a step with one insert, e.g.
@@ -11,10 +11,12 @@
 -- the same tick.
 --
 -- Extraction: a conversation (one request: its user and assistant messages) qualifies when the
--- request is interactive and succeeded, the scope's last activity is older than the workspace's
--- idle window, the scope has recall on, the workspace is not paused, and it has retained
--- directed user and assistant messages, not tombstoned in the scope, at least one of which is
--- not yet extracted at its current content hash. Scheduled requests have no scope (V5); group
+-- request is interactive and succeeded, the conversation's own last activity (the request's
+-- update or finish, its messages' creation or edit) is older than the workspace's idle window,
+-- the scope has recall on, the workspace is not paused, and it has retained directed user and
+-- assistant messages, not tombstoned in the scope, at least one of which is not yet extracted
+-- at its current content hash. The window is per conversation, not per scope: in a busy group
+-- topic, someone always talking must not hold back everyone's finished conversations. Scheduled requests have no scope (V5); group
 -- messages not directed at the bot are never stored (V10). The batch takes the most recent
 -- conversations whose texts fit 24,000 bytes together; a conversation that cannot fit alone is
 -- recorded as a 'skipped' job and its messages marked skipped, so it is never retried.
@@ -55,6 +57,37 @@ $$;
 comment on function memory_private.add_counts(jsonb, jsonb) is
   'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
 
+create function memory_private.input_carryover(
+  p_workspace_id text, p_scope_id bigint, p_phase text, p_input_hash text,
+  p_config_version integer,
+  out blocked boolean, out claims integer, out next_attempt_at timestamptz
+)
+  language sql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The most recent earlier job of the same input (scope, phase, input hash) under the same
+  -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
+  -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
+  -- a source edited and edited back) hands its model calls and its backoff on, so the count is
+  -- per unchanged input whatever happened in between; anything else starts afresh.
+  select coalesce(bool_or(j.status = 'stopped'
+                          or (j.status = 'superseded' and j.claims >= 3)), false),
+         coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
+         greatest(memory_private.clock_now(),
+                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+    from (select * from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+             and j.phase = p_phase and j.input_hash = p_input_hash
+             and j.config_version = p_config_version and j.status <> 'skipped'
+           order by j.job_id desc
+           limit 1) j
+$$;
+comment on function memory_private.input_carryover(text, bigint, text, text, integer) is
+  'What an input (scope, phase, input hash, config version) carries into a new job from its '
+  'most recent earlier job: blocked (it stopped, or was superseded after its three model '
+  'calls), and otherwise the model calls already made and the backoff of a superseded job. '
+  'This keeps "at most three model calls per unchanged input" across transient supersedes.';
+
 create function memory_private.create_job(
   p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
   p_origin_request_id text, p_config_version integer
@@ -64,17 +97,21 @@ create function memory_private.create_job(
   as $$
   insert into memory_private.jobs
     (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
-     model_id, config_version, next_attempt_at, created_at, updated_at)
+     model_id, config_version, claims, next_attempt_at, created_at, updated_at)
   select p_workspace_id, p_scope_id, p_phase, p_input, p_input_hash, r.request_id,
-         r.model_provider, r.model_id, p_config_version, memory_private.clock_now(),
+         r.model_provider, r.model_id, p_config_version, c.claims, c.next_attempt_at,
          memory_private.clock_now(), memory_private.clock_now()
     from memory_private.requests r
+   cross join memory_private.input_carryover(p_workspace_id, p_scope_id, p_phase, p_input_hash,
+                                             p_config_version) c
    where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
   returning job_id
 $$;
 comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer) is
-  'Creates a pending job due now, pinned to the originating request''s model/provider and the '
-  'workspace configuration version it was made under (P17, P20).';
+  'Creates a pending job pinned to the originating request''s model/provider and the workspace '
+  'configuration version it was made under (P17, P20), carrying over the model calls and '
+  'backoff its input already had (memory_private.input_carryover): due now otherwise. The '
+  'caller checks that the input is not blocked.';
 
 create function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
   returns jsonb
@@ -86,7 +123,6 @@ declare
   v_scope memory_private.scopes;
   v_now timestamptz := memory_private.clock_now();
   v_cutoff timestamptz;
-  v_last timestamptz;
   v_identity text;
   v_unit record;
   v_ceiling integer := (memory_private.job_limits() ->> 'batch_bytes')::integer;
@@ -116,19 +152,6 @@ begin
   end if;
   v_cutoff := v_now - v_ws.idle_window;
 
-  -- Idle window: measured from the last activity of any conversation in the scope.
-  select greatest(max(r.updated_at), max(r.finished_at), max(m.created_at), max(m.edited_at))
-    into v_last
-    from memory_private.requests r
-    left join memory_private.messages m
-      on m.workspace_id = r.workspace_id and m.request_id = r.request_id
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-     and r.bot_id = v_scope.bot_id and r.chat_id = v_scope.chat_id
-     and (v_scope.kind = 'private' or r.topic_id = v_scope.topic_id);
-  if v_last > v_cutoff then
-    return v_result;
-  end if;
-
   for v_unit in
     select r.request_id, sum(octet_length(m.body))::integer as bytes,
            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
@@ -149,9 +172,16 @@ begin
        and not exists (select 1 from memory_private.tombstones t
                         where t.workspace_id = m.workspace_id and t.scope_id = v_scope.scope_id
                           and t.message_id = m.message_id)
-     group by r.request_id, r.finished_at, r.created_at
+     group by r.request_id, r.finished_at, r.created_at, r.updated_at
     having bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
        and bool_or(e.message_id is null)
+       -- Idle window, per conversation: its own last activity (the request's update or finish,
+       -- its messages' creation or edit; removed messages count too).
+       and greatest(r.updated_at, r.finished_at,
+                    (select max(greatest(a.created_at, a.edited_at, a.removed_at))
+                       from memory_private.messages a
+                      where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
+           <= v_cutoff
      order by r.finished_at desc, r.created_at desc, r.request_id desc
   loop
     if v_unit.bytes > v_ceiling then
@@ -214,12 +244,10 @@ begin
       'the conversation changed: a newer snapshot replaces this one');
     v_result := v_result || jsonb_build_object('jobs_superseded_new_input', 1);
   end if;
-  -- An input that was stopped (unknown outcome, three claims) under this configuration is not
-  -- replayed automatically (P13).
-  if exists (select 1 from memory_private.jobs
-              where workspace_id = p_workspace_id and scope_id = p_scope_id
-                and phase = 'extract' and input_hash = v_hash and status = 'stopped'
-                and config_version = v_ws.config_version) then
+  -- An input that was stopped (unknown outcome, three failed calls) under this configuration,
+  -- or superseded after its three calls, is not replayed automatically (P13).
+  if (memory_private.input_carryover(p_workspace_id, p_scope_id, 'extract', v_hash,
+                                     v_ws.config_version)).blocked then
     return v_result || jsonb_build_object('replays_blocked', 1);
   end if;
 
@@ -293,10 +321,8 @@ begin
       'the records changed: a newer snapshot replaces this one');
     v_result := jsonb_build_object('jobs_superseded_new_input', 1);
   end if;
-  if exists (select 1 from memory_private.jobs
-              where workspace_id = p_workspace_id and scope_id = p_scope_id
-                and phase = 'consolidate' and input_hash = v_hash and status = 'stopped'
-                and config_version = v_ws.config_version) then
+  if (memory_private.input_carryover(p_workspace_id, p_scope_id, 'consolidate', v_hash,
+                                     v_ws.config_version)).blocked then
     return v_result || jsonb_build_object('replays_blocked', 1);
   end if;
 
@@ -386,21 +412,21 @@ declare
   v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                       'leases_expired', 0);
 begin
-  perform 1 from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   for v_step in
     select step::oid::regproc from memory_private.maintenance_steps order by position
   loop
     execute format('select %s($1)', v_step) into v_counts using p_workspace_id;
     v_total := memory_private.add_counts(v_total, v_counts);
   end loop;
-  update memory_private.workspaces set maintained_at = memory_private.clock_now()
+  update memory_private.workspace_memory set maintained_at = memory_private.clock_now()
    where workspace_id = p_workspace_id;
   return v_total;
 end
 $$;
 comment on function memory_private.maintain_workspace(text) is
-  'Runs every maintenance step for one workspace under its row lock and stamps maintained_at. '
+  'Runs every maintenance step for one workspace under its memory lock and stamps '
+  'maintained_at. '
   'Returns the summed counts.';
 
 create function memory.run_maintenance(p_workspace_id text default null) returns jsonb
@@ -443,7 +469,7 @@ create function memory.maintain_next_workspace(p_after_workspace_id text default
 declare
   v_ws text;
 begin
-  select workspace_id into v_ws from memory_private.workspaces
+  select workspace_id into v_ws from memory_private.workspace_memory
    where p_after_workspace_id is null or workspace_id > p_after_workspace_id
    order by workspace_id
    limit 1

@@ -433,8 +433,7 @@ begin
   end if;
 
   -- Usage is a memory write: take the workspace lock before anything else is written.
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
 
   v_hash := memory_private.args_hash(p_args);

@@ -8,8 +8,10 @@
 -- private scope, its user (C5); group topic, a participant adds notes and forgets when every
 -- record the forget removes holds only their own statements (C6); everything else in a group
 -- needs an active owner/admin (C7).
--- A change is committed with the call (C4); a replayed tool call id returns the stored outcome
--- once more, after re-checking that the caller still has the standing it needed (C9).
+-- A change is committed with the call (C4); a replayed tool call id is never applied again: after
+-- re-checking that the caller still has the standing it needed, it answers the stored outcome
+-- while that still holds, and says what changed when it does not (C9). The recogniser reads the
+-- first 300 characters and the end of a message, so it is linear in its length.
 
 -- Recognising a direct request -----------------------------------------------------------------
 
@@ -19,25 +21,30 @@ create function memory_private.request_has_content(p_rest text) returns boolean
   as $$
   select char_length(regexp_replace(
            regexp_replace(coalesce(p_rest, ''),
-             '^([ ,.:;!\-，。：；！、]|that\M|this\M|these\M|the following\M|following\M'
-             || '|下面|以下|这个|这件事|这点|一下|下来|下)*', ''),
-           '[[:space:][:punct:]，。！？、：；“”‘’「」『』]', '', 'g')) >= 2
+             '^([ ,.:;!\-，。：；！、…]|that\M|this\M|it\M|these\M|those\M|the following\M'
+             || '|following\M|things\M|stuff\M|something\M|anything\M|everything\M'
+             || '|下面|以下|这个|那个|这件事|这点|这些|它|一下|下来|下)*', ''),
+           '[[:space:][:punct:]，。！？、：；“”‘’「」『』…]', '', 'g')) >= 2
 $$;
 comment on function memory_private.request_has_content(text) is
-  'Whether what follows a remember phrase says something (not just "this", "that" or '
-  'punctuation).';
+  'Whether what follows a remember phrase says something: not just "this", "that", "it", '
+  '"things" or punctuation ("remember it" has nothing to remember).';
 
-create function memory_private.request_form(p_text text) returns text
+create function memory_private.request_clause_form(p_clause text, p_ends_as_question boolean)
+  returns text
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
   as $$
 declare
-  t text;
+  t text := p_clause;
   v_prev text;
   v_rest text;
+  v_polite boolean := false;
+  v_steps integer := 0;
   c_remember constant text :=
-    '^(remember|memorize|memorise|keep in mind|note down|make a note of|make a note'
-    || '|take note of|take note|note that|note:|save (this |that |it )?(to|in|into) (your )?memory'
+    '^(remember|memorize|memorise|keep in mind|keep (this|that|it) in mind|note down'
+    || '|make a note of|make a note|take note of|take note|note that|note:'
+    || '|save (this |that |it )?(to|in|into) (your )?memory'
     || '|add (this |that |it )?to (your )?memory)';
   c_forget constant text :=
     '^(forget|(delete|remove|erase|wipe) (this |that |the |my |your )?(memory|memories|note|notes))'
@@ -50,51 +57,62 @@ declare
     '^(((turn|switch) on|enable|activate|resume|reactivate) (the |your )?'
     || '(memory|memories|remembering|recall)|start (remembering|using memory)'
     || '|(turn|switch) (the |your )?(memory|recall)( feature)? (back )?on)([^a-z]|$)';
+  c_zh_remember constant text := '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)';
+  -- An explanation question right after the verb ("记住是什么意思"); after a separator it is
+  -- content ("记住：API 是什么协议").
+  c_zh_explain constant text :=
+    '^(是什么|什么意思|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用'
+    || '|什么作用|会怎么样|怎么样|是干嘛的|是干什么的)';
 begin
-  if p_text is null then
-    return 'none';
-  end if;
-  -- One line of lower-case text with plain apostrophes.
-  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
-  t := translate(t, '’', '''');
-  if t = '' then
-    return 'none';
-  end if;
-  -- Quoted history, code or tool output: the request is not the user's own words.
-  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
-    return 'quoted';
-  end if;
-  -- Reported speech: someone else's words.
-  if t ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
-     or t ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
-    return 'quoted';
-  end if;
-  -- Questions (including about the feature) are not requests.
-  if t ~ '[?？]$' or t ~ '(吗|嘛)[。.!！~～ ]*$'
-     or t ~ '(什么意思|是什么|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用|什么作用)'
-     or t ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M' then
-    return 'question';
-  end if;
-
-  -- Politeness, addressing and framing in front of the request.
+  -- Politeness, addressing, thanks and framing in front of the request. The clause is at most
+  -- 300 characters (request_form cuts it) and at most 20 words are stripped, so this costs the
+  -- same whatever the length of the message.
   loop
     v_prev := t;
     t := regexp_replace(t, (
       '^(@[^ ]+|(hey|hi|hello|ok|okay) [^ ,，]+[,，]|hey\M|hi\M|hello\M|ok\M|okay\M|alright\M'
       || '|so\M|also\M|and\M|now\M|then\M|oh\M|bot\M|please\M|pls\M|plz\M|kindly\M|just\M'
+      || '|thanks\M|thank you\M|thx\M|great\M|cool\M|nice\M|perfect\M|awesome\M|got it\M'
+      || '|sure\M|btw\M|by the way\M|one more thing\M'
       || '|from now on\M|i want you to\M|i''d like you to\M|i would like you to\M|i need you to\M'
-      || '|can you\M|could you\M|would you\M|will you\M|go ahead and\M|be sure to\M'
-      || '|make sure to\M|you should\M|you must\M'
-      || '|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|那就|现在|以后|今后'
-      || '|从现在开始|从现在起)[ ,，、:：!！.。~～-]*'), '');
-    exit when t = v_prev;
+      || '|go ahead and\M|be sure to\M|make sure to\M|you should\M|you must\M'
+      || '|请问|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|哦|噢|谢谢|多谢|对了'
+      || '|另外|还有|顺便说一下|顺便|那就|现在|以后|今后|从现在开始|从现在起)'
+      || '[ ,，、:：!！.。~～-]*'), '');
+    v_steps := v_steps + 1;
+    exit when t = v_prev or v_steps >= 20;
   end loop;
+  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
+    return 'quoted';
+  end if;
 
   -- Negative requests ("don't remember this", "不要记住").
   if t ~ ('^(do not|don''t|dont|never|not|no need to|there''s no need to|you don''t need to'
           || '|you do not need to|i don''t want you to|i do not want you to)\M')
      or t ~ '^(不要|别|不用|无需|不必|不需要|甭|千万别|勿|我不想|我不希望|我不要|我不需要)' then
     return 'negative';
+  end if;
+
+  -- "Can you ..." is a polite request only when it says what to remember or forget ("Can you
+  -- remember that my deploy day is Friday?"); otherwise it asks about the capability ("can you
+  -- remember things", "could you turn off memory?").
+  if t ~ '^(can|could|would|will) you\M' then
+    t := regexp_replace(t, '^(can|could|would|will) you( please| kindly| also)*[ ,，]*', '');
+    if not (t ~ (c_remember || ' *(that\M|[:：])') or t ~ '^forget (that|about)\M') then
+      return 'question';
+    end if;
+    v_polite := true;
+  end if;
+  -- "你能帮我记住……吗？" asks for help: a request. "你能记住……吗" asks what it can do.
+  if t ~ '^(能不能|可不可以|能否|可以|能|会)' then
+    if not t ~ '^(能不能|可不可以|能否|可以|能)(帮我|替我)(记住|记下来|记下|记一下)' then
+      return 'question';
+    end if;
+    t := regexp_replace(t, '^(能不能|可不可以|能否|可以|能)(帮我|替我)', '');
+    v_polite := true;
+  end if;
+  if p_ends_as_question and not v_polite then
+    return 'question';
   end if;
 
   if t ~ c_disable
@@ -117,8 +135,11 @@ begin
     v_rest := regexp_replace(t, c_remember, '');
     return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
   end if;
-  if t ~ '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)' then
-    v_rest := regexp_replace(t, '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)', '');
+  if t ~ c_zh_remember then
+    v_rest := regexp_replace(t, c_zh_remember, '');
+    if v_rest ~ c_zh_explain then
+      return 'question';
+    end if;
     return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
   end if;
   if t ~ '^把.{2,}(记住|记下来|记下)' then
@@ -127,12 +148,75 @@ begin
   return 'none';
 end
 $$;
+comment on function memory_private.request_clause_form(text, boolean) is
+  'The request a normalized clause opens with, after politeness and thanks: remember, forget, '
+  'enable-memory, disable-memory, or quoted, question, negative, empty, none. A polite request '
+  'question ("can you remember that ...?", "你能帮我记住……吗？") is a request; a question '
+  'about the capability ("can you remember things") or an explanation ("记住是什么意思") is not. '
+  'p_ends_as_question: the whole message ends with a question mark or 吗.';
+
+create function memory_private.request_form(p_text text) returns text
+  language plpgsql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  t text;
+  v_head text;
+  v_question boolean;
+  v_form text;
+  v_preamble text;
+begin
+  if p_text is null then
+    return 'none';
+  end if;
+  -- One line of lower-case text: one pass over the message. Everything after is read from its
+  -- first 300 characters (a request opens the message, after at most a short preamble) and its
+  -- last few, so the cost is linear in the length of the message and small under the workspace
+  -- lock however long it is (64,000 bytes of "please please ..." included).
+  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
+  if t = '' then
+    return 'none';
+  end if;
+  v_head := translate(left(t, 300), '’', '''');
+  v_question := right(t, 8) ~ '([?？]|(吗|嘛|么)[。.!！~～ ]*)$';
+
+  -- Quoted history, code or tool output: the request is not the user's own words.
+  if v_head ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
+    return 'quoted';
+  end if;
+  -- Reported speech: someone else's words.
+  if v_head ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
+     or v_head ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
+    return 'quoted';
+  end if;
+  -- Questions about the feature or anything else.
+  if v_head ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M'
+     or v_head ~ '^(什么|怎么|如何|为什么|为啥|啥是)' then
+    return 'question';
+  end if;
+
+  v_form := memory_private.request_clause_form(v_head, v_question);
+  if v_form = 'none' then
+    -- A request may open the second sentence, after one short preamble ("Great meeting.
+    -- Remember that ..."), unless the preamble quotes something.
+    v_preamble := substring(v_head from '^[^"“”‘’「」『』`>]{1,60}?(?:[.!] |[。！])');
+    if v_preamble is not null then
+      v_form := memory_private.request_clause_form(substr(v_head, char_length(v_preamble) + 1),
+                                                   v_question);
+    end if;
+  end if;
+  return v_form;
+end
+$$;
 comment on function memory_private.request_form(text) is
   'What a human message directly asks of the memory: remember, forget, enable-memory, '
   'disable-memory; or why it does not: quoted (quoted history, code, tool output, reported '
-  'speech), question (about the feature or anything else), negative ("don''t remember"), empty '
-  '(remember with nothing to remember) or none. English and Chinese; the request phrase must open '
-  'the message, after politeness ("please", "请", "@bot").';
+  'speech), question (about the feature or anything else; a polite request question is a '
+  'request), negative ("don''t remember"), empty (remember with nothing to remember) or none. '
+  'English and Chinese; the request phrase opens the message, after politeness and thanks '
+  '("please", "thanks!", "请", "对了", "@bot"), or opens its second sentence after one short '
+  'preamble. Linear in the length of the message: it reads the first 300 characters and the '
+  'last few.';
 
 create function memory_private.classify_request(p_text text) returns text
   language sql immutable
@@ -372,8 +456,7 @@ declare
   v_ids bigint[];
   v_now timestamptz := memory_private.clock_now();
 begin
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_ids := array(select record_id from memory_private.records
                   where workspace_id = p_workspace_id and scope_id = p_scope_id
                     and record_id = any(p_record_ids) order by record_id);
@@ -402,6 +485,55 @@ comment on function memory_private.forget_records(text, bigint, bigint, bigint[]
   'Returns the ids deleted.';
 
 -- manage_memory --------------------------------------------------------------------------------
+
+create function memory_private.replay_outcome(
+  p_call memory_private.tool_calls, p_request memory_private.requests,
+  p_scope memory_private.scopes
+) returns jsonb
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_action text := p_call.outcome ->> 'action';
+  v_memory_id bigint := (p_call.outcome ->> 'memory_id')::bigint;
+  v_record memory_private.records;
+  v_reason text;
+begin
+  -- A replay is never applied again, and never reports a state that no longer holds (C9): the
+  -- stored outcome is answered only while what it says is still true now.
+  if v_action = 'remember' then
+    select * into v_record from memory_private.records
+     where workspace_id = p_request.workspace_id and record_id = v_memory_id
+       and scope_id = p_scope.scope_id;
+    if not found then
+      v_reason := format('An earlier call saved this message as memory %s; it has since been '
+                         'forgotten or removed, so it is not remembered now.', v_memory_id);
+    else
+      v_reason := memory_private.record_invalid_reason(v_record, p_request.user_id);
+      if v_reason is not null then
+        v_reason := format('An earlier call saved this message as memory %s; it is not '
+                           'recalled now (%s).', v_memory_id, v_reason);
+      end if;
+    end if;
+  elsif v_action = 'disable-memory' and p_scope.recall_enabled then
+    v_reason := 'An earlier call turned memory off in this chat; it is on again now.';
+  elsif v_action = 'enable-memory' and not p_scope.recall_enabled then
+    v_reason := 'An earlier call turned memory on in this chat; it is off again now.';
+  end if;
+  -- forget holds for good: a forgotten record never comes back and ids are never reused.
+  if v_reason is not null then
+    return memory_private.control_outcome('done', v_action, 'no_longer_holds', v_reason,
+                                          v_memory_id, jsonb_build_object('holds', false));
+  end if;
+  return p_call.outcome || jsonb_build_object('holds', true);
+end
+$$;
+comment on function memory_private.replay_outcome(memory_private.tool_calls,
+                                                  memory_private.requests,
+                                                  memory_private.scopes) is
+  'The answer to a replayed manage_memory call that was done: its stored outcome while it still '
+  'holds (the note exists and is recalled, memory is still off or on), otherwise '
+  'code no_longer_holds saying what changed since (C9). holds says which.';
 
 create function memory_private.apply_control(
   p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
@@ -679,8 +811,7 @@ begin
       p_request_id using errcode = 'MB005';
   end if;
 
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
   v_hash := memory_private.args_hash(p_args);
 
@@ -701,7 +832,8 @@ begin
           'This change was made by an earlier call, but ' || v_refusal || ' now.',
           (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
       end if;
-      return v_call.outcome || jsonb_build_object('replayed', true);
+      return memory_private.replay_outcome(v_call, v_request, v_scope)
+             || jsonb_build_object('replayed', true);
     end if;
     -- A refused call changed nothing; its replay is decided again on current facts.
   end if;
@@ -732,9 +864,11 @@ comment on function memory.manage_memory(text, text, text, jsonb) is
   '(records kept). Private '
   'scope: its user; group: a participant for notes and their own records, an owner/admin for '
   'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
-  '"replayed"}; a replayed tool call id returns the stored outcome without applying it again, '
-  'once access is re-checked (C9). Committed when the call returns (C4). MB003 when the id was '
-  'used with other arguments; MB005 for a scheduled request.';
+  '"replayed"}; a replayed tool call id is never applied again: once access is re-checked it '
+  'answers the stored outcome while it still holds, or code no_longer_holds when the state '
+  'changed since (the note forgotten, memory turned back on), with "holds" (C9). Committed '
+  'when the call returns (C4). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
 revoke all on function memory.manage_memory(text, text, text, jsonb) from public;
 grant execute on function memory.manage_memory(text, text, text, jsonb) to memory_backend;

@@ -243,8 +243,7 @@ declare
   v_tombstones integer;
   v_pruned integer;
 begin
-  perform 1 from memory_private.workspaces
-   where workspace_id = p_workspace_id for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
   v_expired := memory_private.erase_expired_messages(p_workspace_id);
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);

@@ -117,9 +117,9 @@ comment on view memory.scope_status is
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
 create view memory.workspace_status as
-select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_at,
-       w.budget_usd, w.spent_usd, w.memory_spent_usd,
-       w.budget_usd - w.spent_usd - w.memory_spent_usd as budget_left_usd,
+select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
+       w.budget_usd, w.spent_usd, wm.memory_spent_usd,
+       w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
        (select count(*) from memory_private.scopes s
          where s.workspace_id = w.workspace_id) as scopes,
        (select count(*) from memory_private.scopes s
@@ -139,6 +139,7 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window, w.maintained_a
        (select count(*) from memory_private.tombstones t
          where t.workspace_id = w.workspace_id) as tombstones
   from memory_private.workspaces w
+  join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
   left join lateral (
     select sum(g.n) filter (where g.reason is null) as records_valid,
            sum(g.n) filter (where g.reason is not null) as records_invalid,
@@ -295,8 +296,8 @@ comment on view memory.job_status is
 create view memory.request_memory_charges as
 select q.workspace_id, q.request_id, q.status as request_status,
        q.model_provider, q.model_id,
-       q.budget_usd, q.spent_usd, q.memory_spent_usd,
-       q.budget_usd - q.spent_usd - q.memory_spent_usd as budget_left_usd,
+       q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
+       q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
        count(*) as attempts,
        count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
        coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
@@ -336,8 +337,8 @@ begin
   if p_job_id is null then
     raise exception 'job_id is required' using errcode = 'MB001';
   end if;
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id
-     for no key update;
+  perform memory_private.lock_workspace(p_workspace_id);
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;
@@ -379,8 +380,11 @@ begin
     'next_attempt_at', v_now,
     'workspace_paused', v_ws.paused,
     'request_budget_left_usd',
-      v_request.budget_usd - v_request.spent_usd - v_request.memory_spent_usd,
-    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd - v_ws.memory_spent_usd);
+      v_request.budget_usd - v_request.spent_usd
+      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
+    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
+      - (select memory_spent_usd from memory_private.workspace_memory
+          where workspace_id = p_workspace_id));
 end
 $$;
 comment on function memory.retry_job(text, bigint) is

@@ -55,7 +55,7 @@ def commit(conn: psycopg.Connection, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def fail(conn: psycopg.Connection, job: dict[str, Any], outcome: str = "failed",
-         error: str = "boom", usage: Any = None) -> None:
+         error: str = "provider_error", usage: Any = None) -> None:
     conn.execute("select memory.fail_job(%s, %s, %s, %s, %s, %s)",
                  (job["workspace_id"], job["job_id"], job["token"], outcome, error,
                   Jsonb(usage) if usage is not None else None))

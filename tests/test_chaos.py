@@ -92,14 +92,15 @@ def check_invariants(conn: psycopg.Connection) -> dict[str, Any]:
                                            and c.job_id = a.job_id
                                            and c.attempt_no = a.attempt_no)""")
     violations += [f"attempt {j}/{n} has no charge" for j, n in uncharged]
-    totals = q("""select r.request_id, r.memory_spent_usd, coalesce(sum(c.cost_usd), 0)
-                    from memory_private.requests r
-                    left join memory_private.request_charges c
-                      on c.workspace_id = r.workspace_id and c.request_id = r.request_id
-                   group by r.workspace_id, r.request_id, r.memory_spent_usd
-                  having r.memory_spent_usd <> coalesce(sum(c.cost_usd), 0)""")
-    violations += [f"request {r} records {a} but was charged {b}" for r, a, b in totals]
-    ws_totals = q("""select w.workspace_id from memory_private.workspaces w
+    totals = q("""select a.job_id, a.attempt_no, a.cost_usd, c.cost_usd
+                    from memory_private.job_attempts a
+                    join memory_private.request_charges c
+                      on c.workspace_id = a.workspace_id and c.job_id = a.job_id
+                     and c.attempt_no = a.attempt_no
+                   where c.cost_usd is distinct from a.cost_usd or a.cost_usd > a.reserved_usd""")
+    violations += [f"attempt {j}/{n} cost {a} but was charged {b} (or over its reserve)"
+                   for j, n, a, b in totals]
+    ws_totals = q("""select w.workspace_id from memory_private.workspace_memory w
                       where w.memory_spent_usd <> (select coalesce(sum(c.cost_usd), 0)
                                                      from memory_private.request_charges c
                                                     where c.workspace_id = w.workspace_id)""")

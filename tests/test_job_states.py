@@ -45,7 +45,8 @@ def test_fail_job_answers_the_status_it_decided(conn: psycopg.Connection) -> Non
     for _ in range(3):
         job = claim(conn)
         assert job is not None
-        row = conn.execute("select memory.fail_job(%s, %s, %s, 'failed', 'boom')",
+        start(conn, job)  # the claim reaches the provider: it counts
+        row = conn.execute("select memory.fail_job(%s, %s, %s, 'failed', 'provider_error')",
                            (job["workspace_id"], job["job_id"], job["token"])).fetchone()
         assert row is not None
         answers.append((row[0]["status"], row[0].get("why")))

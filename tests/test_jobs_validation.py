@@ -110,15 +110,17 @@ def test_source_ids_must_be_within_the_snapshot(conn: psycopg.Connection) -> Non
     assert job is not None
     start(conn, job)
     other = "b1-u" if job["input"]["sources"][0]["id"].startswith("r1") else "r1-u"
-    assert other in refused(conn, job, {**GOOD, "source_ids": [job["input"]["sources"][0]["id"],
-                                                               other]})
+    message = refused(conn, job, {**GOOD, "source_ids": [job["input"]["sources"][0]["id"],
+                                                         other]})
+    assert "1 source id(s) are not messages of the job's batch" in message
+    assert other not in message, "the error names the contract, never what the model wrote"
     refused(conn, job, {**GOOD, "source_ids": ["nonexistent"]})
 
 
 def test_a_refused_output_is_then_reported_as_a_failed_attempt(conn: psycopg.Connection) -> None:
     job = extraction_job(conn)
     refused(conn, job, {"title": "T"})
-    fail(conn, job, "failed", "bad model output",
+    fail(conn, job, "failed", "output_refused",
          usage={"input_tokens": 10, "output_tokens": 3, "cost_usd": 0.004})
     assert conn.execute("select outcome, cost_usd from memory_private.job_attempts").fetchone() == (
         "failed", Decimal("0.004"))

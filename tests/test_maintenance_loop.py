@@ -41,8 +41,7 @@ def test_a_workspace_being_maintained_is_skipped_not_waited_for(
     w.basic("a")
     w.basic("b")
     with psycopg.connect(db_dsn) as holder:
-        holder.execute("select 1 from memory_private.workspaces where workspace_id = 'a' "
-                       "for no key update")
+        holder.execute("select memory_private.lock_workspace('a')")  # a memory write of a
         conn.execute("set lock_timeout = '500ms'")
         counts = next_ws(conn)
         assert counts is not None and counts["workspace_id"] == "b"
@@ -104,7 +103,7 @@ def test_the_worker_walks_all_once_per_interval_and_in_between_only_its_last_job
 
     def stamps() -> dict[str, Any]:
         return dict(conn.execute("select workspace_id, maintained_at "
-                                 "from memory_private.workspaces").fetchall())
+                                 "from memory_private.workspace_memory").fetchall())
 
     worker = Worker(WorkerConfig(dsn=db_dsn, interval=3600), make_adapter("offline"))
     try:

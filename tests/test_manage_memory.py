@@ -394,14 +394,15 @@ def test_a_replayed_remember_is_not_applied_twice(conn: psycopg.Connection, w: W
     args = {"action": "remember", "sourceId": source}
     first = manage(conn, "ws1", "r1", "c1", args)
     replay = manage(conn, "ws1", "r1", "c1", args)
-    assert replay["replayed"] is True and first["replayed"] is False
-    assert {k: v for k, v in replay.items() if k != "replayed"} == \
+    assert replay["replayed"] is True and first["replayed"] is False and replay["holds"] is True
+    assert {k: v for k, v in replay.items() if k not in ("replayed", "holds")} == \
         {k: v for k, v in first.items() if k != "replayed"}
     assert count(conn, "records") == 1
-    # Even after the note was forgotten, the replay does not bring it back.
+    # Even after the note was forgotten, the replay does not bring it back, and says so.
     conn.execute("select memory_private.forget_records('ws1', %s, %s, array[%s]::bigint[])",
                  (scope_id(conn, "ws1", "r1"), first["memory_id"], first["memory_id"]))
-    assert manage(conn, "ws1", "r1", "c1", args)["status"] == "done"
+    later = manage(conn, "ws1", "r1", "c1", args)
+    assert (later["status"], later["code"], later["holds"]) == ("done", "no_longer_holds", False)
     assert count(conn, "records") == 0
     with pytest.raises(psycopg.Error) as err:
         manage(conn, "ws1", "r1", "c1", {**args, "title": "other"})

@@ -106,6 +106,19 @@ def test_failed_and_unknown_calls_are_counted_and_an_unknown_one_as_stopped(
     assert row is not None and row[0] == "stopped"  # what the counter claimed
 
 
+def test_an_invalid_reply_counts_its_tokens_and_dollars_once(
+        conn: psycopg.Connection, db_dsn: str, fake: FakeModel, port: int) -> None:
+    fake.reset("malformed")  # a reply with usage, then refused by the worker
+    finished_conversation(conn)
+    before = scrape(port)
+    assert make_worker(db_dsn, openai_adapter(fake)).tick().status == "failed"
+    after = scrape(port)
+    assert delta(before, after, "pimem_model_tokens_total", adapter="openai", phase="extract",
+                 kind="input") == 1200
+    assert delta(before, after, "pimem_model_cost_usd_total", adapter="openai",
+                 phase="extract") == pytest.approx(float(CALL_COST))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

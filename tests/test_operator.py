@@ -86,7 +86,7 @@ def stopped_job(conn: psycopg.Connection, ws: str = "ws1") -> dict[str, Any]:
     job = claim(conn)
     assert job is not None and job["phase"] == "extract"
     start(conn, job)
-    fail(conn, job, "unknown", "the connection dropped mid-call")
+    fail(conn, job, "unknown", "call_aborted")
     return job
 
 
@@ -220,7 +220,7 @@ def test_dba_finds_why_a_job_stopped_and_retries_it(
     assert ws["jobs_stopped"] == 1
     j = one(operator, "select * from memory.job_status where status = 'stopped'")
     assert j["job_id"] == job["job_id"] and j["last_attempt_outcome"] == "unknown"
-    assert "outcome unknown" in j["last_error"] and "dropped mid-call" in j["last_error"]
+    assert j["last_error"] == "outcome unknown, not replayed: call_aborted"
     assert j["retry_refusal"] is None and j["cost_usd"] == Decimal("0.05")  # the reserve
 
     result = value(operator, "select memory.retry_job('ws1', %s)", job["job_id"])
@@ -252,19 +252,20 @@ def test_three_failed_claims_stop_a_job_and_a_retry_gives_three_fresh_claims(
     for _ in range(3):
         job = claim(conn)
         assert job is not None
-        fail(conn, job, "failed", "budget: a reserve of $0.05 does not fit")
+        start(conn, job)
+        fail(conn, job, "failed", "provider_error")
         advance(conn, "61 minutes")
         maintenance(conn, "ws1")
     j = one(operator, "select * from memory.job_status")
     assert (j["status"], j["claims"], j["claims_left"]) == ("stopped", 3, 0)
-    assert "third claim" in j["last_error"] and "budget" in j["last_error"]
+    assert "third model call" in j["last_error"] and "provider_error" in j["last_error"]
     new_id = value(operator, "select memory.retry_job('ws1', %s)",
                    j["job_id"])["retried_as_job_id"]
     for attempt in (1, 2):
         job = claim(conn)
         assert job is not None and (job["job_id"], job["attempt"]) == (new_id, attempt)
         start(conn, job)  # attempts of the new job are numbered from 1 again
-        fail(conn, job, "failed", "provider said 500")
+        fail(conn, job, "failed", "provider_error")
         advance(conn, "61 minutes")
     assert one(operator, "select status from memory.job_status where job_id = %s",
                new_id)["status"] == "pending"

@@ -76,19 +76,21 @@ def test_a_running_conversation_does_not_hold_back_finished_ones_but_is_left_out
     assert batch_ids(job) == ["r1-a", "r1-u"]
 
 
-def test_the_idle_window_is_measured_from_the_scopes_last_activity(
-        conn: psycopg.Connection) -> None:
+def test_the_idle_window_is_measured_per_conversation(conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
     w.conversation("ws1", "r1", chat="dm-alice", user="alice")
     advance(conn, "29 minutes")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 0
-    # A new conversation in the same scope restarts the window.
+    # A new conversation in the same scope has its own window; r1's keeps running.
     w.conversation("ws1", "r2", chat="dm-alice", user="alice")
     advance(conn, "2 minutes")
-    assert maintenance(conn, "ws1")["extract_jobs_created"] == 0, "r2 is only 2 minutes old"
-    advance(conn, "29 minutes")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 1
+    [job] = extract_jobs(conn)
+    assert batch_ids(job) == ["r1-a", "r1-u"], "r2 is only 2 minutes old"
+    assert job["origin_request_id"] == "r1"
+    advance(conn, "29 minutes")
+    assert maintenance(conn, "ws1")["jobs_superseded_new_input"] == 1
     [job] = extract_jobs(conn)
     assert batch_ids(job) == ["r1-a", "r1-u", "r2-a", "r2-u"]
     assert job["origin_request_id"] == "r2", "the most recent request of the batch"

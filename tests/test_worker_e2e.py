@@ -77,8 +77,8 @@ def charges(conn: psycopg.Connection, request: str = "r1") -> list[dict[str, Any
 
 
 def memory_spent(conn: psycopg.Connection, request: str = "r1") -> Decimal:
-    row = conn.execute("select memory_spent_usd from memory_private.requests "
-                       "where request_id = %s", (request,)).fetchone()
+    row = conn.execute("select memory_private.request_memory_spent('ws1', %s)",
+                       (request,)).fetchone()
     assert row is not None
     return Decimal(row[0])
 
@@ -157,7 +157,7 @@ def test_provider_error_fails_backs_off_an_hour_then_succeeds(
     model.mode = "error"
     worker = make_worker(db_dsn, openai_adapter(model))
     result = worker.tick()
-    assert result.status == "failed" and "HTTP 500" in result.detail
+    assert result.status == "failed" and result.detail == "provider_error"
     assert_nothing_written(conn)
     [job] = jobs(conn)
     assert (job["status"], job["claims"]) == ("pending", 1)
@@ -176,7 +176,7 @@ def test_malformed_reply_fails_with_its_usage_charged(
     finished_conversation(conn)
     model.mode = "malformed"
     result = make_worker(db_dsn, openai_adapter(model)).tick()
-    assert result.status == "failed" and "not JSON" in result.detail
+    assert result.status == "failed" and result.detail == "reply_not_json"
     assert_nothing_written(conn)
     assert [(c["outcome"], c["cost_usd"]) for c in charges(conn)] == [("failed", CALL_COST)]
     assert jobs(conn)[0]["status"] == "pending"
@@ -187,7 +187,7 @@ def test_oversize_reply_fails_before_anything_is_stored(
     finished_conversation(conn)
     model.mode = "oversize"  # 2,100 characters but 4,200 UTF-8 bytes
     result = make_worker(db_dsn, openai_adapter(model)).tick()
-    assert result.status == "failed" and "4200 bytes" in result.detail
+    assert result.status == "failed" and result.detail == "reply_invalid"
     assert_nothing_written(conn)
     assert [a["outcome"] for a in attempts(conn)] == ["failed"]
 
@@ -199,7 +199,7 @@ def test_call_past_the_tick_deadline_is_unknown_and_never_replayed(
     worker = make_worker(db_dsn, openai_adapter(model), tick_seconds=3, commit_margin=1)
     began = time.monotonic()
     result = worker.tick()
-    assert result.status == "unknown" and "deadline" in result.detail
+    assert result.status == "unknown" and result.detail == "deadline_exceeded"
     assert time.monotonic() - began < 4
     model.release.set()
     assert_nothing_written(conn)
@@ -266,7 +266,7 @@ def test_lease_is_extended_during_the_call_and_a_lost_lease_aborts_it(
                  "memory.run_maintenance()")
     thread.join(5)
     assert not thread.is_alive(), "the call was not aborted after the lease was lost"
-    assert result["r"].status == "unknown" and result["r"].detail == "lease lost"
+    assert result["r"].status == "unknown" and result["r"].detail == "lease_lost"
     model.release.set()
     assert jobs(conn)[0]["status"] == "stopped"
     assert [a["outcome"] for a in attempts(conn)] == ["unknown"]

@@ -3,6 +3,10 @@
 No ``tools`` are sent. Usage comes from the provider's ``usage`` and is priced from a configured
 table (dollars per million tokens, keyed ``provider/model`` or ``model``); a model without a
 price is refused before any call, because its charge could not be recorded truthfully.
+
+The response is hostile input: a body that is not JSON, nested deeper than the interpreter's
+stack, with numbers too long to convert, without a reply, or with usage that is not valid
+numbers is a failed call (``reply_unreadable``), never an exception of another kind.
 """
 
 from __future__ import annotations
@@ -17,11 +21,36 @@ from typing import Any
 
 import httpx
 
-from pyworker.adapters.base import Cancelled, DeadlineExceeded, ModelFailure, Reply, remaining
-from pyworker.payload import ModelRef, Usage, utf8_len
+from pyworker.adapters.base import (
+    Cancelled,
+    DeadlineExceeded,
+    ModelFailure,
+    Reply,
+    provider_usage,
+    remaining,
+)
+from pyworker.payload import UNKNOWN_USAGE, ModelRef, Usage, token_count, utf8_len
 from pyworker.prompting import Prompt
 
 MAX_OUTPUT_TOKENS = 4096
+MAX_INT_DIGITS = 18  # a longer integer in a response is no count we could store
+
+
+def _bounded_int(digits: str) -> int | None:
+    return int(digits) if len(digits.lstrip("-")) <= MAX_INT_DIGITS else None
+
+
+def _no_constant(name: str) -> None:
+    return None  # NaN / Infinity: not a number a usage or id can be
+
+
+def read_body(raw: bytes) -> Any:
+    """A response body as JSON, or raises ValueError: never RecursionError, never the
+    interpreter's refusal of a 5,000-digit integer."""
+    try:
+        return json.loads(raw, parse_int=_bounded_int, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("the body is nested too deep") from None
 
 
 @dataclass(frozen=True)
@@ -67,7 +96,8 @@ class OpenAIAdapter:
         found = self.prices.get(model.qualified) or self.prices.get(model.id)
         if found is None:
             raise ModelFailure(f"no price for {model.qualified} in the configured table "
-                               "(PIMEM_PRICES); not calling an unpriced model", outcome="failed")
+                               "(PIMEM_PRICES); not calling an unpriced model", outcome="failed",
+                               code="not_priced")
         return found
 
     def reserve_usd(self, model: ModelRef, prompt: Prompt) -> Decimal:
@@ -76,13 +106,18 @@ class OpenAIAdapter:
         dollars = (p.input * in_tokens + p.output * MAX_OUTPUT_TOKENS) / Decimal(1_000_000)
         return dollars.quantize(Decimal("0.000001"))
 
-    def _cost(self, model: ModelRef, usage: dict[str, Any]) -> Usage:
+    def _cost(self, model: ModelRef, usage: Any) -> Usage:
+        """The call's usage priced from the table; unknown (None) where the provider's counts
+        are missing or not counts."""
+        if not isinstance(usage, dict):
+            return UNKNOWN_USAGE
         p = self.price(model)
-        tin = int(usage.get("prompt_tokens") or 0)
-        tout = int(usage.get("completion_tokens") or 0)
+        tin = token_count(usage.get("prompt_tokens"))
+        tout = token_count(usage.get("completion_tokens"))
+        if tin is None or tout is None:
+            return provider_usage(tin, tout, None)
         cost = (p.input * tin + p.output * tout) / Decimal(1_000_000)
-        return Usage(input_tokens=tin, output_tokens=tout,
-                     cost_usd=cost.quantize(Decimal("0.00000001")))
+        return provider_usage(tin, tout, cost.quantize(Decimal("0.00000001")))
 
     def complete(self, model: ModelRef, prompt: Prompt, *, deadline: float,
                  cancel: threading.Event) -> Reply:
@@ -119,27 +154,43 @@ class OpenAIAdapter:
             exc = result["error"]
             # Never connected: nothing ran. Anything later: the provider may have run.
             reached = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-            raise ModelFailure(f"HTTP call failed: {type(exc).__name__}: {exc}",
-                               outcome="unknown" if reached else "failed")
+            raise ModelFailure(f"HTTP call failed: {type(exc).__name__}",
+                               outcome="unknown" if reached else "failed",
+                               code="reply_unreadable" if reached else "provider_unreachable")
         response: httpx.Response = result["response"]
         if response.status_code >= 400:
-            raise ModelFailure(f"provider answered HTTP {response.status_code}: "
-                               f"{response.text[:300]}", outcome="failed")
+            raise ModelFailure(f"provider answered HTTP {response.status_code}",
+                               outcome="failed", code="provider_error")
+        # A complete answer came back: the call ran. Whatever is unreadable in it makes the
+        # attempt failed (replayable), with the usage that could be read (an unreadable cost is
+        # charged at the reserve).
         try:
-            data = response.json()
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ModelFailure(f"unreadable provider response: {exc}",
-                               outcome="unknown") from None
-        usage = self._cost(model, data.get("usage") or {})
-        if not data.get("usage"):
-            raise ModelFailure("the provider reported no usage; the charge is unknown",
-                               outcome="unknown")
+            data = read_body(response.content)
+        except ValueError as exc:
+            raise ModelFailure(f"unreadable provider response: {exc}", outcome="failed",
+                               usage=UNKNOWN_USAGE, code="reply_unreadable") from None
+        if not isinstance(data, dict):
+            raise ModelFailure("unreadable provider response: not an object", outcome="failed",
+                               usage=UNKNOWN_USAGE, code="reply_unreadable")
+        usage = self._cost(model, data.get("usage"))
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        if text is None and isinstance(message, dict):
+            text = ""  # a reply with no text (e.g. only tool calls): not JSON, handled later
+        if not isinstance(text, str):
+            raise ModelFailure("unreadable provider response: no reply text", outcome="failed",
+                               usage=usage, code="reply_unreadable")
+        if not usage.known:
+            raise ModelFailure("the provider's usage is missing or not valid numbers; the "
+                               "charge is the reserve", outcome="failed", usage=usage,
+                               code="reply_unreadable")
+        assert isinstance(choice, dict)
         if choice.get("finish_reason") == "length":
             raise ModelFailure("the reply was cut off at the output limit", outcome="failed",
-                               usage=usage)
-        return Reply(text=text, usage=usage, stop_reason=str(choice.get("finish_reason")))
+                               usage=usage, code="reply_cut_off")
+        return Reply(text=text, usage=usage, stop_reason=str(choice.get("finish_reason"))[:40])
 
     def close(self) -> None:
         # A call abandoned mid-flight (deadline, stop) fails in its thread once the client is

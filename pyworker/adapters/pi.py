@@ -7,6 +7,9 @@ its working directory into the system prompt), with the job's pinned model. Each
 fresh in-memory session, sends one prompt, and reads events until ``agent_settled``; the result
 is the last assistant ``message_end``: its text, ``usage`` tokens and ``usage.cost.total``
 dollars. A ``stopReason`` of ``error``/``aborted``/``length`` is a failure whatever happens next.
+Pi relays what the provider sent: usage it reports that is not valid numbers makes the call
+failed (``reply_unreadable``, charged at the reserve), and nothing in an event escapes as another
+exception.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from pyworker.adapters.base import (
     DeadlineExceeded,
     ModelFailure,
     Reply,
+    provider_usage,
     remaining,
 )
-from pyworker.payload import ModelRef, Usage, utf8_len
+from pyworker.payload import ModelRef, Usage, token_count, utf8_len
 from pyworker.prompting import Prompt, template
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -118,19 +122,39 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _usage(message: dict[str, Any]) -> Usage:
-    u = message.get("usage") or {}
-    cost = (u.get("cost") or {}).get("total") or 0
-    return Usage(input_tokens=int(u.get("input") or 0) + int(u.get("cacheRead") or 0)
-                 + int(u.get("cacheWrite") or 0),
-                 output_tokens=int(u.get("output") or 0),
-                 cost_usd=Decimal(str(cost)))
+    """The usage of an assistant message. A count Pi leaves out is 0; one it reports as
+    something other than a valid number (null: Pi writes a non-finite number so) is None."""
+    u = message.get("usage")
+    if not isinstance(u, dict):
+        return provider_usage(None, None, None)
+    counted = [token_count(u.get(k, 0)) for k in ("input", "cacheRead", "cacheWrite")]
+    tokens_in = None if None in counted else sum(c for c in counted if c is not None)
+    cost = u.get("cost")
+    total = cost.get("total") if isinstance(cost, dict) else None
+    return provider_usage(tokens_in, u.get("output", 0), total)
+
+
+def _asks_for_tools(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return message.get("stopReason") == "toolUse" or (
+        isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "toolCall" for b in content))
+
+
+def _assistant(event: dict[str, Any]) -> bool:
+    message = event.get("message")
+    return isinstance(message, dict) and message.get("role") == "assistant"
 
 
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
-    return "".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
+    if not isinstance(content, list):
+        return ""
+    return "".join(b["text"] for b in content
+                   if isinstance(b, dict) and b.get("type") == "text"
+                   and isinstance(b.get("text"), str))
 
 
 @dataclass
@@ -162,7 +186,7 @@ class PiAdapter:
     def _spawn(self, model: ModelRef) -> None:
         pi = find_pi()
         if pi is None:
-            raise ModelFailure("the Pi CLI is not installed", outcome="failed")
+            raise ModelFailure("the Pi CLI is not installed", outcome="failed", code="runtime_failed")
         assert self.agent_dir is not None
         system = self._base / "system.txt"
         system.write_text(template("system").strip())
@@ -179,9 +203,12 @@ class PiAdapter:
             assert proc.stdout is not None
             for raw in iter(proc.stdout.readline, b""):  # splits on LF only
                 try:
-                    events.put(json.loads(raw))
-                except json.JSONDecodeError:
+                    event = json.loads(raw)
+                except (ValueError, RecursionError):  # not JSON, or JSON we cannot read
                     errs.append("non-JSON stdout: " + raw[:200].decode("utf-8", "replace"))
+                    continue
+                if isinstance(event, dict):
+                    events.put(event)
             events.put(EOF)
 
         def read_stderr() -> None:
@@ -196,7 +223,7 @@ class PiAdapter:
         current = (state.get("data") or {}).get("model")
         if not current:
             raise ModelFailure(f"Pi did not select model {model.qualified}: "
-                               f"{self.stderr_tail()}", outcome="failed")
+                               f"{self.stderr_tail()}", outcome="failed", code="runtime_failed")
         self._model_info[model.qualified] = current
 
     def _alive(self) -> bool:
@@ -212,7 +239,7 @@ class PiAdapter:
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise ModelFailure(f"Pi is gone: {exc}; {self.stderr_tail()}",
-                               outcome="failed") from None
+                               outcome="failed", code="runtime_failed") from None
 
     def _next_id(self) -> str:
         self._ids += 1
@@ -227,18 +254,18 @@ class PiAdapter:
             if left <= 0:
                 self.kill()
                 raise ModelFailure(f"Pi did not answer {record['type']} in time",
-                                   outcome="failed")
+                                   outcome="failed", code="runtime_failed")
             try:
                 rec = self._events.get(timeout=min(left, 0.5))
             except queue.Empty:
                 continue
             if rec is EOF:
                 self.kill()
-                raise ModelFailure(f"Pi exited: {self.stderr_tail()}", outcome="failed")
+                raise ModelFailure(f"Pi exited: {self.stderr_tail()}", outcome="failed", code="runtime_failed")
             if rec.get("type") == "response" and rec.get("id") == rid:
                 if not rec.get("success"):
                     raise ModelFailure(f"Pi refused {record['type']}: {rec.get('error')}",
-                                       outcome="failed")
+                                       outcome="failed", code="runtime_failed")
                 return rec
 
     def _ensure(self, model: ModelRef, deadline: float) -> None:
@@ -317,17 +344,53 @@ class PiAdapter:
             if rec is EOF:
                 self.kill()
                 raise ModelFailure(f"Pi exited during the call: {self.stderr_tail()}",
-                                   outcome="unknown" if accepted else "failed")
+                                   outcome="unknown" if accepted else "failed", code="runtime_failed")
             if kind == "response" and rec.get("id") == pid:
                 if not rec.get("success"):
                     raise ModelFailure(f"Pi refused the prompt: {rec.get('error')}",
-                                       outcome="failed")
+                                       outcome="failed", code="runtime_failed")
                 accepted = True
-            elif kind == "message_end" and (rec.get("message") or {}).get("role") == "assistant":
+            elif kind == "message_end" and _assistant(rec):
                 last = rec["message"]
+                if _asks_for_tools(last):
+                    self._stop_after_tool_call(last)
             elif kind == "agent_settled":
                 break
         return self._result(last)
+
+    def _stop_after_tool_call(self, message: dict[str, Any]) -> None:
+        """The model answered with a tool call. This call has no tools (P11), but Pi would run
+        the missing tool and call the model again with its error, turn after turn until the
+        deadline, each turn billed (a hostile reply made 441 calls in 8 seconds). One attempt
+        is one model call: stop Pi now. If it had already started the next call, the provider
+        may be running it: unknown, charged at the reserve; otherwise the reply failed with
+        this call's usage."""
+        started_again = False
+        try:
+            self._send({"type": "abort", "id": self._next_id()})
+        except ModelFailure:
+            self.kill()
+            started_again = True  # cannot know: assume the worst
+        until = time.monotonic() + 3
+        while not started_again:
+            if remaining(until) <= 0:
+                self.kill()
+                started_again = True
+                break
+            try:
+                rec = self._events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if rec is EOF or rec.get("type") == "agent_settled":
+                break
+            if rec.get("type") == "message_start" and _assistant(rec):
+                started_again = True  # the next model call began
+        if started_again:
+            self.kill()  # whatever it is still doing; the next call restarts it
+            raise ModelFailure("the model asked for a tool and Pi began another model call; "
+                               "stopped", outcome="unknown", code="reply_invalid")
+        raise ModelFailure("the model asked for a tool; this call has none", outcome="failed",
+                           usage=_usage(message), code="reply_invalid")
 
     def _abort(self, last: dict[str, Any] | None) -> Usage | None:
         """Asks Pi to abort and waits briefly; kills it if it does not settle in 3 s."""
@@ -344,7 +407,7 @@ class PiAdapter:
                 continue
             if rec is EOF:
                 break
-            if rec.get("type") == "message_end" and rec["message"].get("role") == "assistant":
+            if rec.get("type") == "message_end" and _assistant(rec):
                 last = rec["message"]
             if rec.get("type") == "agent_settled":
                 return _usage(last) if last else None
@@ -353,16 +416,24 @@ class PiAdapter:
 
     def _result(self, last: dict[str, Any] | None) -> Reply:
         if last is None:
-            raise ModelFailure("Pi settled without an assistant message", outcome="unknown")
+            raise ModelFailure("Pi settled without an assistant message", outcome="unknown", code="runtime_failed")
         usage = _usage(last)
         stop = last.get("stopReason")
         if stop == "stop":
+            # A call that read a prompt always has input tokens: zero means the provider sent
+            # no usage and Pi filled in zeros. Its cost is not known.
+            if usage.input_tokens == 0 and usage.output_tokens == 0:
+                usage = usage.model_copy(update={"cost_usd": None})
+            if not usage.known:
+                raise ModelFailure("the usage Pi reported is not valid numbers; the charge is "
+                                   "the reserve", outcome="failed", usage=usage,
+                                   code="reply_unreadable")
             return Reply(text=_text(last), usage=usage, stop_reason="stop")
         if stop == "aborted":
-            raise ModelFailure("the provider call was aborted", outcome="unknown", usage=usage)
-        detail = last.get("errorMessage") or ""
+            raise ModelFailure("the provider call was aborted", outcome="unknown", usage=usage, code="runtime_failed")
+        detail = str(last.get("errorMessage") or "")[:300]
         if stop == "length":
             raise ModelFailure("the reply was cut off at the output limit", outcome="failed",
-                               usage=usage)
+                               usage=usage, code="reply_cut_off")
         raise ModelFailure(f"provider call ended with {stop}: {detail}".strip(),
-                           outcome="failed", usage=usage)
+                           outcome="failed", usage=usage, code="provider_error")
