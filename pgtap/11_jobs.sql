@@ -1,6 +1,6 @@
 -- Memory jobs: the shape that holds the invariants, and one job through its life cycle.
 begin;
-select plan(24);
+select plan(25);
 
 select has_table('memory_private', 'jobs', 'jobs exist');
 select has_table('memory_private', 'job_attempts', 'attempts exist');

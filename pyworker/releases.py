@@ -89,7 +89,8 @@ def freeze_problems(releases: list[Release], directory: Path | None = None) -> l
     released one, a badly named file, an inconsistent manifest. Empty when all is well."""
     directory = directory or schema.MIGRATIONS_DIR
     problems = []
-    files = sorted(p.name for p in directory.glob("*.sql"))
+    files = sorted(p.name for p in directory.glob("*.sql")
+                   if not schema.POST_APPLY_NAME.match(p.name))
     numbers: dict[str, str] = {}
     for name in files:
         if not schema.MIGRATION_NAME.match(name):

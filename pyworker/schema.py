@@ -29,6 +29,9 @@ def _schema_dir(name: str) -> Path:
 SQL_DIR = _schema_dir("sql")
 MIGRATIONS_DIR = _schema_dir("migrations")
 MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+# yoyo's hook, run after every migration run that applied something (not a migration: never
+# frozen, always idempotent).
+POST_APPLY_NAME = re.compile(r"^post-apply[a-z0-9_-]*\.sql$")
 LOCK_TIMEOUT = 300.0  # seconds a migrate waits for another one to finish
 
 

@@ -185,9 +185,12 @@ def test_pimem_status_and_explain_print_no_control_characters_or_markup_from_the
                "record": {"kind": "note", "created_at": "t", "origin_request_id": HOSTILE_TEXT,
                           "usage_count": 0, "in_index": False},
                "checks": [{"check": "x", "ok": False, "reason": "r", "detail": HOSTILE_TEXT}],
-               "sources": [{"message_id": HOSTILE_TEXT, "role": "user", "speaker_id": "u",
-                            "state": HOSTILE_TEXT, "recorded_hash": None, "current_hash": None,
-                            "retain_until": None, "removed_at": None, "tombstoned": False}]}
+               "sources": [HOSTILE_TEXT],
+               "dependencies": [{"message_id": HOSTILE_TEXT, "via": HOSTILE_TEXT, "role": "user",
+                                 "speaker_id": "u", "state": HOSTILE_TEXT,
+                                 "recorded_hash": None, "current_hash": None,
+                                 "retain_until": None, "removed_at": None,
+                                 "tombstoned": False}]}
     text = printed(render_explain, explain)
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
 

@@ -486,9 +486,11 @@ def test_the_worker_reports_an_input_changed_during_the_call_as_failed_and_goes_
     advance(conn, "31 minutes")
     worker = Worker(WorkerConfig(dsn=db_dsn, workspace_id="ws1"), EditsDuringTheCall(db_dsn))
     result = worker.tick()
-    assert result.status == "failed" and "input changed" in result.detail
-    attempt = conn.execute("select outcome, cost_usd from memory_private.job_attempts").fetchone()
-    assert attempt == ("failed", Decimal("0.002000")), "closed, with its usage charged"
+    assert (result.status, result.detail) == ("failed", "input_changed")
+    attempt = conn.execute("select outcome, cost_usd, error from memory_private.job_attempts"
+                           ).fetchone()
+    assert attempt == ("failed", Decimal("0.002000"), "input_changed"), \
+        "closed, with its usage charged"
     assert value(conn, "select count(*) from memory_private.records") == 0
     assert scope_of(conn, "ws1", "r1")
 
