@@ -23,11 +23,11 @@ import pytest
 
 from pyworker.adapters.base import Adapter, Reply
 from pyworker.db import Database
+from pyworker.fakemodel import HOSTILE, FakeModel
 from pyworker.payload import ModelRef, Usage
 from pyworker.prompting import Prompt
 from pyworker.worker import Worker, WorkerConfig
 from tests.factory import World
-from pyworker.fakemodel import HOSTILE, FakeModel
 from tests.test_worker_e2e import CALL_COST, openai_adapter, rows
 
 HOSTILE_REPLIES = int(os.environ.get("PIMEM_HOSTILE_REPLIES", "1000"))

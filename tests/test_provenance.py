@@ -361,7 +361,7 @@ def rows_holding(conn: psycopg.Connection, needle: str) -> dict[str, int]:
         "select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
         "where n.nspname = 'memory_private' and c.relkind = 'r' order by 1")]
     for table in tables:
-        n = value(conn, f"select count(*) from memory_private.{table} t "  # noqa: S608
+        n = value(conn, f"select count(*) from memory_private.{table} t "
                         "where strpos(t::text, %s) > 0", needle)
         if n:
             found[table] = n
