@@ -444,7 +444,14 @@ def test_hostile_replies_through_the_real_pi_cli_close_every_attempt_within_its_
             [att] = rows(conn, "select outcome, error, cost_usd, reserved_usd "
                                "from memory_private.job_attempts where workspace_id = %s",
                          f"h{n:02d}")
-            assert (att["outcome"], att["error"]) == PI_EXPECTED[name], name
+            if name == "tool_calls_only":
+                # Whether Pi began its next model call before the abort landed is a race the
+                # machine's load decides: either answer is truthful (unknown at the reserve,
+                # or failed with the reply's usage).
+                assert (att["outcome"], att["error"]) in {("unknown", "reply_invalid"),
+                                                          ("failed", "reply_invalid")}, name
+            else:
+                assert (att["outcome"], att["error"]) == PI_EXPECTED[name], name
             assert result.status == ("committed" if att["outcome"] == "ok"
                                      else att["outcome"]), name
             assert att["cost_usd"] <= att["reserved_usd"], name
@@ -452,7 +459,8 @@ def test_hostile_replies_through_the_real_pi_cli_close_every_attempt_within_its_
         pi.close()
         worker.db.close()
     assert model.violations == []
-    assert model.calls == len(PI_SAMPLE), "one model call per reply: Pi never looped"
+    assert len(PI_SAMPLE) <= model.calls <= len(PI_SAMPLE) + 1, \
+        "one model call per reply (the tool call's next one at most begun): Pi never looped"
     assert_every_attempt_closed_within_its_reserve(conn)
     assert_no_model_text_stored(conn)
     assert not {r.getMessage() for r in caplog.records} & UNHANDLED
