@@ -5,9 +5,11 @@ runs in-process exactly as ``pimem telegram`` runs it (test_telegram_cli.py runs
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from decimal import Decimal
 
+import httpx
 import psycopg
 import pytest
 
@@ -316,3 +318,51 @@ def test_a_redelivered_update_is_answered_once(world: World) -> None:
     assert len(world.tg.sent) == 1 and len(world.chat.requests) == 1
     assert request_row(world, f"101:{msg['message_id']}")["status"] == "succeeded"
     assert Decimal(str(request_row(world, f"101:{msg['message_id']}")["spent_usd"])) == CALL_COST
+
+
+def test_an_edit_that_no_longer_addresses_the_bot_takes_the_message_out_of_the_memory(
+        world: World) -> None:
+    _, _, bob = people(world)
+    group = team(world)
+    said = world.say(group, bob, "@memo_bot the budget is 40k")
+    key = f"{GROUP}:{said['message_id']}"
+    world.deliver(world.tg._push({"edited_message": {
+        **said, "text": "the budget is 40k", "entities": [], "edit_date": said["date"] + 5}}))
+    assert world.rows("select body, removal_reason from memory_private.messages "
+                      "where workspace_id = %s and message_id = %s", GROUP_WS, key) == [
+        {"body": None, "removal_reason": "removed"}]
+    chatter = world.tg.message(group, bob, "lunch at noon?")
+    world.deliver(world.tg.updates[-1])
+    world.tg.edit(chatter, "@memo_bot lunch at noon?")
+    world.deliver(world.tg.updates[-1])
+    assert world.value("select count(*) from memory_private.messages where workspace_id = %s "
+                       "and body like '%%lunch%%'", GROUP_WS) == 0, \
+        "an edit never turns unanswered traffic into a conversation"
+
+
+def test_webhook_mode_registers_its_secret_and_takes_only_telegrams_posts(
+        conn: psycopg.Connection, db_dsn: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/tg/hook"
+    with telegram_world(conn, db_dsn, mode="webhook", webhook_url=url, webhook_port=port,
+                        webhook_secret="hook-secret_1") as world:
+        tg = world.tg
+        tg.wait(lambda: tg.webhook is not None, 30, "setWebhook")
+        assert tg.webhook is not None
+        assert (tg.webhook["url"], tg.webhook["secret_token"]) == (url, "hook-secret_1")
+        assert {"message", "edited_message", "chat_member", "my_chat_member"} <= set(
+            tg.webhook["allowed_updates"])
+        alice, _, _ = people(world)
+        tg.message(tg.private(alice), alice, "hello by webhook")
+        update = tg.updates[-1]
+        forged = httpx.post(url, json=update,
+                            headers={"X-Telegram-Bot-Api-Secret-Token": "guess"})
+        assert forged.status_code == 401
+        posted = httpx.post(url, json=update,
+                            headers={"X-Telegram-Bot-Api-Secret-Token": "hook-secret_1"})
+        assert posted.status_code == 200
+        world.deliver(update)
+        assert [m["text"] for m in tg.sent] == ["You said: hello by webhook"]
+        assert "getUpdates" not in tg.methods()
