@@ -269,6 +269,9 @@ def test_members_roles_and_the_linked_state_follow_telegram(world: World) -> Non
     assert not linked(), "a group the bot left is unlinked: its memories are not recalled"
     world.deliver(tg.bot_update(group, "member", by=olga))
     assert linked()
+    tg.service(group, olga, migrate_to_chat_id=-1009999999999)
+    world.deliver(tg.updates[-1])
+    assert not linked(), "a group that became a supergroup (a new chat id) is unlinked"
 
     dm = tg.private(alice)
     world.say(dm, alice, "hello")
