@@ -5,6 +5,7 @@ runs in-process exactly as ``pimem telegram`` runs it (test_telegram_cli.py runs
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from decimal import Decimal
@@ -41,6 +42,12 @@ def team(world: World, *, forum: bool = False, bot_status: str = "member") -> Js
     world.tg.set_member(group, bob, "member")
     world.deliver(world.tg.bot_update(group, bot_status, by=olga))
     return group
+
+
+def header_of(world: World) -> JsonDict:
+    """The JSON line that describes the current message to the model (its last call)."""
+    user = next(m for m in world.chat.requests[-1]["messages"] if m["role"] == "user")
+    return dict(json.loads(user["content"].split("\n", 1)[0]))
 
 
 def request_row(world: World, request_id: str, ws: str = PRIVATE_WS) -> dict[str, object]:
@@ -87,7 +94,11 @@ def test_a_forum_topic_stores_only_directed_messages_and_topics_never_mix(world:
     world.say(group, bob, "between us: the staging password is hunter2", topic=release)
     world.say(group, bob, "@memo_bot the release train leaves on Thursday", topic=release)
     answer = tg.sent[-1]
+    assert "in_reply_to" not in header_of(world), "a topic's creation message is no reply"
     world.say(group, bob, "and the retro is on Friday", topic=release, reply_to=answer)
+    assert header_of(world)["in_reply_to"] == {
+        "message_id": f"{GROUP}:{answer['message_id']}", "from": "you (the bot)",
+        "text": answer["text"]}
     world.say(group, olga, "@memo_bot we paint the logo blue", topic=design)
     world.say(group, olga, "/memory@other_bot", topic=design)
 

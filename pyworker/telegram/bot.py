@@ -144,12 +144,16 @@ class MemoryBot:
             else:
                 await self.bot.delete_webhook()
                 await self._poll(handle_signals)
-            if self._inflight:
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), self.drain_seconds)
+                await self._drain()
         finally:
             await self.aclose()
             event("telegram_stopped", unfinished=self._inflight)
+
+    async def _drain(self) -> None:
+        """Lets the updates being handled finish, up to ``drain_seconds``."""
+        if self._inflight:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.drain_seconds)
 
     async def stop(self) -> None:
         """Stops taking updates (thread-safe through ``run_coroutine_threadsafe``)."""
@@ -201,6 +205,7 @@ class MemoryBot:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(signum, self._stopped.set)
             await self._stopped.wait()
+            await self._drain()  # before the server's shutdown closes the bot's session
         finally:
             await runner.cleanup()
 
@@ -322,8 +327,10 @@ class MemoryBot:
             return
         place = mapping.place_of(self.settings.workspace_prefix, message)
         membership = await self._membership(chat, user) if place.kind == "group" else None
-        if not await self._report("place_reported", place.workspace_id, lambda: self._report_place(
-                place, str(user.id), membership), membership=membership):
+        reported = await self._report(
+            "place_reported", place.workspace_id,
+            lambda: self._report_place(place, str(user.id), membership), membership=membership)
+        if not reported:
             with suppress(TelegramAPIError):
                 await self._send(message, SORRY)
             return
@@ -348,9 +355,8 @@ class MemoryBot:
             "message_id": mapping.message_key(message.chat.id, message.message_id),
             "from": {"id": str(sender.id), "name": sender.full_name,
                      **({"username": sender.username} if sender.username else {})}}
-        reply = message.reply_to_message
-        if reply is not None and reply.forum_topic_created is None \
-                and reply.message_id != message.message_thread_id:
+        reply = mapping.replied_to(message)
+        if reply is not None:
             author = reply.from_user
             header["in_reply_to"] = {
                 "message_id": mapping.message_key(reply.chat.id, reply.message_id),

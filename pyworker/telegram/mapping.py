@@ -110,13 +110,19 @@ def is_directed(message: Message, me: User) -> bool:
             return True
     if command_of(message, me) is not None:
         return True
+    reply = replied_to(message)
+    return reply is not None and reply.from_user is not None and reply.from_user.id == me.id
+
+
+def replied_to(message: Message) -> Message | None:
+    """The message this one really replies to. In a forum every message of a topic "replies"
+    to the topic's creation message: that is no reply (not to the bot either, even when the bot
+    created the topic)."""
     reply = message.reply_to_message
-    if reply is None or reply.from_user is None or reply.from_user.id != me.id:
-        return False
-    # In a forum every message of a topic "replies" to the topic's creation message: that is
-    # no reply to the bot, even when the bot created the topic.
-    return reply.forum_topic_created is None and not (
-        message.is_topic_message and reply.message_id == message.message_thread_id)
+    if reply is None or reply.forum_topic_created is not None or (
+            message.is_topic_message and reply.message_id == message.message_thread_id):
+        return None
+    return reply
 
 
 def role_of(member: ChatMemberUnion) -> tuple[Role, bool]:
