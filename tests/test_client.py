@@ -168,3 +168,12 @@ def test_the_tool_definitions_are_the_two_memory_tools(memory: MemoryClient) -> 
     names = [t["name"] for t in memory.tool_definitions()]
     assert names == ["query_memories", "manage_memory"]
     assert all(t["parameters"]["type"] == "object" for t in memory.tool_definitions())
+
+
+def test_the_client_has_a_method_for_every_backend_function(conn: psycopg.Connection) -> None:
+    granted = {row[0] for row in conn.execute(
+        "select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
+        "where n.nspname = 'memory' and has_function_privilege('memory_backend', p.oid, "
+        "'execute')")}
+    assert len(granted) >= 17
+    assert {name for name in granted if not callable(getattr(MemoryClient, name, None))} == set()
