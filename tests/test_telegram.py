@@ -380,3 +380,13 @@ def test_webhook_mode_registers_its_secret_and_takes_only_telegrams_posts(
         world.deliver(update)
         assert [m["text"] for m in tg.sent] == ["You said: hello by webhook"]
         assert "getUpdates" not in tg.methods()
+
+
+def test_start_and_help_answer_with_help_and_store_nothing(world: World) -> None:
+    alice, _, bob = people(world)
+    world.say(world.tg.private(alice), alice, "/start")
+    assert world.last_answer().startswith("I answer with a long-term memory of this chat.")
+    group = team(world)
+    world.say(group, bob, "/help@memo_bot")
+    assert len(world.tg.sent) == 2 and world.chat.requests == []
+    assert world.value("select count(*) from memory_private.requests") == 0

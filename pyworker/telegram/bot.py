@@ -56,8 +56,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 HELP = (
-    "I answer with a long-term memory of this chat. In a group I only see messages that "
-    "mention me, reply to me or are commands; nothing else reaches my memory.\n"
+    "I answer with a long-term memory of this chat. In a group I answer only messages that "
+    "mention me, reply to me or are commands for me; nothing else reaches my memory.\n"
     "/memory shows what I remember here.\n"
     "Ask me in words to remember something (\"remember that ...\"), to forget something "
     "(\"forget ...\"), or to turn memory off or on in this chat.")
