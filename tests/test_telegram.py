@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.fake_chat import NEVER_SHOWN, FakeChat
+from tests.fake_chat import NEVER_SHOWN, FakeChat, scripted_model
 from tests.fake_telegram import JsonDict
 from tests.telegram_world import CALL_COST, World, telegram_world
 
@@ -322,6 +322,15 @@ def test_each_answer_is_one_request_running_then_succeeded_or_failed_with_its_sp
                        f"101:{failed['message_id']}") == 0
     assert world.value("select sum(spent_usd) from memory_private.requests "
                        "where workspace_id = %s", PRIVATE_WS) == 2 * CALL_COST
+
+    chat.mode, chat.responder = "ok", scripted_model
+    world.tg.send_error = (403, "Forbidden: bot was blocked by the user")
+    unsent = world.say(dm, alice, "are you there?")
+    row = request_row(world, f"101:{unsent['message_id']}")
+    assert (row["status"], row["spent_usd"]) == ("failed", CALL_COST), "answered, not delivered"
+    assert world.value("select count(*) from memory_private.messages where workspace_id = %s "
+                       "and request_id = %s and role = 'assistant'", PRIVATE_WS,
+                       f"101:{unsent['message_id']}") == 0
 
 
 def test_a_redelivered_update_is_answered_once(world: World) -> None:
