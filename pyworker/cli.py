@@ -254,6 +254,40 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def telegram(
+    dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
+    mode: Annotated[str | None, typer.Option(
+        help="polling or webhook (default: PIMEM_TG_MODE, else polling)")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Run the reference Telegram bot (docs/telegram.md), configured by the environment:
+    PIMEM_TG_TOKEN, PIMEM_DSN, PIMEM_TG_MODEL, PIMEM_TG_MODEL_URL, PIMEM_TG_MODEL_KEY,
+    PIMEM_PRICES, ..."""
+    import asyncio
+    import importlib.util
+
+    if importlib.util.find_spec("aiogram") is None:
+        console.print("the 'telegram' extra is not installed (aiogram): "
+                      "pip install 'pimem[telegram]'", markup=False)
+        raise typer.Exit(2)
+    from pyworker import logs
+    from pyworker.telegram.bot import serve
+    from pyworker.telegram.config import Settings, SettingsError
+
+    logs.setup(log_level)
+    try:
+        settings = Settings.from_env(dsn=dsn, mode=mode)
+    except SettingsError as exc:
+        console.print(f"pimem telegram: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    try:
+        asyncio.run(serve(settings))
+    except Exception as exc:  # noqa: BLE001 - a bad token, no database: say so and exit 1
+        console.print(f"pimem telegram: {type(exc).__name__}: {exc}", markup=False)
+        raise typer.Exit(1) from None
+
+
 
 # Operator commands (docs/operations.md): the memory_operator views as tables ------------------
 

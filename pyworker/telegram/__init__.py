@@ -1,0 +1,7 @@
+"""The reference Telegram bot: aiogram 3 on top of :mod:`pyworker.client` (``pimem telegram``).
+
+Needs the ``telegram`` extra (``pip install 'pimem[telegram]'``); the worker never imports it.
+docs/telegram.md describes the set-up, how Telegram maps onto the memory, and what the bot does
+not do. :mod:`pyworker.telegram.mapping` holds the mapping, :mod:`pyworker.telegram.chat` the
+chat model with the two memory tools, :mod:`pyworker.telegram.bot` the bot itself.
+"""

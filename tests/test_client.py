@@ -1,0 +1,179 @@
+"""pyworker.client, the bot backends' client, against a real database: one method per backend
+function, typed answers, MB errors as typed exceptions, and the tool-call dispatcher."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from pyworker import errors
+from pyworker.client import ManageResult, MemoryClient, QueryResult, Recall
+from pyworker.db import DatabaseUnavailable
+from tests.conftest import Server
+
+
+@pytest.fixture
+def memory(db_dsn: str) -> Iterator[MemoryClient]:
+    with MemoryClient(db_dsn, max_size=2) as client:
+        yield client
+
+
+def tool_calls(conn: psycopg.Connection) -> int:
+    row = conn.execute("select count(*) from memory_private.tool_calls").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def private_request(memory: MemoryClient, request: str = "r1",
+                    text: str = "Please remember that I like green tea.") -> None:
+    """Alice's private chat with the bot, and a running request with her message."""
+    assert memory.upsert_workspace("acme", 1, "10.00") in ("inserted", "unchanged")
+    memory.upsert_member("acme", "alice", "owner")
+    memory.upsert_bot("acme", "helper", "tg:1")
+    memory.upsert_chat("acme", "dm-alice", "private", "alice")
+    memory.upsert_request("acme", request, bot_id="helper", chat_id="dm-alice", topic_id=0,
+                          user_id="alice", kind="interactive", status="running",
+                          model_provider="fake", model_id="m", budget_usd="0.50")
+    memory.upsert_message("acme", f"{request}-u", request, "user", "alice", text)
+
+
+def test_a_request_runs_through_the_client_with_typed_answers(memory: MemoryClient) -> None:
+    private_request(memory)
+    assert memory.schema_version() >= 1
+    scope = memory.resolve_scope("acme", "r1")
+    assert (scope.scope_kind, scope.chat_id, scope.user_id) == ("private", "dm-alice", "alice")
+    assert memory.recall("acme", "r1") == Recall(mode="none")
+
+    remembered = memory.call_tool("acme", "r1", "manage_memory",
+                                  '{"action": "remember", "sourceId": "r1-u"}', "call_1")
+    assert isinstance(remembered.answer, ManageResult)
+    assert (remembered.answer.status, remembered.answer.code) == ("done", "remembered")
+    assert json.loads(remembered.content)["memory_id"] == remembered.answer.memory_id
+
+    found = memory.call_tool("acme", "r1", "query_memories", {"query": "green tea"}, "call_2")
+    assert isinstance(found.answer, QueryResult) and found.error_code is None
+    [record] = found.answer.records
+    assert (record.id, record.kind, record.source_ids) == (
+        remembered.answer.memory_id, "note", ["r1-u"])
+    assert record.speaker_ids == ["alice"] and "green tea" in record.summary
+    # The model gets the database's answer as it was, not the client's defaults.
+    assert json.loads(found.content)["records"][0]["source_ids"] == ["r1-u"]
+    assert "forgotten_ids" not in json.loads(remembered.content)
+
+    again = memory.call_tool("acme", "r1", "query_memories", '{"query": "green tea"}', "call_2")
+    assert isinstance(again.answer, QueryResult) and again.answer.replayed
+    assert memory.request_citations("acme", "r1") == ["r1-u"]
+    assert memory.answer_retention_boundary("acme", "r1") is None
+
+    memory.upsert_message("acme", "r1-a", "r1", "assistant", "helper", "Noted: green tea.")
+    assert memory.upsert_request(
+        "acme", "r1", bot_id="helper", chat_id="dm-alice", topic_id=0, user_id="alice",
+        kind="interactive", status="succeeded", model_provider="fake", model_id="m",
+        budget_usd="0.50", spent_usd=Decimal("0.0012")) == "updated"
+    assert memory.remove_message("acme", "r1-u") == "updated"
+    assert memory.request_citations("acme", "r1") == [], "a removed source is not citable"
+    assert memory.delete_workspace("acme")["workspace_id"] == "acme"
+
+
+def test_database_errors_come_as_typed_exceptions(memory: MemoryClient) -> None:
+    with pytest.raises(errors.NotFound) as unknown:
+        memory.upsert_member("nowhere", "alice", "owner")
+    assert unknown.value.code == "MB002" and unknown.value.hint
+    private_request(memory)
+    with pytest.raises(errors.InvalidArgument):
+        memory.upsert_member("acme", "bob", "boss")  # type: ignore[arg-type]
+    with pytest.raises(errors.Conflict):
+        memory.upsert_chat("acme", "dm-alice", "group")
+    with pytest.raises(errors.TooLarge):
+        memory.upsert_message("acme", "m-big", "r1", "user", "alice", "x" * 64_001)
+    with pytest.raises(errors.NotFound):
+        memory.recall("acme", "no-such-request")
+
+
+def test_call_tool_hands_argument_errors_back_to_the_model_and_changes_nothing(
+        memory: MemoryClient, conn: psycopg.Connection) -> None:
+    private_request(memory)
+    cases = [
+        ("query_memories", '{"query": "tea"', "invalid_json"),
+        ("search_everything", "{}", "unknown_tool"),
+        ("query_memories", '{"query": "tea", "where": "all"}', "MB001"),
+        ("query_memories", "[1, 2]", "MB001"),
+        ("query_memories", json.dumps({"query": "t" * 1001}), "MB004"),
+        ("manage_memory", '{"action": "remember everything", "sourceId": "r1-u"}', "MB001"),
+        ("manage_memory", '{"action": "forget", "sourceId": "r1-u"}', "MB001"),
+    ]
+    for i, (name, arguments, code) in enumerate(cases):
+        result = memory.call_tool("acme", "r1", name, arguments, f"bad_{i}")
+        assert (result.error_code, result.answer) == (code, None), (name, arguments)
+        assert json.loads(result.content)["error"]["code"] == code
+    assert tool_calls(conn) == 0
+
+    first = memory.call_tool("acme", "r1", "query_memories", '{"query": "tea"}', "call_1")
+    assert first.error_code is None
+    reused = memory.call_tool("acme", "r1", "query_memories", '{"query": "milk"}', "call_1")
+    assert reused.error_code == "MB003", "one tool call id, other arguments"
+    assert tool_calls(conn) == 1
+
+
+def test_call_tool_raises_what_the_backend_must_fix(memory: MemoryClient) -> None:
+    private_request(memory)
+    with pytest.raises(errors.NotFound):
+        memory.call_tool("acme", "no-such-request", "query_memories", "{}", "call_1")
+    memory.upsert_request("acme", "nightly", bot_id="helper", chat_id="dm-alice", topic_id=0,
+                          user_id="alice", kind="scheduled", status="running",
+                          model_provider="fake", model_id="m", budget_usd=1)
+    with pytest.raises(errors.NoScope):
+        memory.call_tool("acme", "nightly", "query_memories", "{}", "call_1")
+    assert memory.recall("acme", "nightly").mode == "none"
+
+
+def test_the_client_needs_only_the_memory_backend_role(
+        pg_server: Server, db_dsn: str) -> None:
+    role = f"t_backend_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"create role {role} login in role memory_backend")
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+        info["user"] = role
+        dsn = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+        with MemoryClient(dsn, max_size=1) as memory:
+            private_request(memory)
+            result = memory.call_tool("acme", "r1", "manage_memory",
+                                      '{"action": "remember", "sourceId": "r1-u"}', "call_1")
+            assert isinstance(result.answer, ManageResult) and result.answer.status == "done"
+            assert memory.recall("acme", "r1").mode in ("none", "directory")
+            assert memory.request_citations("acme", "r1") == []
+    finally:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+            admin.execute(f"drop owned by {role}")
+            admin.execute(f"drop role {role}")
+
+
+def test_an_unreachable_database_is_database_unavailable() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with MemoryClient(f"postgresql://nobody@127.0.0.1:{port}/none", timeout=0.5) as memory, \
+            pytest.raises(DatabaseUnavailable):
+        memory.recall("acme", "r1")
+
+
+def test_the_tool_definitions_are_the_two_memory_tools(memory: MemoryClient) -> None:
+    names = [t["name"] for t in memory.tool_definitions()]
+    assert names == ["query_memories", "manage_memory"]
+    assert all(t["parameters"]["type"] == "object" for t in memory.tool_definitions())
+
+
+def test_the_client_has_a_method_for_every_backend_function(conn: psycopg.Connection) -> None:
+    granted = {row[0] for row in conn.execute(
+        "select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
+        "where n.nspname = 'memory' and has_function_privilege('memory_backend', p.oid, "
+        "'execute')")}
+    assert len(granted) >= 17
+    assert {name for name in granted if not callable(getattr(MemoryClient, name, None))} == set()
