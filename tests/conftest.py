@@ -1,13 +1,28 @@
 """The test database harness.
 
-A throwaway PostgreSQL per test session, chosen in this order:
+A throwaway PostgreSQL per test session (per xdist worker), chosen in this order:
 1. an explicit DSN in ``PIMEM_TEST_DSN`` (a superuser connection; databases are created in it);
 2. the local server binaries (``initdb``/``pg_ctl`` in a temporary directory);
 3. testcontainers, when a Docker engine answers;
 4. otherwise every database test is skipped with a message naming what to install.
 
-The canonical schema (``sql/``) is built once into a template database, and every test gets a
-fresh clone of it (``CREATE DATABASE ... TEMPLATE``), so tests never see each other's rows.
+The canonical schema (``sql/``) is built once into a template database. Tests see it two ways:
+
+- ``conn`` alone: the worker's **shared database** (one clone of the template per worker) on one
+  long-lived autocommit connection, whose compiled functions and plans stay warm from test to
+  test. After every test the harness puts it back to what a fresh clone is (tests/shared_db.py:
+  every row deleted and the template's rows restored, every sequence back at the template's
+  value, the session's settings, role, locks and temporary objects reset) and checks that the
+  test changed no schema object; a test that did fails, and the database is replaced.
+- ``db_dsn``: a database of the test's own, a fresh clone dropped after the test, for tests that
+  open more connections, run processes, crash servers or change the schema. A test that asks
+  for ``db_dsn`` (itself or through any fixture) gets ``conn`` on that same clone, never on the
+  shared database. ``fresh_conn`` is ``conn`` on a clone, for a test that needs no DSN but
+  changes the schema (creates a function, disables a trigger).
+
+The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
+(``-m "not slow"``) leaves them out. Under xdist the long tests start first, spread over the
+workers, and an idle worker steals from a busy one (tests/scheduling.py).
 """
 
 from __future__ import annotations
@@ -15,6 +30,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import psycopg
@@ -22,6 +38,9 @@ import pytest
 
 from pyworker import schema
 from pyworker.servers import LocalCluster, find_bindir
+from tests.shared_db import SharedDatabase
+
+pytest_plugins = ["tests.scheduling"]  # the long tests first, work stealing (under xdist)
 
 TEMPLATE = "pimem_template"
 INSTALL_HINT = (
@@ -96,21 +115,122 @@ def pg_server() -> Iterator[Server]:
 _counter = itertools.count()
 
 
-@pytest.fixture
-def db_dsn(pg_server: Server) -> Iterator[str]:
-    """A fresh database cloned from the template; dropped after the test."""
-    name = f"t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+def create_clone(server: Server, prefix: str = "t") -> str:
+    """A new database cloned from the template; returns its name."""
+    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
         admin.execute(f"create database {name} template {TEMPLATE}")
+    return name
+
+
+def drop_database(server: Server, name: str) -> None:
+    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"drop database if exists {name} with (force)")
+
+
+class Clones:
+    """Fresh clones for ``db_dsn``, made one ahead and dropped behind the tests, by one thread.
+
+    A clone is made while the test before runs (the next test that asks for one gets it at
+    once), and a used one is dropped while the next test runs: ``DROP DATABASE`` waits in steps
+    of 100 ms for the test's closed connections to go away. The session waits for both at its
+    end. Every clone is still made from the template and used by one test only."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clones")
+        self.next: Future[str] | None = None
+        self.drops: list[Future[None]] = []
+
+    def take(self) -> str:
+        ahead, self.next = self.next, None
+        name = ahead.result() if ahead is not None else create_clone(self.server)
+        self.next = self.thread.submit(create_clone, self.server)
+        return name
+
+    def give_back(self, name: str) -> None:
+        self.drops.append(self.thread.submit(drop_database, self.server, name))
+
+    def close(self) -> None:
+        """Waits for the clones' drops; a drop that failed fails here."""
+        if self.next is not None:
+            self.give_back(self.next.result())
+        self.thread.shutdown(wait=True)
+        for drop in self.drops:
+            drop.result()
+
+
+@pytest.fixture(scope="session")
+def clones(pg_server: Server) -> Iterator[Clones]:
+    made = Clones(pg_server)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def db_dsn(pg_server: Server, clones: Clones) -> Iterator[str]:
+    """A fresh database cloned from the template for this test alone; dropped after it."""
+    name = clones.take()
     try:
         yield pg_server.dsn(name)
     finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f"drop database if exists {name} with (force)")
+        clones.give_back(name)
+
+
+@pytest.fixture(scope="session")
+def shared_db(pg_server: Server) -> Iterator[SharedDatabase]:
+    """The worker's shared database (tests/shared_db.py). Tests get it through ``conn``."""
+    name = create_clone(pg_server, "shared")
+    shared = SharedDatabase(pg_server.dsn(name))
+    try:
+        yield shared
+    finally:
+        shared.close()
+        drop_database(pg_server, name)
+
+
+def _reset_or_fail(shared: SharedDatabase, pg_server: Server) -> None:
+    problem = shared.reset()
+    if problem is not None:
+        # The schema is no longer the template's: replace the database, then fail the test.
+        old = shared.dsn
+        shared.replace(pg_server.dsn(create_clone(pg_server, "shared")))
+        drop_database(pg_server, str(psycopg.conninfo.conninfo_to_dict(old)["dbname"]))
+        pytest.fail(f"{problem}: a test that changes the schema asks for `fresh_conn` (or "
+                    "`db_dsn`), a database of its own; `conn` alone is the shared database",
+                    pytrace=False)
 
 
 @pytest.fixture
-def conn(db_dsn: str) -> Iterator[psycopg.Connection]:
-    """An autocommit superuser connection to a fresh database."""
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        yield c
+def conn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[psycopg.Connection]:
+    """An autocommit superuser connection: to the test's own clone when the test (or any of its
+    fixtures) asks for ``db_dsn``, else to the worker's shared database, reset after the test."""
+    if "db_dsn" in request.fixturenames:
+        with psycopg.connect(request.getfixturevalue("db_dsn"), autocommit=True) as c:
+            yield c
+        return
+    shared: SharedDatabase = request.getfixturevalue("shared_db")
+    yield shared.connection()
+    _reset_or_fail(shared, pg_server)
+
+
+@pytest.fixture
+def fresh_conn(db_dsn: str, conn: psycopg.Connection) -> psycopg.Connection:
+    """``conn`` on a database of this test's own (a fresh clone), for a test that changes the
+    schema; ``conn`` and its fixtures are on the same clone."""
+    return conn
+
+
+@pytest.fixture
+def shared_dsn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[str]:
+    """The DSN of the worker's shared database, for a tool that connects by itself and leaves
+    nothing behind (pg_prove: every pgTAP file rolls back). The database is reset after the test
+    as after ``conn``; other connections to it are closed then."""
+    if "db_dsn" in request.fixturenames:
+        pytest.fail("a test asks for db_dsn or shared_dsn, not both", pytrace=False)
+    shared: SharedDatabase = request.getfixturevalue("shared_db")
+    shared.connection()
+    yield shared.dsn
+    _reset_or_fail(shared, pg_server)

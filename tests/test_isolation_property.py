@@ -16,13 +16,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from tests.conftest import TEMPLATE, Server
 from tests.factory import World
 from tests.records import make_record
+from tests.shared_db import SharedDatabase
 
 settings.register_profile("ci", max_examples=25, stateful_step_count=25, deadline=None,
                           suppress_health_check=list(HealthCheck), derandomize=False)
@@ -194,22 +195,18 @@ def apply_step(conn: psycopg.Connection, m: Model, step: tuple) -> None:  # type
         World(conn).grant(ws, user, "repo", granted)
 
 
-_db_counter = itertools.count()
-
-
+@pytest.mark.slow  # the hypothesis profile
 @given(steps=st.lists(step_st, min_size=3, max_size=25))
-def test_no_read_ever_shows_another_scopes_memory(pg_server: Server,
+def test_no_read_ever_shows_another_scopes_memory(shared_db: SharedDatabase,
                                                   steps: list[tuple]) -> None:  # type: ignore[type-arg]
-    name = f"prop_{os.getpid()}_{next(_db_counter)}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"create database {name} template {TEMPLATE}")
+    # Every example starts from the state of a fresh clone: the worker's shared database,
+    # reset after each example as after every test (tests/shared_db.py).
+    conn = shared_db.connection()
     try:
-        with psycopg.connect(pg_server.dsn(name), autocommit=True) as conn:
-            setup_world(conn)
-            m = Model()
-            for step in steps:
-                apply_step(conn, m, step)
-                check_every_read(conn, m)
+        setup_world(conn)
+        m = Model()
+        for step in steps:
+            apply_step(conn, m, step)
+            check_every_read(conn, m)
     finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f"drop database if exists {name} with (force)")
+        assert shared_db.reset() is None

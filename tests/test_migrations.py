@@ -180,6 +180,7 @@ def _connections(dsn: str) -> int:
         return int(row[0]) if row else 0
 
 
+@pytest.mark.slow  # two migrate processes, repeated
 def test_two_concurrent_migrate_processes_apply_each_migration_once(pg_server: Server) -> None:
     """Two real `pimem migrate` processes queue on yoyo's lock: while this test holds it, both
     connect and wait; once it is released, one applies everything and the other finds nothing
@@ -223,7 +224,8 @@ def test_two_concurrent_migrate_processes_apply_each_migration_once(pg_server: S
 
 
 def test_the_drift_check_sees_triggers_seed_rows_grants_default_privileges_and_memberships(
-        conn: psycopg.Connection) -> None:
+        fresh_conn: psycopg.Connection) -> None:
+    conn = fresh_conn  # a database of its own: the test changes the schema
     before = snapshot(conn)
     changes = {
         "triggers": "alter table memory_private.jobs disable trigger jobs_check_transition",

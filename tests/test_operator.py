@@ -575,8 +575,9 @@ def test_pimem_status_and_explain_show_the_views_as_tables(
 
 
 def test_the_pg_cron_procedure_of_the_runbook_maintains_every_workspace(
-        conn: psycopg.Connection) -> None:
+        fresh_conn: psycopg.Connection) -> None:
     """docs/operations.md's procedure, called as pg_cron would call it."""
+    conn = fresh_conn  # a database of its own: the test creates the procedure
     doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     procedure = doc.split("create procedure public.pimem_maintenance()")[1].split("$$;")[0]
     conn.execute(("create procedure public.pimem_maintenance()" + procedure + "$$;").encode())
