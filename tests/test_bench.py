@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pyworker.cli import app
@@ -17,6 +18,7 @@ SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "recall_
             "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
 
 
+@pytest.mark.slow  # the whole bench --quick
 def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "--quick", "--dsn", db_dsn, "--out",
                                       str(tmp_path)])

@@ -119,6 +119,7 @@ def check_invariants(conn: psycopg.Connection) -> dict[str, Any]:
     return {"violations": violations, "jobs": figures, "attempts": attempts}
 
 
+@pytest.mark.slow  # PIMEM_CHAOS_SECONDS of chaos
 def test_workers_killed_and_a_database_crash_break_no_invariant() -> None:
     bindir = find_bindir()
     if bindir is None:

@@ -33,6 +33,7 @@ def empty_dsn(pg_server: Server) -> Iterator[str]:
             admin.execute(f"drop database if exists {name} with (force)")
 
 
+@pytest.mark.slow  # the whole demo
 def test_demo_runs_the_pipeline_and_shows_recall_query_and_forget(empty_dsn: str) -> None:
     result = CliRunner().invoke(app, ["demo", "--dsn", empty_dsn], catch_exceptions=False)
     out = result.output

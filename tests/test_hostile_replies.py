@@ -249,6 +249,7 @@ class Feeding(Worker):
         return super().maintain()
 
 
+@pytest.mark.slow  # a thousand worker ticks
 def test_the_worker_loop_survives_a_thousand_hostile_replies(
         conn: psycopg.Connection, db_dsn: str, model: FakeModel,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -419,6 +420,7 @@ PI_EXPECTED: dict[str, tuple[str, str | None]] = {
 PI_SAMPLE = list(HOSTILE)
 
 
+@pytest.mark.slow  # a Pi process per reply
 @pytest.mark.pi
 def test_hostile_replies_through_the_real_pi_cli_close_every_attempt_within_its_reserve(
         conn: psycopg.Connection, db_dsn: str, model: FakeModel,

@@ -123,6 +123,7 @@ def check_distributions(installed: dict[str, Path]) -> None:
             "tests/conftest.py", "LICENSE", "CHANGELOG.md"} <= names
 
 
+@pytest.mark.slow  # builds, installs a venv, runs the commands
 def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_commands(
         pg_server: Server, tmp_path: Path) -> None:
     """One test, so that parallel test workers do not build and install twice."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.factory import World
@@ -59,6 +60,7 @@ def test_ingest_and_recall_do_not_wait_while_a_commit_holds_the_workspace(
         holder.close()
 
 
+@pytest.mark.slow  # a load profile
 def test_concurrent_ingest_and_recall_while_jobs_commit(db_dsn: str,
                                                         conn: psycopg.Connection) -> None:
     seconds = float(os.environ.get("PIMEM_LOAD_SECONDS", "4"))

@@ -45,6 +45,7 @@ def events(stderr: str) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow  # the bot as a process
 def test_pimem_telegram_answers_through_the_fake_bot_api_and_stops_on_sigterm(
         conn: psycopg.Connection, db_dsn: str) -> None:
     with FakeTelegram() as tg, FakeChat() as chat:
