@@ -37,7 +37,10 @@ class JsonServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # Checks for shutdown every 50 ms (the default 0.5 s is what stopping each test's
+        # server would wait).
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                        daemon=True)
 
     def handle(self, path: str, content_type: str, raw: bytes) -> tuple[int, Any]:
         raise NotImplementedError
