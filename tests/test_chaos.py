@@ -26,7 +26,8 @@ import pytest
 
 from pyworker import schema
 from pyworker.fakemodel import FakeModel, default_reply
-from pyworker.servers import LocalCluster, find_bindir
+from pyworker.servers import find_bindir
+from tests.conftest import local_cluster
 from tests.factory import World
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +128,7 @@ def test_workers_killed_and_a_database_crash_break_no_invariant() -> None:
     seconds = float(os.environ.get("PIMEM_CHAOS_SECONDS", "20"))
     low, high = (float(x) for x in os.environ.get("PIMEM_CHAOS_KILL_EVERY", "0.5,1.5").split(","))
     rng = random.Random(int(os.environ.get("PIMEM_CHAOS_SEED", "7")))
-    cluster = LocalCluster(bindir).init().start()
+    cluster = local_cluster(bindir).init().start()
     workers: list[subprocess.Popen[bytes]] = []
     fake = FakeModel().start()
 
