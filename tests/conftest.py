@@ -21,7 +21,7 @@ The canonical schema (``sql/``) is built once into a template database. Tests se
   changes the schema (creates a function, disables a trigger).
 
 The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
-(``-m "not slow"``) leaves them out. Under xdist the long tests start first, spread over the
+(``-m "not slow"``) leaves them out. Under xdist the slow tests start first, spread over the
 workers, and an idle worker steals from a busy one (tests/scheduling.py).
 """
 

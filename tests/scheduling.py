@@ -4,12 +4,12 @@ The suite's wall time is the busiest worker's. A 70-second test that starts last
 keeps the run going long after the other worker is done, so:
 
 - every run records each test's duration (setup, call and teardown) in pytest's cache
-  (``.pytest_cache``, key ``pimem/durations``); a test not recorded yet counts as
-  ``SLOW_DEFAULT`` seconds when marked ``slow``, else as ``QUICK_DEFAULT``;
+  (``.pytest_cache``, key ``pimem/durations``); a slow test not recorded yet counts as
+  ``SLOW_DEFAULT`` seconds;
 - with N workers, the collection is cut into N consecutive segments of the sizes xdist's work
-  stealing hands out first; the long tests (``slow`` or recorded at ``LONG`` seconds or more) are
-  dealt over the segments longest first, each to the segment with the least time so far, and
-  start their segment; the other tests fill the segments in their usual order;
+  stealing hands out first; the tests marked ``slow`` are dealt over the segments longest first,
+  each to the segment with the least time so far, and start their segment; the other tests fill
+  the segments in their usual order (so a module's fixtures are still set up once per worker);
 - the run uses xdist's ``worksteal`` scheduling unless ``--dist`` is given: a worker that runs
   out of tests takes the second half of the busiest worker's queue (its quick tests).
 
@@ -25,8 +25,6 @@ import pytest
 
 CACHE_KEY = "pimem/durations"
 SLOW_DEFAULT = 30.0  # seconds, for a slow test no run has recorded yet
-QUICK_DEFAULT = 0.3
-LONG = 3.0  # a test recorded at this or more starts its segment
 
 
 def _workers(config: pytest.Config) -> int:
@@ -46,12 +44,10 @@ def _segment_sizes(total: int, workers: int) -> list[int]:
 
 def order_for_workers(items: list[Any], seconds: dict[str, float], slow: set[str],
                       workers: int) -> list[Any]:
-    """The items in segments, one per worker, each starting with its share of the long tests."""
+    """The items in segments, one per worker, each starting with its share of the slow tests."""
     sizes = _segment_sizes(len(items), workers)
-    weight = {i.nodeid: seconds.get(i.nodeid, SLOW_DEFAULT if i.nodeid in slow else QUICK_DEFAULT)
-              for i in items}
-    long_items = sorted((i for i in items if i.nodeid in slow or weight[i.nodeid] >= LONG),
-                        key=lambda i: -weight[i.nodeid])
+    weight = {i.nodeid: seconds.get(i.nodeid, SLOW_DEFAULT) for i in items if i.nodeid in slow}
+    long_items = sorted((i for i in items if i.nodeid in slow), key=lambda i: -weight[i.nodeid])
     heads: list[list[Any]] = [[] for _ in range(workers)]
     load = [0.0] * workers
     for item in long_items:
