@@ -1129,179 +1129,318 @@ comment on function memory.resolve_scope(text, text) is
   'The memory scope a request belongs to: private (bot, chat, user), shared (bot, group, topic) '
   'or none for a scheduled request.';
 
--- Validity at read time ----------------------------------------------------------------------
+-- Validity at read time: the one rule ----------------------------------------------------------
+--
+-- Whether a record may be recalled now, for a reader, is decided from current facts on every read
+-- (V6, T1); the retention sweep only makes the permanent reasons final (60_retention.sql). The
+-- reasons, in the order the rule gives them, are the rows of memory_private.invalid_reasons. The
+-- rule is built from three pieces, each written once:
+--   scope_checks      the scope's facts for a reader: recall on, bot active, group linked,
+--                     membership (a row per check, with a detail, in rank order);
+--   dependency_state  the state of one message a record depends on: removed, expired, edited,
+--                     forgotten, or current (is_retained says whether a message is retained);
+--   record_reasons    every reason a record fails whatever the reader: the bot replaced, and
+--                     the state of each of its dependencies.
+-- invalid_records composes them for a set of records (the one verdict every reader uses:
+-- recall, query_memories, citations, candidates, forget); record_checks lists the same checks for
+-- one record with details (explain_record). tests/test_validity_set.py keeps the two equal for
+-- every reason.
 
-create function memory_private.record_invalid_reason(
-  p_record memory_private.records, p_requester text
+create table memory_private.invalid_reasons (
+  reason text primary key,
+  rank integer not null unique,
+  permanent boolean not null,
+  description text not null
+);
+comment on table memory_private.invalid_reasons is
+  'Why a record may not be recalled, in the order the rule gives them (the first that holds is '
+  'the answer), and whether the reason can pass (recall turned on again, a grant given back) or '
+  'is permanent (the retention sweep then deletes the record). Not per workspace.';
+
+insert into memory_private.invalid_reasons (reason, rank, permanent, description) values
+  ('recall_disabled', 1, false, 'recall is turned off in the scope'),
+  ('bot_inactive', 2, false, 'the scope''s bot is inactive'),
+  ('group_unlinked', 3, false, 'the group is not linked to the workspace'),
+  ('membership', 4, false, 'the reader is not an active member, or not the private scope''s user'),
+  ('bot_replaced', 5, true, 'the record was made under another identity of the bot'),
+  ('source_removed', 6, true, 'a message it was made from was removed'),
+  ('source_expired', 7, true, 'a message it was made from is past its retention'),
+  ('source_edited', 8, true, 'a message it was made from was edited since'),
+  ('forgotten', 9, true, 'a message it was made from was forgotten in the scope'),
+  ('grant_revoked', 10, false, 'the reader may no longer read a repository it drew on');
+
+create function memory_private.is_retained(
+  p_has_text boolean, p_retain_until timestamptz, p_now timestamptz
+) returns boolean
+  language sql immutable parallel safe
+  as $$ select p_has_text and (p_retain_until is null or p_retain_until > p_now) $$;
+comment on function memory_private.is_retained(boolean, timestamptz, timestamptz) is
+  'Whether a message is retained at p_now: its text is still there (not removed or erased) and '
+  'its retention has not ended. The retention rule, for every reader of it (T1, T6).';
+
+create function memory_private.dependency_state(
+  p_removed_at timestamptz, p_has_text boolean, p_retain_until timestamptz,
+  p_current_hash text, p_recorded_hash text, p_tombstoned boolean, p_now timestamptz
+) returns text
+  language sql immutable parallel safe
+  as $$
+  select case when p_removed_at is not null then 'source_removed'
+              when not memory_private.is_retained(p_has_text, p_retain_until, p_now)
+                then 'source_expired'
+              when p_current_hash is distinct from p_recorded_hash then 'source_edited'
+              when p_tombstoned then 'forgotten' end
+$$;
+comment on function memory_private.dependency_state(timestamptz, boolean, timestamptz, text, text,
+                                                     boolean, timestamptz) is
+  'The state of a message something depends on, given the hash it had when used and whether it '
+  'is tombstoned in the scope: source_removed, source_expired, source_edited, forgotten (in that '
+  'order), or NULL when it is current. Plain SQL so that a query inlines it.';
+
+create function memory_private.scope_checks(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_bot memory_private.bots;
+  v_linked boolean;
+  v_reader text;
+  v_member memory_private.members;
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found then
+    return;
+  end if;
+  select * into v_bot from memory_private.bots
+   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
+  select c.linked into v_linked from memory_private.chats c
+   where c.workspace_id = p_workspace_id and c.chat_id = v_scope.chat_id;
+  -- The reader: the private scope's user, or the requester of a shared scope (none for
+  -- background work, which then checks no membership).
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  if v_reader is not null then
+    select * into v_member from memory_private.members
+     where workspace_id = p_workspace_id and user_id = v_reader;
+  end if;
+  return query values
+    (1, 'recall_enabled', 'recall_disabled', v_scope.recall_enabled,
+     case when v_scope.recall_enabled then 'recall is on in the scope'
+          else 'recall is off in the scope (records kept, not read)' end),
+    (2, 'bot_active', 'bot_inactive', coalesce(v_bot.active, false),
+     case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
+          when v_bot.active then format('bot %s is active', v_bot.bot_id)
+          else format('bot %s is inactive', v_bot.bot_id) end),
+    (3, 'group_linked', 'group_unlinked', v_scope.kind = 'private' or coalesce(v_linked, false),
+     case when v_scope.kind = 'private' then 'private scope: no group link needed'
+          when v_linked then format('group %s is linked', v_scope.chat_id)
+          else format('group %s is not linked', v_scope.chat_id) end),
+    (4, 'membership', 'membership', v_reader is null or coalesce(v_member.active, false),
+     case when v_reader is null
+            then 'shared scope and no requester: per-requester membership not checked'
+          when v_member.user_id is null
+            then format('user %s is not a member of the workspace', v_reader)
+          when v_member.active then format('user %s is an active %s', v_reader, v_member.role)
+          else format('user %s is an inactive member', v_reader) end),
+    (4, 'requester_is_scope_user', 'membership',
+     p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
+     case when p_requester is null then 'no requester given'
+          when v_scope.kind <> 'private' then 'shared scope: any active member'
+          when p_requester = v_scope.user_id then 'the requester owns the private scope'
+          else format('the private scope belongs to %s, not %s', v_scope.user_id,
+                      p_requester) end);
+end
+$$;
+comment on function memory_private.scope_checks(text, bigint, text) is
+  'The checks of the validity rule that depend on the scope and the reader, not on a record, '
+  'in rank order, each with ok and a detail: recall on, bot active, group linked, membership '
+  '(the reader is an active member; a requester of a private scope is its user). The reader is '
+  'the private scope''s user or the requester of a shared scope.';
+
+create function memory_private.scope_reason(
+  p_workspace_id text, p_scope_id bigint, p_requester text
 ) returns text
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
-  select coalesce(
-    (select case
-              when not s.recall_enabled then 'recall_disabled'
-              when b.bot_id is null or not b.active then 'bot_inactive'
-              when b.identity <> p_record.bot_identity then 'bot_replaced'
-              when s.kind = 'shared' and not c.linked then 'group_unlinked'
-              when coalesce(s.user_id, p_requester) is not null
-                   and not exists (select 1 from memory_private.members m
-                                where m.workspace_id = s.workspace_id
-                                  and m.user_id = coalesce(s.user_id, p_requester)
-                                  and m.active) then 'membership'
-              when p_requester is not null and s.kind = 'private'
-                   and p_requester <> s.user_id then 'membership'
-            end
-       from memory_private.scopes s
-       left join memory_private.bots b
-         on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-       join memory_private.chats c
-         on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
-      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id),
-    (select case
-              when m.removed_at is not null then 'source_removed'
-              when m.body is null or m.retain_until <= memory_private.clock_now()
-                then 'source_expired'
-              when m.content_hash <> rs.content_hash then 'source_edited'
-              when exists (select 1 from memory_private.tombstones t
-                            where t.workspace_id = rs.workspace_id
-                              and t.scope_id = p_record.scope_id
-                              and t.message_id = rs.message_id) then 'forgotten'
-            end
-       from memory_private.record_dependencies rs
-       join memory_private.messages m
-         on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-      where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
-        and (m.removed_at is not null or m.body is null
-             or m.retain_until <= memory_private.clock_now()
-             or m.content_hash <> rs.content_hash
-             or exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = rs.workspace_id
-                           and t.scope_id = p_record.scope_id
-                           and t.message_id = rs.message_id))
-      -- Several bad sources: the first reason in the order above wins (removed, expired,
-      -- edited, forgotten), so the answer is deterministic and the set form agrees.
-      order by case when m.removed_at is not null then 1
-                    when m.body is null or m.retain_until <= memory_private.clock_now() then 2
-                    when m.content_hash <> rs.content_hash then 3
-                    else 4 end
-      limit 1),
-    (select 'grant_revoked'
-       from memory_private.scopes s
-       cross join lateral unnest(p_record.repositories) as repo(repository_id)
-      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id
-        and coalesce(s.user_id, p_requester) is not null
-        and not exists (select 1 from memory_private.repository_grants g
-                         where g.workspace_id = s.workspace_id
-                           and g.user_id = coalesce(s.user_id, p_requester)
-                           and g.repository_id = repo.repository_id)
-      limit 1)
-  )
+  select c.reason from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+   where not c.ok order by c.rank limit 1
 $$;
-comment on function memory_private.record_invalid_reason(memory_private.records, text) is
-  'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
-  'off, bot inactive or replaced, group unlinked, membership, a '
-  'dependency removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
-  'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
-  'the requester''s membership and grants are not checked.';
+comment on function memory_private.scope_reason(text, bigint, text) is
+  'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
+
+create function memory_private.record_reasons(p_workspace_id text, p_record_ids bigint[])
+  returns table (record_id bigint, reason text, message_id text)
+  language sql stable
+  as $$
+  -- The bot replaced since the record was made ...
+  select r.record_id, 'bot_replaced', null::text
+    from memory_private.records r
+    join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
+    join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and b.identity <> r.bot_identity
+  union all
+  -- ... and every dependency that is not current.
+  select d.record_id, x.state, d.message_id
+    from memory_private.record_dependencies d
+    join memory_private.records r on r.workspace_id = d.workspace_id and r.record_id = d.record_id
+    join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+   cross join lateral (
+     select memory_private.dependency_state(
+              m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
+              exists (select 1 from memory_private.tombstones t
+                       where t.workspace_id = d.workspace_id and t.scope_id = r.scope_id
+                         and t.message_id = d.message_id),
+              memory_private.clock_now()) as state) x
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and x.state is not null
+$$;
+comment on function memory_private.record_reasons(text, bigint[]) is
+  'Every reason each given record fails whatever the reader: bot_replaced, and the state of each '
+  'dependency that is not current (removed, expired, edited, forgotten) with the message. A '
+  'record that fails none has no row. The retention sweep deletes the records with a permanent '
+  'one.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
 ) returns table (record_id bigint, reason text)
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
-  v_kind text;
-  v_user_id text;
-  v_recall_enabled boolean;
-  v_bot_ok boolean;
-  v_identity text; -- the bot identity a record must carry
-  v_linked boolean;
+  v_scope_reason text;
   v_reader text;
-  v_before text;   -- the scope's reasons that come before bot_replaced in the rule's order
-  v_after text;    -- and those after it
-  v_now timestamptz := memory_private.clock_now();
 begin
-  -- The set form of record_invalid_reason: the same reasons in the same order. The facts of
-  -- the scope (scope, bot, chat, membership) are read once, then one query decides every
-  -- record, found by primary key, with index probes of its sources and grants. plpgsql so
-  -- that the plans are cached for the session (a SQL function with SET is planned on every
-  -- call). Ids that are not records of the scope are not returned. A test keeps the two forms
-  -- equal for every reason (tests/test_validity_set.py).
-  select s.kind, s.user_id, s.recall_enabled, b.bot_id is not null and b.active, b.identity,
-         c.linked
-    into v_kind, v_user_id, v_recall_enabled, v_bot_ok, v_identity, v_linked
-    from memory_private.scopes s
-    left join memory_private.bots b
-      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-    left join memory_private.chats c
-      on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+  -- The scope's facts are read once; then one query decides every record of the set: the first
+  -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
+  -- plans are cached for the session. Ids that are not records of the scope are not returned.
+  select s.user_id into v_reader from memory_private.scopes s
    where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
   if not found then
     return;  -- no scope, no records of it
   end if;
-  v_reader := coalesce(v_user_id, p_requester);
-  if v_linked is not null then  -- the rule reads the scope joined to its chat (a foreign key)
-    v_before := case
-                  when not v_recall_enabled then 'recall_disabled'
-                  when not v_bot_ok then 'bot_inactive'
-                end;
-    v_after := case
-                 when v_kind = 'shared' and not v_linked then 'group_unlinked'
-                 when v_reader is not null
-                      and not exists (select 1 from memory_private.members m
-                                       where m.workspace_id = p_workspace_id
-                                         and m.user_id = v_reader and m.active)
-                   then 'membership'
-                 when p_requester is not null and v_kind = 'private'
-                      and p_requester <> v_user_id then 'membership'
-               end;
-  else
-    v_identity := null;
-  end if;
+  v_reader := coalesce(v_reader, p_requester);
+  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
   return query
     with recs as materialized (
-      -- By primary key; the scope is checked after the lookup.
-      select r.record_id, r.scope_id, r.bot_identity, r.repositories
+      select r.record_id, r.repositories
         from memory_private.records r
        where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+         and r.scope_id = p_scope_id
+    ), failing as (
+      select x.record_id, x.reason
+        from memory_private.record_reasons(p_workspace_id,
+               array(select recs.record_id from recs)) x
+      union all
+      select recs.record_id, 'grant_revoked'
+        from recs
+       where v_reader is not null
+         and exists (select 1 from unnest(recs.repositories) as repo(repository_id)
+                      where not exists (select 1 from memory_private.repository_grants g
+                                         where g.workspace_id = p_workspace_id
+                                           and g.user_id = v_reader
+                                           and g.repository_id = repo.repository_id))
     )
     select recs.record_id,
-           coalesce(
-             v_before,
-             case when v_identity <> recs.bot_identity then 'bot_replaced' end,
-             v_after,
-             -- The first bad source in the rule's order: removed, expired, edited, forgotten.
-             (select (array['source_removed', 'source_expired', 'source_edited',
-                            'forgotten'])[min(
-                       case when m.removed_at is not null then 1
-                            when m.body is null or m.retain_until <= v_now then 2
-                            when m.content_hash <> rs.content_hash then 3
-                            when exists (select 1 from memory_private.tombstones t
-                                          where t.workspace_id = rs.workspace_id
-                                            and t.scope_id = p_scope_id
-                                            and t.message_id = rs.message_id) then 4
-                       end)]
-                from memory_private.record_dependencies rs
-                join memory_private.messages m
-                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-               where rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id),
-             (select 'grant_revoked'
-                from unnest(recs.repositories) as repo(repository_id)
-               where v_reader is not null
-                 and not exists (select 1 from memory_private.repository_grants g
-                                  where g.workspace_id = p_workspace_id
-                                    and g.user_id = v_reader
-                                    and g.repository_id = repo.repository_id)
-               limit 1))
-      from recs
-     where recs.scope_id = p_scope_id;
+           coalesce(v_scope_reason,
+                    (select f.reason from failing f
+                       join memory_private.invalid_reasons ir on ir.reason = f.reason
+                      where f.record_id = recs.record_id
+                      order by ir.rank limit 1))
+      from recs;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
-  'The set form of record_invalid_reason for records of one scope: each given id that is a '
-  'record of the scope, with why it may not be recalled now for the requester (NULL when it '
-  'may). Same reasons, same order, same semantics; one query for the whole set.';
+  'The validity rule for records of one scope: each given id that is a record of the scope, with '
+  'the first reason in rank order (memory_private.invalid_reasons) why it may not be recalled '
+  'now for the requester, or NULL when it may: the scope''s checks for the reader, then the '
+  'record''s reasons (bot replaced, a dependency removed, expired, edited or forgotten), then a '
+  'repository grant the reader lacks. One query for the whole set; every reader of records uses '
+  'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
+  'membership and grants are not checked.';
+
+create function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  as $$
+  select v.reason
+    from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
+                                        array[p_record.record_id], p_requester) v
+$$;
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'memory_private.invalid_records for one record: why it may not be recalled now for the '
+  'requester, or NULL when it may.';
+
+create function memory_private.record_checks(
+  p_workspace_id text, p_record_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language plpgsql stable
+  as $$
+declare
+  v_record memory_private.records;
+  v_identity text;
+  v_reader text;
+  v_states text[];
+  v_bad text[];
+  v_deps integer;
+  v_missing text[];
+begin
+  -- The same checks as memory_private.invalid_records, one row each with a detail, for
+  -- explain_record; the first failing row is the record's reason (a test keeps them equal).
+  select * into v_record from memory_private.records
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  if not found then
+    return;
+  end if;
+  return query select * from memory_private.scope_checks(p_workspace_id, v_record.scope_id,
+                                                         p_requester);
+  select b.identity, coalesce(s.user_id, p_requester) into v_identity, v_reader
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+   where s.workspace_id = p_workspace_id and s.scope_id = v_record.scope_id;
+  return query select 5, 'bot_identity', 'bot_replaced',
+    v_identity is null or v_identity = v_record.bot_identity,
+    case when v_identity is null then 'no bot to compare with'
+         when v_identity = v_record.bot_identity then 'made under the bot''s current identity'
+         else format('made under identity %s; the bot is now %s', v_record.bot_identity,
+                     v_identity) end;
+  select count(*) into v_deps from memory_private.record_dependencies
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  select array_agg(x.reason order by ir.rank, x.message_id),
+         array_agg(x.message_id || ' ' || x.reason order by ir.rank, x.message_id)
+    into v_states, v_bad
+    from memory_private.record_reasons(p_workspace_id, array[p_record_id]) x
+    join memory_private.invalid_reasons ir on ir.reason = x.reason
+   where x.reason <> 'bot_replaced';
+  return query select coalesce((select ir.rank from memory_private.invalid_reasons ir
+                                 where ir.reason = v_states[1]), 6),
+    'dependencies_current', v_states[1], v_states is null,
+    case when v_states is null
+           then format('all %s messages it was made from are retained and unchanged', v_deps)
+         else format('%s of the %s messages it was made from are not current: %s',
+                     cardinality(v_states), v_deps, array_to_string(v_bad, ', ')) end;
+  select array_agg(repo order by repo) into v_missing
+    from unnest(v_record.repositories) repo
+   where v_reader is not null
+     and not exists (select 1 from memory_private.repository_grants g
+                      where g.workspace_id = p_workspace_id and g.user_id = v_reader
+                        and g.repository_id = repo);
+  return query select 10, 'repository_grants', 'grant_revoked',
+    coalesce(cardinality(v_missing), 0) = 0,
+    case when cardinality(v_record.repositories) = 0 then 'drew on no repository'
+         when v_reader is null
+           then 'shared scope and no requester: per-requester grants not checked'
+         when coalesce(cardinality(v_missing), 0) = 0
+           then format('%s can read every repository it drew on', v_reader)
+         else format('%s can no longer read %s', v_reader, array_to_string(v_missing, ', '))
+    end;
+end
+$$;
+comment on function memory_private.record_checks(text, bigint, text) is
+  'Every check of the validity rule for one record and reader, in rank order, with ok and a '
+  'detail (explain_record shows them): the scope''s checks, the bot identity, the dependencies, '
+  'the repository grants. The first failing one is what memory_private.invalid_records answers.';
 
 create function memory_private.first_valid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
@@ -1823,21 +1962,25 @@ begin
   end if;
 
   if p_job.phase = 'extract' then
-    select format('source %s %s', s.id,
-             case when m.message_id is null then 'is gone'
-                  when m.removed_at is not null then 'was removed'
-                  when m.body is null or m.retain_until <= v_now then 'is past its retention'
-                  when m.content_hash <> s.hash then 'was edited'
-                  else 'was forgotten' end)
+    -- Each source of the batch must be current at the hash the snapshot took (the rule's
+    -- memory_private.dependency_state).
+    select format('source %s %s', x.id,
+             case x.state when 'source_removed' then 'was removed'
+                          when 'source_expired' then 'is past its retention'
+                          when 'source_edited' then 'was edited'
+                          else 'was forgotten' end)
       into v_reason
-      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-      left join memory_private.messages m
-        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where m.message_id is null or m.removed_at is not null or m.body is null
-        or m.retain_until <= v_now or m.content_hash <> s.hash
-        or exists (select 1 from memory_private.tombstones t
-                    where t.workspace_id = p_job.workspace_id and t.scope_id = p_job.scope_id
-                      and t.message_id = s.id)
+      from (select s.id, memory_private.dependency_state(
+                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                           s.hash,
+                           exists (select 1 from memory_private.tombstones t
+                                    where t.workspace_id = p_job.workspace_id
+                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           v_now) as state
+              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+              left join memory_private.messages m
+                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
+     where x.state is not null
      limit 1;
     if v_reason is not null then
       return v_reason;
@@ -3126,8 +3269,7 @@ begin
        and r.status = 'succeeded' and r.finished_at <= v_cutoff
        and r.bot_id = v_scope.bot_id and r.chat_id = v_scope.chat_id
        and (v_scope.kind = 'private' or r.topic_id = v_scope.topic_id)
-       and m.body is not null and m.removed_at is null
-       and (m.retain_until is null or m.retain_until > v_now)
+       and memory_private.is_retained(m.body is not null, m.retain_until, v_now)
        and (m.directed or v_scope.kind = 'private')
        and not exists (select 1 from memory_private.tombstones t
                         where t.workspace_id = m.workspace_id and t.scope_id = v_scope.scope_id
@@ -3333,8 +3475,8 @@ begin
        and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
        and exists (select 1 from memory_private.messages m
                     where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-                      and m.body is not null and m.removed_at is null
-                      and (m.retain_until is null or m.retain_until > v_now)
+                      and memory_private.is_retained(m.body is not null, m.retain_until,
+                                                     v_now)
                       and not exists (select 1 from memory_private.extracted_sources e
                                        where e.workspace_id = m.workspace_id
                                          and e.message_id = m.message_id
@@ -4624,7 +4766,7 @@ begin
              p_source_id));
     return;
   end if;
-  if v_source.body is null or v_source.retain_until <= v_now then
+  if not memory_private.is_retained(v_source.body is not null, v_source.retain_until, v_now) then
     outcome := memory_private.control_outcome('refused', p_action, 'source_gone',
       format('Message %s was removed or is past its retention.', p_source_id));
     return;
@@ -4915,7 +5057,7 @@ grant execute on function memory.manage_memory(text, text, text, jsonb) to memor
 -- ==== 60_retention.sql ====
 -- 60_retention.sql: what makes memories go away and stay away (T1-T9).
 --
--- Reads already refuse a record whose dependencies changed (record_invalid_reason). The sweep
+-- Reads already refuse a record whose dependencies changed (invalid_records). The sweep
 -- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
 --   2. answers derived from recalled records that rest on an erased message are erased too,
@@ -5029,35 +5171,22 @@ comment on function memory_private.erase_derived_answers(text) is
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
-  v_now timestamptz := memory_private.clock_now();
   v_ids bigint[];
 begin
-  -- A dependency removed, expired, edited or forgotten, or the bot replaced, never comes back,
-  -- whatever else holds now (recall off, a lost grant): such a record is deleted, so neither it
-  -- nor the hashes it kept outlive what it was made from.
+  -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
+  -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
+  -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
+  -- it was made from.
   v_ids := array(
-    select r.record_id
-      from memory_private.records r
-      join memory_private.scopes s
-        on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-      left join memory_private.bots b
-        on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-     where r.workspace_id = p_workspace_id
-       and (b.identity <> r.bot_identity
-            or exists (select 1
-                         from memory_private.record_dependencies d
-                         join memory_private.messages m
-                           on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-                        where d.workspace_id = r.workspace_id and d.record_id = r.record_id
-                          and (m.body is null or m.retain_until <= v_now
-                               or m.content_hash <> d.content_hash
-                               or exists (select 1 from memory_private.tombstones t
-                                           where t.workspace_id = d.workspace_id
-                                             and t.scope_id = r.scope_id
-                                             and t.message_id = d.message_id)))));
+    select distinct x.record_id
+      from memory_private.record_reasons(
+             p_workspace_id,
+             array(select r.record_id from memory_private.records r
+                    where r.workspace_id = p_workspace_id)) x
+      join memory_private.invalid_reasons ir on ir.reason = x.reason
+     where ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -5253,7 +5382,7 @@ values (15, 'sweep_retention', 'memory_private.sweep_retention(text)');
 --   memory.request_memory_charges  per request: what memory work charged to it (P18)
 -- No view shows message text, a title, a summary or an index text: only ids, hashes, sizes,
 -- dates, counts and the coded reasons. Validity is decided by the same read-time rule recall
--- uses (memory_private.record_invalid_reason), without a requester: a private scope is checked
+-- uses (memory_private.invalid_records, a scope at a time), without a requester: a private scope is checked
 -- for its own user; a shared scope's per-requester checks (membership, grants) need
 -- memory.explain_record with a requester.
 --
@@ -5277,14 +5406,20 @@ create function memory_private.operator_now() returns timestamptz
 comment on function memory_private.operator_now() is
   'memory_private.clock_now() for the operator views (security definer).';
 
-create function memory_private.operator_record_invalid_reason(p_record memory_private.records)
-  returns text
+create function memory_private.operator_invalid_records(p_workspace_id text, p_scope_id bigint)
+  returns table (record_id bigint, reason text)
   language sql stable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select memory_private.record_invalid_reason(p_record, null) $$;
-comment on function memory_private.operator_record_invalid_reason(memory_private.records) is
-  'memory_private.record_invalid_reason without a requester, for the operator views (security '
-  'definer).';
+  as $$
+  select v.record_id, v.reason
+    from memory_private.invalid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id), null) v
+$$;
+comment on function memory_private.operator_invalid_records(text, bigint) is
+  'The validity rule (memory_private.invalid_records, without a requester) for every record of '
+  'one scope, in one set: what the operator views show (security definer).';
 
 create function memory_private.operator_job_stale_reason(p_job memory_private.jobs)
   returns text
@@ -5307,9 +5442,9 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
        v.reason as invalid_reason
-  from memory_private.records r
-  join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-  cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
+  from memory_private.scopes s
+ cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id;
 comment on view memory.record_status is
   'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
   '(messages it cites) and dependencies (messages it was made from), '
@@ -5341,9 +5476,8 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
            sum(g.n) filter (where g.reason is not null) as records_invalid,
            jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
              as invalid_by_reason
-      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
-              from memory_private.records r
-             where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id
+      from (select v.reason, count(*) as n
+              from memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
              group by 1) g
   ) rc on true
   left join memory_private.jobs ej
@@ -5387,9 +5521,11 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_
            sum(g.n) filter (where g.reason is not null) as records_invalid,
            jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
              as invalid_by_reason
-      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
-              from memory_private.records r
-             where r.workspace_id = w.workspace_id
+      from (select v.reason, count(*) as n
+              from memory_private.scopes s
+             cross join lateral memory_private.operator_invalid_records(s.workspace_id,
+                                                                        s.scope_id) v
+             where s.workspace_id = w.workspace_id
              group by 1) g
   ) rc on true
   left join lateral (
@@ -5682,16 +5818,8 @@ create function memory.explain_record(
 declare
   v_record memory_private.records;
   v_scope memory_private.scopes;
-  v_chat memory_private.chats;
-  v_bot memory_private.bots;
-  v_member memory_private.members;
-  v_user text;
   v_now timestamptz := memory_private.clock_now();
-  v_sources jsonb;
-  v_dependencies jsonb;
-  v_bad jsonb;
-  v_missing text[];
-  v_checks jsonb := '[]';
+  v_checks jsonb;
   v_reason text;
 begin
   perform memory_private.require_workspace(p_workspace_id);
@@ -5710,119 +5838,11 @@ begin
   end if;
   select * into v_scope from memory_private.scopes
    where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
-  select * into v_chat from memory_private.chats
-   where workspace_id = p_workspace_id and chat_id = v_scope.chat_id;
-  select * into v_bot from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
-  v_user := coalesce(v_scope.user_id, p_requester);
-  if v_user is not null then
-    select * into v_member from memory_private.members
-     where workspace_id = p_workspace_id and user_id = v_user;
-  end if;
-
-  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
-  -- state, decided in the order memory_private.record_invalid_reason decides it.
-  select coalesce(jsonb_agg(x.dep order by x.message_id), '[]')
-    into v_dependencies
-    from (select d.message_id, jsonb_build_object(
-                   'message_id', d.message_id, 'via', d.via, 'role', m.role,
-                   'speaker_id', m.speaker_id,
-                   'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
-                   'retain_until', m.retain_until, 'removed_at', m.removed_at,
-                   'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-                   'tombstoned', t.message_id is not null,
-                   'state', case
-                              when m.removed_at is not null then 'source_removed'
-                              when m.body is null or m.retain_until <= v_now
-                                then 'source_expired'
-                              when m.content_hash <> d.content_hash then 'source_edited'
-                              when t.message_id is not null then 'forgotten'
-                              else 'current' end) as dep
-            from memory_private.record_dependencies d
-            join memory_private.messages m
-              on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-            left join memory_private.tombstones t
-              on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
-             and t.message_id = d.message_id
-           where d.workspace_id = p_workspace_id and d.record_id = p_record_id) x;
-  select coalesce(jsonb_agg(s), '[]') into v_bad
-    from jsonb_array_elements(v_dependencies) s where s ->> 'state' <> 'current';
-  -- The sources: what the summary cites, in the order it uses them.
-  v_sources := to_jsonb(array(select rs.message_id from memory_private.record_sources rs
-                               where rs.workspace_id = p_workspace_id
-                                 and rs.record_id = p_record_id
-                               order by rs.position));
-
-  select array_agg(repo order by repo) into v_missing
-    from unnest(v_record.repositories) repo
-   where v_user is not null
-     and not exists (select 1 from memory_private.repository_grants g
-                      where g.workspace_id = p_workspace_id and g.user_id = v_user
-                        and g.repository_id = repo);
-
-  -- The checks, in the order the read-time rule applies them; the first that fails is the
-  -- reason recall gives.
-  v_checks := jsonb_build_array(
-    jsonb_build_object('check', 'recall_enabled', 'reason', 'recall_disabled',
-      'ok', v_scope.recall_enabled,
-      'detail', case when v_scope.recall_enabled then 'recall is on in the scope'
-                     else 'recall is off in the scope (records kept, not read)' end),
-    jsonb_build_object('check', 'bot_active', 'reason', 'bot_inactive',
-      'ok', coalesce(v_bot.active, false),
-      'detail', case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
-                     when v_bot.active then format('bot %s is active', v_bot.bot_id)
-                     else format('bot %s is inactive', v_bot.bot_id) end),
-    jsonb_build_object('check', 'bot_identity', 'reason', 'bot_replaced',
-      'ok', v_bot.bot_id is null or v_bot.identity = v_record.bot_identity,
-      'detail', case when v_bot.bot_id is null then 'no bot to compare with'
-                     when v_bot.identity = v_record.bot_identity
-                       then 'made under the bot''s current identity'
-                     else format('made under identity %s; the bot is now %s',
-                                 v_record.bot_identity, v_bot.identity) end),
-    jsonb_build_object('check', 'group_linked', 'reason', 'group_unlinked',
-      'ok', v_scope.kind = 'private' or v_chat.linked,
-      'detail', case when v_scope.kind = 'private' then 'private scope: no group link needed'
-                     when v_chat.linked then format('group %s is linked', v_chat.chat_id)
-                     else format('group %s is not linked', v_chat.chat_id) end),
-    jsonb_build_object('check', 'membership', 'reason', 'membership',
-      'ok', v_user is null or coalesce(v_member.active, false),
-      'detail', case when v_user is null
-                       then 'shared scope and no requester: per-requester membership not checked'
-                     when v_member.user_id is null
-                       then format('user %s is not a member of the workspace', v_user)
-                     when v_member.active then format('user %s is an active %s', v_user,
-                                                      v_member.role)
-                     else format('user %s is an inactive member', v_user) end),
-    jsonb_build_object('check', 'requester_is_scope_user', 'reason', 'membership',
-      'ok', p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
-      'detail', case when p_requester is null then 'no requester given'
-                     when v_scope.kind <> 'private' then 'shared scope: any active member'
-                     when p_requester = v_scope.user_id
-                       then 'the requester owns the private scope'
-                     else format('the private scope belongs to %s, not %s', v_scope.user_id,
-                                 p_requester) end),
-    jsonb_build_object('check', 'dependencies_current',
-      'reason', v_bad -> 0 ->> 'state',
-      'ok', jsonb_array_length(v_bad) = 0,
-      'detail', case when jsonb_array_length(v_bad) = 0
-                     then format('all %s messages it was made from are retained and unchanged',
-                                 jsonb_array_length(v_dependencies))
-                     else format('%s of the %s messages it was made from are not current: %s',
-                                 jsonb_array_length(v_bad), jsonb_array_length(v_dependencies),
-                                 (select string_agg((s ->> 'message_id') || ' '
-                                                    || (s ->> 'state'), ', ')
-                                    from jsonb_array_elements(v_bad) s)) end),
-    jsonb_build_object('check', 'repository_grants', 'reason', 'grant_revoked',
-      'ok', coalesce(cardinality(v_missing), 0) = 0,
-      'detail', case when cardinality(v_record.repositories) = 0
-                       then 'drew on no repository'
-                     when v_user is null
-                       then 'shared scope and no requester: per-requester grants not checked'
-                     when coalesce(cardinality(v_missing), 0) = 0
-                       then format('%s can read every repository it drew on', v_user)
-                     else format('%s can no longer read %s', v_user,
-                                 array_to_string(v_missing, ', ')) end));
-
+  -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
+  select jsonb_agg(jsonb_build_object('check', c.check_name, 'reason', c.reason, 'ok', c.ok,
+                                      'detail', c.detail) order by c.rank, c.check_name <> 'membership')
+    into v_checks
+    from memory_private.record_checks(p_workspace_id, p_record_id, p_requester) c;
   v_reason := memory_private.record_invalid_reason(v_record, p_requester);
   return jsonb_build_object(
     'workspace_id', p_workspace_id,
@@ -5844,15 +5864,39 @@ begin
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
       'recall_enabled', v_scope.recall_enabled),
     'checks', v_checks,
-    'sources', v_sources,
-    'dependencies', v_dependencies);
+    -- The sources: what the summary cites, in the order it uses them.
+    'sources', to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position)),
+    -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+    -- state by the rule (memory_private.dependency_state).
+    'dependencies', coalesce((
+      select jsonb_agg(jsonb_build_object(
+               'message_id', d.message_id, 'via', d.via, 'role', m.role,
+               'speaker_id', m.speaker_id,
+               'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+               'retain_until', m.retain_until, 'removed_at', m.removed_at,
+               'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+               'tombstoned', t.message_id is not null,
+               'state', coalesce(memory_private.dependency_state(
+                          m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                          d.content_hash, t.message_id is not null, v_now), 'current'))
+             order by d.message_id)
+        from memory_private.record_dependencies d
+        join memory_private.messages m
+          on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+        left join memory_private.tombstones t
+          on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
+         and t.message_id = d.message_id
+       where d.workspace_id = p_workspace_id and d.record_id = p_record_id), '[]'));
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
   'every check in the order the rule applies them (recall on, bot '
-  'active, bot identity, group linked, membership, requester owns the private scope, '
+  'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
   'cites, in summary order) and every dependency (the messages it was made from: via cited, '
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
@@ -5868,13 +5912,13 @@ grant select on memory.record_status, memory.scope_status, memory.workspace_stat
 
 revoke all on function
   memory_private.operator_now(),
-  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_invalid_records(text, bigint),
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 from public;
 grant execute on function
   memory_private.operator_now(),
-  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_invalid_records(text, bigint),
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 to memory_operator;

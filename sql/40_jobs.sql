@@ -374,21 +374,25 @@ begin
   end if;
 
   if p_job.phase = 'extract' then
-    select format('source %s %s', s.id,
-             case when m.message_id is null then 'is gone'
-                  when m.removed_at is not null then 'was removed'
-                  when m.body is null or m.retain_until <= v_now then 'is past its retention'
-                  when m.content_hash <> s.hash then 'was edited'
-                  else 'was forgotten' end)
+    -- Each source of the batch must be current at the hash the snapshot took (the rule's
+    -- memory_private.dependency_state).
+    select format('source %s %s', x.id,
+             case x.state when 'source_removed' then 'was removed'
+                          when 'source_expired' then 'is past its retention'
+                          when 'source_edited' then 'was edited'
+                          else 'was forgotten' end)
       into v_reason
-      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-      left join memory_private.messages m
-        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where m.message_id is null or m.removed_at is not null or m.body is null
-        or m.retain_until <= v_now or m.content_hash <> s.hash
-        or exists (select 1 from memory_private.tombstones t
-                    where t.workspace_id = p_job.workspace_id and t.scope_id = p_job.scope_id
-                      and t.message_id = s.id)
+      from (select s.id, memory_private.dependency_state(
+                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                           s.hash,
+                           exists (select 1 from memory_private.tombstones t
+                                    where t.workspace_id = p_job.workspace_id
+                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           v_now) as state
+              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+              left join memory_private.messages m
+                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
+     where x.state is not null
      limit 1;
     if v_reason is not null then
       return v_reason;

@@ -166,8 +166,7 @@ begin
        and r.status = 'succeeded' and r.finished_at <= v_cutoff
        and r.bot_id = v_scope.bot_id and r.chat_id = v_scope.chat_id
        and (v_scope.kind = 'private' or r.topic_id = v_scope.topic_id)
-       and m.body is not null and m.removed_at is null
-       and (m.retain_until is null or m.retain_until > v_now)
+       and memory_private.is_retained(m.body is not null, m.retain_until, v_now)
        and (m.directed or v_scope.kind = 'private')
        and not exists (select 1 from memory_private.tombstones t
                         where t.workspace_id = m.workspace_id and t.scope_id = v_scope.scope_id
@@ -373,8 +372,8 @@ begin
        and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
        and exists (select 1 from memory_private.messages m
                     where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-                      and m.body is not null and m.removed_at is null
-                      and (m.retain_until is null or m.retain_until > v_now)
+                      and memory_private.is_retained(m.body is not null, m.retain_until,
+                                                     v_now)
                       and not exists (select 1 from memory_private.extracted_sources e
                                        where e.workspace_id = m.workspace_id
                                          and e.message_id = m.message_id

@@ -585,7 +585,7 @@ begin
              p_source_id));
     return;
   end if;
-  if v_source.body is null or v_source.retain_until <= v_now then
+  if not memory_private.is_retained(v_source.body is not null, v_source.retain_until, v_now) then
     outcome := memory_private.control_outcome('refused', p_action, 'source_gone',
       format('Message %s was removed or is past its retention.', p_source_id));
     return;

@@ -1,6 +1,6 @@
 -- 60_retention.sql: what makes memories go away and stay away (T1-T9).
 --
--- Reads already refuse a record whose dependencies changed (record_invalid_reason). The sweep
+-- Reads already refuse a record whose dependencies changed (invalid_records). The sweep
 -- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
 --   2. answers derived from recalled records that rest on an erased message are erased too,
@@ -114,35 +114,22 @@ comment on function memory_private.erase_derived_answers(text) is
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
-  v_now timestamptz := memory_private.clock_now();
   v_ids bigint[];
 begin
-  -- A dependency removed, expired, edited or forgotten, or the bot replaced, never comes back,
-  -- whatever else holds now (recall off, a lost grant): such a record is deleted, so neither it
-  -- nor the hashes it kept outlive what it was made from.
+  -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
+  -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
+  -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
+  -- it was made from.
   v_ids := array(
-    select r.record_id
-      from memory_private.records r
-      join memory_private.scopes s
-        on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-      left join memory_private.bots b
-        on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-     where r.workspace_id = p_workspace_id
-       and (b.identity <> r.bot_identity
-            or exists (select 1
-                         from memory_private.record_dependencies d
-                         join memory_private.messages m
-                           on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-                        where d.workspace_id = r.workspace_id and d.record_id = r.record_id
-                          and (m.body is null or m.retain_until <= v_now
-                               or m.content_hash <> d.content_hash
-                               or exists (select 1 from memory_private.tombstones t
-                                           where t.workspace_id = d.workspace_id
-                                             and t.scope_id = r.scope_id
-                                             and t.message_id = d.message_id)))));
+    select distinct x.record_id
+      from memory_private.record_reasons(
+             p_workspace_id,
+             array(select r.record_id from memory_private.records r
+                    where r.workspace_id = p_workspace_id)) x
+      join memory_private.invalid_reasons ir on ir.reason = x.reason
+     where ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;

@@ -423,8 +423,8 @@ def test_explain_record_of_a_valid_record_lists_sources_with_hashes_and_passing_
     assert e["record"]["title_bytes"] > 0 and "title" not in e["record"]
     assert all(c["ok"] for c in e["checks"]), e["checks"]
     assert [c["check"] for c in e["checks"]] == [
-        "recall_enabled", "bot_active", "bot_identity", "group_linked",
-        "membership", "requester_is_scope_user", "dependencies_current", "repository_grants"]
+        "recall_enabled", "bot_active", "group_linked", "membership",
+        "requester_is_scope_user", "bot_identity", "dependencies_current", "repository_grants"]
     hashes: dict[str, str] = dict(conn.execute("select message_id, content_hash from memory_private.messages"
                                ).fetchall())
     assert e["sources"] == ["r1-u", "r1-a"], "the cited messages, in summary order"
