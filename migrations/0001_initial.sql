@@ -80,6 +80,81 @@ create function memory_private.advance_clock(p_by interval) returns timestamptz
 comment on function memory_private.advance_clock(interval) is
   'Moves the memory clock forward (tests only; granted to nobody).';
 
+-- The policy numbers: every limit, count and period a rule uses, in one place. Functions read
+-- them with (memory_private.policy()).name; the CHECK constraints of the tables call it too, so a
+-- constraint cannot disagree with the function that checks the same limit first. Changing one
+-- is a schema change (a migration that replaces this function), never a setting.
+create type memory_private.policy_values as (
+  -- ingest (the backend's facts)
+  id_bytes integer,            -- an external identifier
+  id_list_entries integer,     -- a list of identifiers (repositories)
+  message_bytes integer,       -- one message text
+  max_idle_minutes integer,    -- the longest idle window a workspace may set (30 days)
+  default_idle_minutes integer,  -- P3: a conversation is extracted after this idle time
+  max_dollars numeric,         -- any dollar amount
+  -- jobs (P4, P6, P9, P12, P13)
+  batch_bytes integer,         -- P4: one extraction batch
+  existing_with_batch integer, -- P5: valid memories that accompany a batch
+  title_bytes integer,         -- P6
+  summary_bytes integer,       -- P6
+  candidates integer,          -- P9: records a consolidation sees
+  index_bytes integer,         -- P9
+  index_ids integer,           -- P9
+  max_claims integer,          -- P13: model calls per unchanged input
+  lease interval,              -- P12
+  failure_backoff interval,    -- P13
+  error_bytes integer,         -- the bound of a stored failure text
+  -- recall and tools (R2, R4, R5)
+  directory_records integer,   -- R2
+  directory_summary_chars integer,  -- a directory entry shows this much of a summary
+  query_limit integer,         -- R4
+  query_bytes integer,         -- R4: a query_memories query
+  shown_sources integer,       -- R5: source ids shown per record
+  note_title_chars integer,    -- C3: a note's default title
+  -- retention (T5)
+  unused_days integer,         -- T5: records unused this long are pruned
+  workspace_records integer    -- T5: the most records a workspace keeps
+);
+comment on type memory_private.policy_values is
+  'The policy numbers of the memory (memory_private.policy() holds their values).';
+
+create function memory_private.policy() returns memory_private.policy_values
+  language sql immutable parallel safe
+  as $$
+  select row(
+    200,                    -- id_bytes
+    100,                    -- id_list_entries
+    64000,                  -- message_bytes
+    43200,                  -- max_idle_minutes
+    30,                     -- default_idle_minutes
+    1000000,                -- max_dollars
+    24000,                  -- batch_bytes
+    4,                      -- existing_with_batch
+    300,                    -- title_bytes
+    4000,                   -- summary_bytes
+    48,                     -- candidates
+    4500,                   -- index_bytes
+    12,                     -- index_ids
+    3,                      -- max_claims
+    interval '2 minutes',   -- lease
+    interval '1 hour',      -- failure_backoff
+    2000,                   -- error_bytes
+    8,                      -- directory_records
+    300,                    -- directory_summary_chars
+    12,                     -- query_limit
+    1000,                   -- query_bytes
+    20,                     -- shown_sources
+    60,                     -- note_title_chars
+    30,                     -- unused_days
+    256                     -- workspace_records
+  )::memory_private.policy_values
+$$;
+comment on function memory_private.policy() is
+  'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
+  'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
+  'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
+  'per workspace. Immutable: changing one is a migration.';
+
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
   language plpgsql immutable
@@ -90,8 +165,9 @@ begin
     raise exception '% is required', p_name using errcode = 'MB001',
       hint = 'Pass the identifier your application uses for it.';
   end if;
-  if octet_length(p_value) > 200 then
-    raise exception '% is longer than 200 bytes', p_name using errcode = 'MB001';
+  if octet_length(p_value) > (memory_private.policy()).id_bytes then
+    raise exception '% is longer than % bytes', p_name, (memory_private.policy()).id_bytes
+      using errcode = 'MB001';
   end if;
   if p_value ~ '[[:cntrl:]]' or p_value <> btrim(p_value) then
     raise exception '% must not contain control characters or surrounding blanks', p_name
@@ -101,7 +177,8 @@ begin
 end
 $$;
 comment on function memory_private.check_id(text, text) is
-  'Validates an external identifier (non-empty, <= 200 bytes, printable); raises MB001.';
+  'Validates an external identifier (non-empty, at most policy id_bytes, printable); raises '
+  'MB001.';
 
 create function memory_private.check_ids(p_name text, p_values text[]) returns text[]
   language plpgsql immutable
@@ -113,8 +190,9 @@ begin
   if p_values is null then
     return '{}';
   end if;
-  if cardinality(p_values) > 100 then
-    raise exception '% has more than 100 entries', p_name using errcode = 'MB004';
+  if cardinality(p_values) > (memory_private.policy()).id_list_entries then
+    raise exception '% has more than % entries', p_name,
+      (memory_private.policy()).id_list_entries using errcode = 'MB004';
   end if;
   foreach v in array p_values loop
     perform memory_private.check_id(p_name, v);
@@ -149,15 +227,16 @@ create function memory_private.check_money(p_name text, p_value numeric) returns
   set search_path = pg_catalog, pg_temp
   as $$
 begin
-  if p_value is null or p_value < 0 or p_value > 1000000 then
-    raise exception '% must be a dollar amount between 0 and 1000000', p_name
+  if p_value is null or p_value < 0 or p_value > (memory_private.policy()).max_dollars then
+    raise exception '% must be a dollar amount between 0 and %', p_name,
+      (memory_private.policy()).max_dollars
       using errcode = 'MB001';
   end if;
   return p_value;
 end
 $$;
 comment on function memory_private.check_money(text, numeric) is
-  'Validates a dollar amount (0 to 1,000,000); raises MB001.';
+  'Validates a dollar amount (0 to policy max_dollars); raises MB001.';
 
 create function memory_private.content_hash(p_text text) returns text
   language sql immutable strict parallel safe
@@ -199,8 +278,10 @@ create table memory_private.workspaces (
   config_version integer not null check (config_version >= 0),
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  idle_window interval not null default interval '30 minutes'
-    check (idle_window >= interval '0' and idle_window <= interval '30 days'),
+  idle_window interval not null
+    default make_interval(mins => (memory_private.policy()).default_idle_minutes)
+    check (idle_window >= interval '0'
+           and idle_window <= make_interval(mins => (memory_private.policy()).max_idle_minutes)),
   paused boolean not null default false,
   created_at timestamptz not null,
   updated_at timestamptz not null
@@ -338,7 +419,7 @@ create table memory_private.messages (
   request_id text not null,
   role text not null check (role in ('user', 'assistant')),
   speaker_id text not null,
-  body text check (octet_length(body) <= 64000),
+  body text check (octet_length(body) <= (memory_private.policy()).message_bytes),
   content_hash text,
   directed boolean not null,
   retain_until timestamptz,
@@ -431,13 +512,15 @@ create function memory.upsert_workspace(
   p_config_version integer,
   p_budget_usd numeric,
   p_spent_usd numeric default 0,
-  p_idle_minutes integer default 30
+  p_idle_minutes integer default null
 ) returns text
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_inserted boolean;
+  -- Not given (NULL): the policy's default idle window (P3).
+  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
 begin
   perform memory_private.check_id('workspace_id', p_workspace_id);
   if p_config_version is null or p_config_version < 0 then
@@ -445,13 +528,14 @@ begin
   end if;
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
-  if p_idle_minutes is null or p_idle_minutes < 0 or p_idle_minutes > 43200 then
-    raise exception 'idle_minutes must be between 0 and 43200' using errcode = 'MB001';
+  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
+    raise exception 'idle_minutes must be between 0 and %',
+      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
   end if;
   insert into memory_private.workspaces as w
     (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
   values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
-          make_interval(mins => p_idle_minutes),
+          make_interval(mins => v_idle),
           memory_private.clock_now(), memory_private.clock_now())
   on conflict (workspace_id) do update
     set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
@@ -466,7 +550,8 @@ end
 $$;
 comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
   'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
-  'backend reports, and the idle window in minutes before a conversation is extracted.';
+  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
+  'left out: the default, 30).';
 
 create function memory.upsert_member(
   p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
@@ -780,7 +865,7 @@ begin
   if p_role is null or p_role not in ('user', 'assistant') then
     raise exception 'role must be user or assistant' using errcode = 'MB001';
   end if;
-  perform memory_private.check_text('text', p_text, 64000);
+  perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
   if p_directed is null then
     raise exception 'directed is required' using errcode = 'MB001';
   end if;
@@ -932,9 +1017,9 @@ create table memory_private.scopes (
   user_id text,
   topic_id bigint,
   recall_enabled boolean not null default true,
-  index_text text check (octet_length(index_text) <= 4500),
-  index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
-  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= 48),
+  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
+  index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
+  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -969,8 +1054,8 @@ create table memory_private.records (
   record_id bigint generated always as identity,
   scope_id bigint not null,
   kind text not null check (kind in ('extracted', 'note')),
-  title text not null check (octet_length(title) between 1 and 300),
-  summary text not null check (octet_length(summary) between 1 and 4000),
+  title text not null check (octet_length(title) between 1 and (memory_private.policy()).title_bytes),
+  summary text not null check (octet_length(summary) between 1 and (memory_private.policy()).summary_bytes),
   speaker_ids text[] not null,
   thread_ids text[] not null,
   repositories text[] not null default '{}',
@@ -1644,7 +1729,7 @@ create table memory_private.jobs (
   token uuid,
   worker_id text,
   lease_expires_at timestamptz,
-  claims integer not null default 0 check (claims between 0 and 3),
+  claims integer not null default 0 check (claims between 0 and (memory_private.policy()).max_claims),
   next_attempt_at timestamptz not null,
   last_error text,
   checkpoint jsonb,
@@ -1700,7 +1785,7 @@ create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_reques
 create table memory_private.job_attempts (
   workspace_id text not null,
   job_id bigint not null,
-  attempt_no integer not null check (attempt_no between 1 and 3),
+  attempt_no integer not null check (attempt_no between 1 and (memory_private.policy()).max_claims),
   token uuid not null,
   outcome text not null default 'open' check (outcome in ('open', 'ok', 'failed', 'unknown')),
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
@@ -1870,13 +1955,15 @@ comment on function memory_private.check_token(text) is
 
 create function memory_private.job_limits() returns jsonb
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
-  select jsonb_build_object('summary_bytes', 4000, 'title_bytes', 300, 'index_bytes', 4500,
-                            'index_ids', 12, 'batch_bytes', 24000, 'candidates', 48)
+  select jsonb_build_object('summary_bytes', p.summary_bytes, 'title_bytes', p.title_bytes,
+                            'index_bytes', p.index_bytes, 'index_ids', p.index_ids,
+                            'batch_bytes', p.batch_bytes, 'candidates', p.candidates)
+    from memory_private.policy() as p
 $$;
 comment on function memory_private.job_limits() is
-  'The limits of model work: summary, title and index bytes (UTF-8), index ids, source batch '
+  'The limits of model work as the claim payload tells them to the worker (from '
+  'memory_private.policy()): summary, title and index bytes (UTF-8), index ids, source batch '
   'bytes, consolidation candidates.';
 
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
@@ -2083,7 +2170,7 @@ declare
   v_reused bigint[];
   v_record_ids bigint[];
   v_bad text;
-  v_limits jsonb := memory_private.job_limits();
+  v_limits memory_private.policy_values := memory_private.policy();
 begin
   v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
                                  else array['index', 'record_ids'] end;
@@ -2150,13 +2237,13 @@ begin
       raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
         using errcode = 'MB023';
     end if;
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int then
+    if octet_length(v_title) > v_limits.title_bytes then
       raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
-        v_limits ->> 'title_bytes' using errcode = 'MB023';
+        v_limits.title_bytes using errcode = 'MB023';
     end if;
-    if octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+    if octet_length(v_summary) > v_limits.summary_bytes then
       raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
-        v_limits ->> 'summary_bytes' using errcode = 'MB023';
+        v_limits.summary_bytes using errcode = 'MB023';
     end if;
     select count(*)::text into v_bad from unnest(v_ids) as i
      where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
@@ -2175,8 +2262,8 @@ begin
     end if;
     v_title := memory_private.redact(v_title);
     v_summary := memory_private.redact(v_summary);
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
-       or octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+    if octet_length(v_title) > v_limits.title_bytes
+       or octet_length(v_summary) > v_limits.summary_bytes then
       raise exception 'title or summary is over its byte limit once credentials are redacted'
         using errcode = 'MB023';
     end if;
@@ -2202,9 +2289,9 @@ begin
   if v_index ~ '^\s*$' then
     raise exception 'index must not be empty' using errcode = 'MB023';
   end if;
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+  if octet_length(v_index) > v_limits.index_bytes then
     raise exception 'index is % bytes; the limit is % UTF-8 bytes', octet_length(v_index),
-      v_limits ->> 'index_bytes' using errcode = 'MB023';
+      v_limits.index_bytes using errcode = 'MB023';
   end if;
   v_record_ids := array(select (e #>> '{}')::bigint
                           from jsonb_array_elements(p_output -> 'record_ids')
@@ -2212,9 +2299,9 @@ begin
   if cardinality(v_record_ids) = 0 then
     raise exception 'record_ids must name at least one memory' using errcode = 'MB023';
   end if;
-  if cardinality(v_record_ids) > (v_limits ->> 'index_ids')::int then
+  if cardinality(v_record_ids) > v_limits.index_ids then
     raise exception 'record_ids has % ids; the limit is %', cardinality(v_record_ids),
-      v_limits ->> 'index_ids' using errcode = 'MB023';
+      v_limits.index_ids using errcode = 'MB023';
   end if;
   if cardinality(v_record_ids)
      <> (select count(distinct x) from unnest(v_record_ids) as x) then
@@ -2228,7 +2315,7 @@ begin
       using errcode = 'MB023';
   end if;
   v_index := memory_private.redact(v_index);
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+  if octet_length(v_index) > v_limits.index_bytes then
     raise exception 'index is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
@@ -2457,7 +2544,7 @@ declare
 begin
   update memory_private.jobs
      set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, 2000), last_error),
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
          finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
@@ -2543,7 +2630,7 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims >= 3 then
+    elsif v_job.claims >= (memory_private.policy()).max_claims then
       perform memory_private.release_job(v_job, 'stopped',
         'the lease expired and the input has made its three model calls');
     else
@@ -2583,7 +2670,7 @@ begin
       from (select j.workspace_id, min(j.next_attempt_at) as due
               from memory_private.jobs j
              where j.status = 'pending' and j.next_attempt_at <= v_now
-               and (j.claims < 3 or j.checkpoint is not null)
+               and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
              group by j.workspace_id) d
       join memory_private.workspaces w on w.workspace_id = d.workspace_id
      where not w.paused
@@ -2603,7 +2690,8 @@ begin
     loop
       select * into v_job from memory_private.jobs j
        where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now and (j.claims < 3 or j.checkpoint is not null)
+         and j.next_attempt_at <= v_now
+         and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
        order by j.next_attempt_at, j.job_id
        limit 1
          for update skip locked;
@@ -2622,7 +2710,7 @@ begin
       -- The claim is counted by start_attempt, when it can reach the provider.
       update memory_private.jobs
          set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + interval '2 minutes', updated_at = v_now
+             lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       return memory_private.job_payload(v_job);
@@ -2647,7 +2735,7 @@ create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_toke
   as $$
 declare
   v_job memory_private.jobs;
-  v_until timestamptz := memory_private.clock_now() + interval '2 minutes';
+  v_until timestamptz := memory_private.clock_now() + (memory_private.policy()).lease;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   update memory_private.jobs
@@ -2683,7 +2771,7 @@ begin
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  if v_job.claims >= 3 then
+  if v_job.claims >= (memory_private.policy()).max_claims then
     raise exception 'the input of job % has made its three model calls', p_job_id
       using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
@@ -2929,7 +3017,8 @@ begin
   -- A record made after the snapshot changes the candidates: the index is still written, and
   -- the scope stays due for another consolidation.
   v_still_due := array(select x from unnest(memory_private.recent_valid_records(
-                                p_job.workspace_id, p_job.scope_id, 48)) x order by x)
+                                p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
+                      order by x)
                  <> array(select x from unnest(v_candidates) x order by x);
   -- The index text may speak of any candidate the model saw: it depends on all of them.
   update memory_private.scopes
@@ -3062,14 +3151,15 @@ begin
 
   perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
   -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= 3 then
+  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
     perform memory_private.release_job(v_job, 'stopped',
       'failed on its third model call, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
-  perform memory_private.release_job(v_job, 'pending', p_error, v_now + interval '1 hour');
+  perform memory_private.release_job(v_job, 'pending', p_error,
+                                     v_now + (memory_private.policy()).failure_backoff);
   return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
-                            'next_attempt_at', v_now + interval '1 hour');
+                            'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
 end
 $$;
 comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
@@ -3174,7 +3264,8 @@ create function memory_private.input_carryover(
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
   select coalesce(bool_or(j.status = 'stopped'
-                          or (j.status = 'superseded' and j.claims >= 3)), false),
+                          or (j.status = 'superseded'
+                              and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
          greatest(memory_private.clock_now(),
                   max(j.next_attempt_at) filter (where j.status = 'superseded'))
@@ -3228,7 +3319,7 @@ declare
   v_cutoff timestamptz;
   v_identity text;
   v_unit record;
-  v_ceiling integer := (memory_private.job_limits() ->> 'batch_bytes')::integer;
+  v_ceiling integer := (memory_private.policy()).batch_bytes;
   v_bytes integer := 0;
   v_batch jsonb := '[]';
   v_origin text;
@@ -3328,7 +3419,8 @@ begin
   v_input := jsonb_build_object(
     'bot_identity', v_identity,
     'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.recent_valid_records(p_workspace_id, p_scope_id, 4)));
+    'existing', to_jsonb(memory_private.recent_valid_records(
+                  p_workspace_id, p_scope_id, (memory_private.policy()).existing_with_batch)));
   v_hash := memory_private.content_hash(v_input::text);
 
   -- One open extraction job per scope. A running one finishes first; a pending one is replaced
@@ -3399,7 +3491,8 @@ begin
     return v_result;
   end if;
 
-  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id, 48);
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
+                                                       (memory_private.policy()).candidates);
   if cardinality(v_candidates) = 0 then
     if v_open.job_id is not null then
       perform memory_private.release_job(v_open, 'superseded', 'no valid record is left');
@@ -3626,10 +3719,12 @@ create table memory_private.request_recall (
   request_id text not null,
   scope_id bigint not null,
   mode text not null check (mode in ('index', 'directory', 'none', 'disabled')),
-  index_text text check (octet_length(index_text) <= 4500),
+  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
   index_withdrawn boolean not null default false,
-  record_ids bigint[] not null default '{}' check (cardinality(record_ids) <= 12),
-  basis_record_ids bigint[] not null default '{}' check (cardinality(basis_record_ids) <= 48),
+  record_ids bigint[] not null default '{}'
+    check (cardinality(record_ids) <= (memory_private.policy()).index_ids),
+  basis_record_ids bigint[] not null default '{}'
+    check (cardinality(basis_record_ids) <= (memory_private.policy()).candidates),
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   primary key (workspace_id, request_id),
@@ -3826,8 +3921,11 @@ begin
            'speaker_ids', to_jsonb(p_record.speaker_ids), 'created_at', p_record.created_at)
       || case when p_with_summary
               then jsonb_build_object('summary',
-                     case when char_length(p_record.summary) <= 300 then p_record.summary
-                          else left(p_record.summary, 299) || '…' end)
+                     case when char_length(p_record.summary)
+                               <= (memory_private.policy()).directory_summary_chars
+                          then p_record.summary
+                          else left(p_record.summary,
+                                    (memory_private.policy()).directory_summary_chars - 1) || '…' end)
               else '{}'::jsonb end;
 end
 $$;
@@ -3847,7 +3945,7 @@ create function memory_private.record_detail(
            'thread_ids', to_jsonb(p_record.thread_ids),
            'source_ids', p_source_ids,
            'source_count', p_source_count,
-           'sources_overflow', greatest(p_source_count - 20, 0),
+           'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
            'created_at', p_record.created_at, 'last_used_at', p_record.last_used_at)
 $$;
 comment on function memory_private.record_detail(memory_private.records, jsonb, bigint) is
@@ -3967,7 +4065,8 @@ begin
     if v_mode is null then
       -- Consolidation pending, no index, or the index rests on a record this reader may not
       -- read now (R2).
-      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, 8,
+      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id,
+                                                   (memory_private.policy()).directory_records,
                                                    v_request.user_id);
       v_basis := v_ids;
       v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
@@ -4025,9 +4124,10 @@ begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   perform memory_private.check_id('tool_call_id', p_tool_call_id);
   perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', 1000)), '');
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', (memory_private.policy()).query_bytes)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
-  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, 12), 12);
+  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, (memory_private.policy()).query_limit),
+                      (memory_private.policy()).query_limit);
   if v_request.kind <> 'interactive' then
     raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
       p_request_id using errcode = 'MB005';
@@ -4070,7 +4170,8 @@ begin
   -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
   with per_record as materialized (
     select rs.record_id,
-           jsonb_agg(rs.message_id order by rs.position) filter (where rs.position <= 20)
+           jsonb_agg(rs.message_id order by rs.position)
+             filter (where rs.position <= (memory_private.policy()).shown_sources)
              as source_ids,
            count(*) as total
       from memory_private.record_sources rs
@@ -4157,7 +4258,7 @@ begin
       from valid
       join memory_private.record_sources rs
         on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
-     where rs.position <= 20
+     where rs.position <= (memory_private.policy()).shown_sources
      order by 1;
 end
 $$;
@@ -4478,13 +4579,26 @@ comment on function memory_private.note_redact(text) is
   'Credential redaction applied to a note''s title and text before they are stored: common '
   'credential patterns are replaced (defense in depth, T9).';
 
+create function memory_private.clip_bytes(p_text text, p_max_bytes integer) returns text
+  language sql immutable strict parallel safe
+  as $$
+  -- The longest prefix of whole characters within the byte limit, in one pass.
+  select coalesce(string_agg(x.c, '' order by x.n), '')
+    from (select c, n, sum(octet_length(c)) over (order by n) as bytes
+            from regexp_split_to_table(p_text, '') with ordinality as t(c, n)) x
+   where x.bytes <= p_max_bytes
+$$;
+comment on function memory_private.clip_bytes(text, integer) is
+  'The text cut to at most p_max_bytes UTF-8 bytes, never inside a character.';
+
 create function memory_private.note_title(p_text text) returns text
   language sql immutable
   set search_path = pg_catalog, pg_temp
   as $$
-  select case when char_length(t) <= 60 then t
-              else coalesce(substring(left(t, 60) from '^(.*\S) '), left(t, 60)) || '…' end
-    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t
+  select case when char_length(t) <= p.note_title_chars then t
+              else coalesce(substring(left(t, p.note_title_chars) from '^(.*\S) '),
+                            left(t, p.note_title_chars)) || '…' end
+    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t, memory_private.policy() as p
 $$;
 comment on function memory_private.note_title(text) is
   'The default title of a note: the first words of the message (at most 60 characters).';
@@ -4821,16 +4935,15 @@ begin
       return;
     end if;
     v_summary := memory_private.note_redact(v_source.body);
-    if octet_length(v_summary) > 4000 then
+    if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
       outcome := memory_private.control_outcome('refused', p_action, 'too_long',
-        format('The message is %s bytes; a note holds at most 4,000 bytes (UTF-8). Ask the user '
-               'for a shorter message to remember.', octet_length(v_summary)));
+        format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+               'for a shorter message to remember.', octet_length(v_summary),
+               (memory_private.policy()).summary_bytes));
       return;
     end if;
     v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
-    while octet_length(v_title) > 300 loop
-      v_title := left(v_title, char_length(v_title) - 1);
-    end loop;
+    v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
     insert into memory_private.records
       (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
        bot_identity, origin_request_id, created_at)
@@ -4974,10 +5087,10 @@ begin
     raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
       using errcode = 'MB001';
   end if;
-  v_source_id := memory_private.arg_text(p_args, 'sourceId', 200);
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
   perform memory_private.check_id('args.sourceId', v_source_id);
   v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
-  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', 300)), '');
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', (memory_private.policy()).title_bytes)), '');
   if v_action = 'forget' and v_memory_id is null then
     raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
   end if;
@@ -5267,7 +5380,8 @@ begin
                                              record_id desc) as rank
             from memory_private.records
            where workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - interval '30 days' or r.rank > 256;
+   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+      or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -5630,7 +5744,7 @@ comment on function memory_private.operator_job_retry_refusal(memory_private.job
 create view memory.job_status as
 select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
        memory_private.operator_now() - j.created_at as age,
-       j.claims, 3 - j.claims as claims_left,
+       j.claims, (memory_private.policy()).max_claims - j.claims as claims_left,
        case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
        j.worker_id, j.lease_expires_at,
        j.checkpoint is not null as has_checkpoint,
@@ -5740,7 +5854,7 @@ begin
           v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
           v_now,
           left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), 2000),
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_bytes),
           v_now, v_now)
   returning job_id into v_new;
   update memory_private.jobs

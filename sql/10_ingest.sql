@@ -14,8 +14,10 @@ create table memory_private.workspaces (
   config_version integer not null check (config_version >= 0),
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  idle_window interval not null default interval '30 minutes'
-    check (idle_window >= interval '0' and idle_window <= interval '30 days'),
+  idle_window interval not null
+    default make_interval(mins => (memory_private.policy()).default_idle_minutes)
+    check (idle_window >= interval '0'
+           and idle_window <= make_interval(mins => (memory_private.policy()).max_idle_minutes)),
   paused boolean not null default false,
   created_at timestamptz not null,
   updated_at timestamptz not null
@@ -153,7 +155,7 @@ create table memory_private.messages (
   request_id text not null,
   role text not null check (role in ('user', 'assistant')),
   speaker_id text not null,
-  body text check (octet_length(body) <= 64000),
+  body text check (octet_length(body) <= (memory_private.policy()).message_bytes),
   content_hash text,
   directed boolean not null,
   retain_until timestamptz,
@@ -246,13 +248,15 @@ create function memory.upsert_workspace(
   p_config_version integer,
   p_budget_usd numeric,
   p_spent_usd numeric default 0,
-  p_idle_minutes integer default 30
+  p_idle_minutes integer default null
 ) returns text
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_inserted boolean;
+  -- Not given (NULL): the policy's default idle window (P3).
+  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
 begin
   perform memory_private.check_id('workspace_id', p_workspace_id);
   if p_config_version is null or p_config_version < 0 then
@@ -260,13 +264,14 @@ begin
   end if;
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
-  if p_idle_minutes is null or p_idle_minutes < 0 or p_idle_minutes > 43200 then
-    raise exception 'idle_minutes must be between 0 and 43200' using errcode = 'MB001';
+  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
+    raise exception 'idle_minutes must be between 0 and %',
+      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
   end if;
   insert into memory_private.workspaces as w
     (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
   values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
-          make_interval(mins => p_idle_minutes),
+          make_interval(mins => v_idle),
           memory_private.clock_now(), memory_private.clock_now())
   on conflict (workspace_id) do update
     set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
@@ -281,7 +286,8 @@ end
 $$;
 comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
   'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
-  'backend reports, and the idle window in minutes before a conversation is extracted.';
+  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
+  'left out: the default, 30).';
 
 create function memory.upsert_member(
   p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
@@ -595,7 +601,7 @@ begin
   if p_role is null or p_role not in ('user', 'assistant') then
     raise exception 'role must be user or assistant' using errcode = 'MB001';
   end if;
-  perform memory_private.check_text('text', p_text, 64000);
+  perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
   if p_directed is null then
     raise exception 'directed is required' using errcode = 'MB001';
   end if;

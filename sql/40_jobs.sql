@@ -56,7 +56,7 @@ create table memory_private.jobs (
   token uuid,
   worker_id text,
   lease_expires_at timestamptz,
-  claims integer not null default 0 check (claims between 0 and 3),
+  claims integer not null default 0 check (claims between 0 and (memory_private.policy()).max_claims),
   next_attempt_at timestamptz not null,
   last_error text,
   checkpoint jsonb,
@@ -112,7 +112,7 @@ create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_reques
 create table memory_private.job_attempts (
   workspace_id text not null,
   job_id bigint not null,
-  attempt_no integer not null check (attempt_no between 1 and 3),
+  attempt_no integer not null check (attempt_no between 1 and (memory_private.policy()).max_claims),
   token uuid not null,
   outcome text not null default 'open' check (outcome in ('open', 'ok', 'failed', 'unknown')),
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
@@ -282,13 +282,15 @@ comment on function memory_private.check_token(text) is
 
 create function memory_private.job_limits() returns jsonb
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
-  select jsonb_build_object('summary_bytes', 4000, 'title_bytes', 300, 'index_bytes', 4500,
-                            'index_ids', 12, 'batch_bytes', 24000, 'candidates', 48)
+  select jsonb_build_object('summary_bytes', p.summary_bytes, 'title_bytes', p.title_bytes,
+                            'index_bytes', p.index_bytes, 'index_ids', p.index_ids,
+                            'batch_bytes', p.batch_bytes, 'candidates', p.candidates)
+    from memory_private.policy() as p
 $$;
 comment on function memory_private.job_limits() is
-  'The limits of model work: summary, title and index bytes (UTF-8), index ids, source batch '
+  'The limits of model work as the claim payload tells them to the worker (from '
+  'memory_private.policy()): summary, title and index bytes (UTF-8), index ids, source batch '
   'bytes, consolidation candidates.';
 
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
@@ -495,7 +497,7 @@ declare
   v_reused bigint[];
   v_record_ids bigint[];
   v_bad text;
-  v_limits jsonb := memory_private.job_limits();
+  v_limits memory_private.policy_values := memory_private.policy();
 begin
   v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
                                  else array['index', 'record_ids'] end;
@@ -562,13 +564,13 @@ begin
       raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
         using errcode = 'MB023';
     end if;
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int then
+    if octet_length(v_title) > v_limits.title_bytes then
       raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
-        v_limits ->> 'title_bytes' using errcode = 'MB023';
+        v_limits.title_bytes using errcode = 'MB023';
     end if;
-    if octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+    if octet_length(v_summary) > v_limits.summary_bytes then
       raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
-        v_limits ->> 'summary_bytes' using errcode = 'MB023';
+        v_limits.summary_bytes using errcode = 'MB023';
     end if;
     select count(*)::text into v_bad from unnest(v_ids) as i
      where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
@@ -587,8 +589,8 @@ begin
     end if;
     v_title := memory_private.redact(v_title);
     v_summary := memory_private.redact(v_summary);
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
-       or octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
+    if octet_length(v_title) > v_limits.title_bytes
+       or octet_length(v_summary) > v_limits.summary_bytes then
       raise exception 'title or summary is over its byte limit once credentials are redacted'
         using errcode = 'MB023';
     end if;
@@ -614,9 +616,9 @@ begin
   if v_index ~ '^\s*$' then
     raise exception 'index must not be empty' using errcode = 'MB023';
   end if;
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+  if octet_length(v_index) > v_limits.index_bytes then
     raise exception 'index is % bytes; the limit is % UTF-8 bytes', octet_length(v_index),
-      v_limits ->> 'index_bytes' using errcode = 'MB023';
+      v_limits.index_bytes using errcode = 'MB023';
   end if;
   v_record_ids := array(select (e #>> '{}')::bigint
                           from jsonb_array_elements(p_output -> 'record_ids')
@@ -624,9 +626,9 @@ begin
   if cardinality(v_record_ids) = 0 then
     raise exception 'record_ids must name at least one memory' using errcode = 'MB023';
   end if;
-  if cardinality(v_record_ids) > (v_limits ->> 'index_ids')::int then
+  if cardinality(v_record_ids) > v_limits.index_ids then
     raise exception 'record_ids has % ids; the limit is %', cardinality(v_record_ids),
-      v_limits ->> 'index_ids' using errcode = 'MB023';
+      v_limits.index_ids using errcode = 'MB023';
   end if;
   if cardinality(v_record_ids)
      <> (select count(distinct x) from unnest(v_record_ids) as x) then
@@ -640,7 +642,7 @@ begin
       using errcode = 'MB023';
   end if;
   v_index := memory_private.redact(v_index);
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
+  if octet_length(v_index) > v_limits.index_bytes then
     raise exception 'index is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
@@ -869,7 +871,7 @@ declare
 begin
   update memory_private.jobs
      set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, 2000), last_error),
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
          finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
@@ -955,7 +957,7 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims >= 3 then
+    elsif v_job.claims >= (memory_private.policy()).max_claims then
       perform memory_private.release_job(v_job, 'stopped',
         'the lease expired and the input has made its three model calls');
     else
@@ -995,7 +997,7 @@ begin
       from (select j.workspace_id, min(j.next_attempt_at) as due
               from memory_private.jobs j
              where j.status = 'pending' and j.next_attempt_at <= v_now
-               and (j.claims < 3 or j.checkpoint is not null)
+               and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
              group by j.workspace_id) d
       join memory_private.workspaces w on w.workspace_id = d.workspace_id
      where not w.paused
@@ -1015,7 +1017,8 @@ begin
     loop
       select * into v_job from memory_private.jobs j
        where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now and (j.claims < 3 or j.checkpoint is not null)
+         and j.next_attempt_at <= v_now
+         and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
        order by j.next_attempt_at, j.job_id
        limit 1
          for update skip locked;
@@ -1034,7 +1037,7 @@ begin
       -- The claim is counted by start_attempt, when it can reach the provider.
       update memory_private.jobs
          set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + interval '2 minutes', updated_at = v_now
+             lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       return memory_private.job_payload(v_job);
@@ -1059,7 +1062,7 @@ create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_toke
   as $$
 declare
   v_job memory_private.jobs;
-  v_until timestamptz := memory_private.clock_now() + interval '2 minutes';
+  v_until timestamptz := memory_private.clock_now() + (memory_private.policy()).lease;
 begin
   v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
   update memory_private.jobs
@@ -1095,7 +1098,7 @@ begin
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  if v_job.claims >= 3 then
+  if v_job.claims >= (memory_private.policy()).max_claims then
     raise exception 'the input of job % has made its three model calls', p_job_id
       using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
@@ -1341,7 +1344,8 @@ begin
   -- A record made after the snapshot changes the candidates: the index is still written, and
   -- the scope stays due for another consolidation.
   v_still_due := array(select x from unnest(memory_private.recent_valid_records(
-                                p_job.workspace_id, p_job.scope_id, 48)) x order by x)
+                                p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
+                      order by x)
                  <> array(select x from unnest(v_candidates) x order by x);
   -- The index text may speak of any candidate the model saw: it depends on all of them.
   update memory_private.scopes
@@ -1474,14 +1478,15 @@ begin
 
   perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
   -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= 3 then
+  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
     perform memory_private.release_job(v_job, 'stopped',
       'failed on its third model call, not replayed: ' || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
-  perform memory_private.release_job(v_job, 'pending', p_error, v_now + interval '1 hour');
+  perform memory_private.release_job(v_job, 'pending', p_error,
+                                     v_now + (memory_private.policy()).failure_backoff);
   return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
-                            'next_attempt_at', v_now + interval '1 hour');
+                            'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
 end
 $$;
 comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is

@@ -71,7 +71,8 @@ create function memory_private.input_carryover(
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
   select coalesce(bool_or(j.status = 'stopped'
-                          or (j.status = 'superseded' and j.claims >= 3)), false),
+                          or (j.status = 'superseded'
+                              and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
          greatest(memory_private.clock_now(),
                   max(j.next_attempt_at) filter (where j.status = 'superseded'))
@@ -125,7 +126,7 @@ declare
   v_cutoff timestamptz;
   v_identity text;
   v_unit record;
-  v_ceiling integer := (memory_private.job_limits() ->> 'batch_bytes')::integer;
+  v_ceiling integer := (memory_private.policy()).batch_bytes;
   v_bytes integer := 0;
   v_batch jsonb := '[]';
   v_origin text;
@@ -225,7 +226,8 @@ begin
   v_input := jsonb_build_object(
     'bot_identity', v_identity,
     'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.recent_valid_records(p_workspace_id, p_scope_id, 4)));
+    'existing', to_jsonb(memory_private.recent_valid_records(
+                  p_workspace_id, p_scope_id, (memory_private.policy()).existing_with_batch)));
   v_hash := memory_private.content_hash(v_input::text);
 
   -- One open extraction job per scope. A running one finishes first; a pending one is replaced
@@ -296,7 +298,8 @@ begin
     return v_result;
   end if;
 
-  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id, 48);
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
+                                                       (memory_private.policy()).candidates);
   if cardinality(v_candidates) = 0 then
     if v_open.job_id is not null then
       perform memory_private.release_job(v_open, 'superseded', 'no valid record is left');

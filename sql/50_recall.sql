@@ -25,10 +25,12 @@ create table memory_private.request_recall (
   request_id text not null,
   scope_id bigint not null,
   mode text not null check (mode in ('index', 'directory', 'none', 'disabled')),
-  index_text text check (octet_length(index_text) <= 4500),
+  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
   index_withdrawn boolean not null default false,
-  record_ids bigint[] not null default '{}' check (cardinality(record_ids) <= 12),
-  basis_record_ids bigint[] not null default '{}' check (cardinality(basis_record_ids) <= 48),
+  record_ids bigint[] not null default '{}'
+    check (cardinality(record_ids) <= (memory_private.policy()).index_ids),
+  basis_record_ids bigint[] not null default '{}'
+    check (cardinality(basis_record_ids) <= (memory_private.policy()).candidates),
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   primary key (workspace_id, request_id),
@@ -225,8 +227,11 @@ begin
            'speaker_ids', to_jsonb(p_record.speaker_ids), 'created_at', p_record.created_at)
       || case when p_with_summary
               then jsonb_build_object('summary',
-                     case when char_length(p_record.summary) <= 300 then p_record.summary
-                          else left(p_record.summary, 299) || '…' end)
+                     case when char_length(p_record.summary)
+                               <= (memory_private.policy()).directory_summary_chars
+                          then p_record.summary
+                          else left(p_record.summary,
+                                    (memory_private.policy()).directory_summary_chars - 1) || '…' end)
               else '{}'::jsonb end;
 end
 $$;
@@ -246,7 +251,7 @@ create function memory_private.record_detail(
            'thread_ids', to_jsonb(p_record.thread_ids),
            'source_ids', p_source_ids,
            'source_count', p_source_count,
-           'sources_overflow', greatest(p_source_count - 20, 0),
+           'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
            'created_at', p_record.created_at, 'last_used_at', p_record.last_used_at)
 $$;
 comment on function memory_private.record_detail(memory_private.records, jsonb, bigint) is
@@ -366,7 +371,8 @@ begin
     if v_mode is null then
       -- Consolidation pending, no index, or the index rests on a record this reader may not
       -- read now (R2).
-      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, 8,
+      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id,
+                                                   (memory_private.policy()).directory_records,
                                                    v_request.user_id);
       v_basis := v_ids;
       v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
@@ -424,9 +430,10 @@ begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
   perform memory_private.check_id('tool_call_id', p_tool_call_id);
   perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', 1000)), '');
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', (memory_private.policy()).query_bytes)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
-  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, 12), 12);
+  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, (memory_private.policy()).query_limit),
+                      (memory_private.policy()).query_limit);
   if v_request.kind <> 'interactive' then
     raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
       p_request_id using errcode = 'MB005';
@@ -469,7 +476,8 @@ begin
   -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
   with per_record as materialized (
     select rs.record_id,
-           jsonb_agg(rs.message_id order by rs.position) filter (where rs.position <= 20)
+           jsonb_agg(rs.message_id order by rs.position)
+             filter (where rs.position <= (memory_private.policy()).shown_sources)
              as source_ids,
            count(*) as total
       from memory_private.record_sources rs
@@ -556,7 +564,7 @@ begin
       from valid
       join memory_private.record_sources rs
         on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
-     where rs.position <= 20
+     where rs.position <= (memory_private.policy()).shown_sources
      order by 1;
 end
 $$;

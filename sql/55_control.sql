@@ -297,13 +297,26 @@ comment on function memory_private.note_redact(text) is
   'Credential redaction applied to a note''s title and text before they are stored: common '
   'credential patterns are replaced (defense in depth, T9).';
 
+create function memory_private.clip_bytes(p_text text, p_max_bytes integer) returns text
+  language sql immutable strict parallel safe
+  as $$
+  -- The longest prefix of whole characters within the byte limit, in one pass.
+  select coalesce(string_agg(x.c, '' order by x.n), '')
+    from (select c, n, sum(octet_length(c)) over (order by n) as bytes
+            from regexp_split_to_table(p_text, '') with ordinality as t(c, n)) x
+   where x.bytes <= p_max_bytes
+$$;
+comment on function memory_private.clip_bytes(text, integer) is
+  'The text cut to at most p_max_bytes UTF-8 bytes, never inside a character.';
+
 create function memory_private.note_title(p_text text) returns text
   language sql immutable
   set search_path = pg_catalog, pg_temp
   as $$
-  select case when char_length(t) <= 60 then t
-              else coalesce(substring(left(t, 60) from '^(.*\S) '), left(t, 60)) || '…' end
-    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t
+  select case when char_length(t) <= p.note_title_chars then t
+              else coalesce(substring(left(t, p.note_title_chars) from '^(.*\S) '),
+                            left(t, p.note_title_chars)) || '…' end
+    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t, memory_private.policy() as p
 $$;
 comment on function memory_private.note_title(text) is
   'The default title of a note: the first words of the message (at most 60 characters).';
@@ -640,16 +653,15 @@ begin
       return;
     end if;
     v_summary := memory_private.note_redact(v_source.body);
-    if octet_length(v_summary) > 4000 then
+    if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
       outcome := memory_private.control_outcome('refused', p_action, 'too_long',
-        format('The message is %s bytes; a note holds at most 4,000 bytes (UTF-8). Ask the user '
-               'for a shorter message to remember.', octet_length(v_summary)));
+        format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+               'for a shorter message to remember.', octet_length(v_summary),
+               (memory_private.policy()).summary_bytes));
       return;
     end if;
     v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
-    while octet_length(v_title) > 300 loop
-      v_title := left(v_title, char_length(v_title) - 1);
-    end loop;
+    v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
     insert into memory_private.records
       (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
        bot_identity, origin_request_id, created_at)
@@ -793,10 +805,10 @@ begin
     raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
       using errcode = 'MB001';
   end if;
-  v_source_id := memory_private.arg_text(p_args, 'sourceId', 200);
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
   perform memory_private.check_id('args.sourceId', v_source_id);
   v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
-  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', 300)), '');
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', (memory_private.policy()).title_bytes)), '');
   if v_action = 'forget' and v_memory_id is null then
     raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
   end if;

@@ -210,7 +210,8 @@ begin
                                              record_id desc) as rank
             from memory_private.records
            where workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - interval '30 days' or r.rank > 256;
+   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+      or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;

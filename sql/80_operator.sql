@@ -259,7 +259,7 @@ comment on function memory_private.operator_job_retry_refusal(memory_private.job
 create view memory.job_status as
 select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
        memory_private.operator_now() - j.created_at as age,
-       j.claims, 3 - j.claims as claims_left,
+       j.claims, (memory_private.policy()).max_claims - j.claims as claims_left,
        case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
        j.worker_id, j.lease_expires_at,
        j.checkpoint is not null as has_checkpoint,
@@ -369,7 +369,7 @@ begin
           v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
           v_now,
           left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), 2000),
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_bytes),
           v_now, v_now)
   returning job_id into v_new;
   update memory_private.jobs
