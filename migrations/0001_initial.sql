@@ -119,7 +119,10 @@ comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
 
 create function memory_private.policy() returns memory_private.policy_values
-  language sql immutable parallel safe
+  language sql immutable parallel safe security definer
+  -- Definer only so that the operator views may read it (their callers have no usage on this
+  -- schema); immutable, so every query folds it to constants when it is planned.
+  set search_path = pg_catalog, pg_temp
   as $$
   select row(
     200,                    -- id_bytes
@@ -6036,6 +6039,8 @@ grant execute on function
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 to memory_operator;
+-- The views read the policy numbers too (claims left of the maximum): constants, no data.
+grant execute on function memory_private.policy() to memory_operator;
 
 revoke all on function
   memory.retry_job(text, bigint),

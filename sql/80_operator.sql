@@ -551,6 +551,8 @@ grant execute on function
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 to memory_operator;
+-- The views read the policy numbers too (claims left of the maximum): constants, no data.
+grant execute on function memory_private.policy() to memory_operator;
 
 revoke all on function
   memory.retry_job(text, bigint),
