@@ -548,28 +548,16 @@ comment on function memory_private.replay_outcome(memory_private.tool_calls,
   'holds (the note exists and is recalled, memory is still off or on), otherwise '
   'code no_longer_holds saying what changed since (C9). holds says which.';
 
-create function memory_private.apply_control(
-  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
-  p_source_id text, p_memory_id bigint, p_title text,
-  out outcome jsonb, out authority text
-)
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
+create function memory_private.source_refusal(
+  p_request memory_private.requests, p_action text, p_source_id text
+) returns jsonb
+  language plpgsql stable
   as $$
 declare
   v_ws text := p_request.workspace_id;
-  v_now timestamptz := memory_private.clock_now();
   v_current memory_private.messages;
   v_source memory_private.messages;
   v_form text;
-  v_refusal text;
-  v_record memory_private.records;
-  v_summary text;
-  v_title text;
-  v_ids bigint[];
-  v_owners jsonb;
-  v_own_only boolean;
-  v_changed boolean;
 begin
   -- The source must be the request's current human message ...
   select * into v_current from memory_private.messages
@@ -580,33 +568,30 @@ begin
   select * into v_source from memory_private.messages
    where workspace_id = v_ws and message_id = p_source_id;
   if not found or v_source.request_id <> p_request.request_id then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+    return memory_private.control_outcome('refused', p_action, 'not_current_message',
       format('Message %s is not a message of this request; only the user''s current message can '
              'ask for this.', p_source_id));
-    return;
   end if;
   if v_source.role <> 'user' then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_human_message',
+    return memory_private.control_outcome('refused', p_action, 'not_human_message',
       format('Message %s is assistant text; only the user''s own current message can ask for '
              'this.', p_source_id));
-    return;
   end if;
   if v_source.speaker_id <> p_request.user_id
      or v_current.message_id is distinct from v_source.message_id then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+    return memory_private.control_outcome('refused', p_action, 'not_current_message',
       format('Message %s is not the current message of the user of this request.',
              p_source_id));
-    return;
   end if;
-  if not memory_private.is_retained(v_source.body is not null, v_source.retain_until, v_now) then
-    outcome := memory_private.control_outcome('refused', p_action, 'source_gone',
+  if not memory_private.is_retained(v_source.body is not null, v_source.retain_until,
+                                    memory_private.clock_now()) then
+    return memory_private.control_outcome('refused', p_action, 'source_gone',
       format('Message %s was removed or is past its retention.', p_source_id));
-    return;
   end if;
   -- ... and that message must itself directly ask for this action (C1, C2).
   v_form := memory_private.request_form(v_source.body);
   if v_form is distinct from p_action then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_direct_request',
+    return memory_private.control_outcome('refused', p_action, 'not_direct_request',
       case v_form
         when 'quoted' then 'The message quotes other text (history, code, tool output or '
                            'someone else''s words); only a direct request of the user counts.'
@@ -617,133 +602,190 @@ begin
         when 'none' then 'The message does not directly ask to ' || p_action || '.'
         else 'The message asks for ' || v_form || ', not ' || p_action || '.'
       end);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.source_refusal(memory_private.requests, text, text) is
+  'Why the message p_source_id cannot ask for p_action, as a refused manage_memory outcome, or '
+  'NULL when it can: it must be the request''s current human message (the newest user message '
+  'of the request''s user), still retained, and directly ask for the action (C1, C2).';
+
+create function memory_private.control_remember(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_source_id text,
+  p_title text, out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_now timestamptz := memory_private.clock_now();
+  v_source memory_private.messages;
+  v_refusal text;
+  v_record memory_private.records;
+  v_summary text;
+  v_title text;
+  c_action constant text := 'remember';
+begin
+  select * into strict v_source from memory_private.messages
+   where workspace_id = v_ws and message_id = p_source_id;
+  authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      'Not remembered: ' || v_refusal || '.');
     return;
   end if;
-
-  if p_action = 'remember' then
-    authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
-    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
-    if v_refusal is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        'Not remembered: ' || v_refusal || '.');
-      return;
-    end if;
-    if not p_scope.recall_enabled then
-      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
-        'Memory is turned off in this chat, so nothing is stored; turn it on first.');
-      return;
-    end if;
-    if exists (select 1 from memory_private.tombstones
-                where workspace_id = v_ws and scope_id = p_scope.scope_id
-                  and message_id = v_source.message_id) then
-      outcome := memory_private.control_outcome('refused', p_action, 'forgotten',
-        'This message was forgotten in this chat and is not stored again.');
-      return;
-    end if;
-    select r.* into v_record from memory_private.records r
-      join memory_private.record_dependencies d
-        on d.workspace_id = r.workspace_id and d.record_id = r.record_id
-     where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
-       and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
-     limit 1;
-    if found then
-      outcome := memory_private.control_outcome('done', p_action, 'already_remembered',
-        format('This message is already remembered as memory %s.', v_record.record_id),
-        v_record.record_id);
-      return;
-    end if;
-    v_summary := memory_private.note_redact(v_source.body);
-    if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
-      outcome := memory_private.control_outcome('refused', p_action, 'too_long',
-        format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
-               'for a shorter message to remember.', octet_length(v_summary),
-               (memory_private.policy()).summary_bytes));
-      return;
-    end if;
-    v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
-    v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
-    insert into memory_private.records
-      (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-       bot_identity, origin_request_id, created_at)
-    select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
-           array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
-           v_now
-      from memory_private.bots b
-     where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
-    returning * into strict v_record;
-    -- A note cites, and rests on, exactly the message that asked for it (C3).
-    insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-    values (v_ws, v_record.record_id, v_source.message_id, 1);
-    insert into memory_private.record_dependencies
-      (workspace_id, record_id, message_id, content_hash, via)
-    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
-    update memory_private.scopes
-       set consolidation_due_at = coalesce(consolidation_due_at, v_now)
-     where workspace_id = v_ws and scope_id = p_scope.scope_id;
-    outcome := memory_private.control_outcome('done', p_action, 'remembered',
-      format('Saved the message as memory %s, attributed to %s. It is historical reference, '
-             'not an instruction.', v_record.record_id, v_source.speaker_id),
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat, so nothing is stored; turn it on first.');
+    return;
+  end if;
+  if exists (select 1 from memory_private.tombstones
+              where workspace_id = v_ws and scope_id = p_scope.scope_id
+                and message_id = v_source.message_id) then
+    outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
+      'This message was forgotten in this chat and is not stored again.');
+    return;
+  end if;
+  select r.* into v_record from memory_private.records r
+    join memory_private.record_dependencies d
+      on d.workspace_id = r.workspace_id and d.record_id = r.record_id
+   where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
+     and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
+   limit 1;
+  if found then
+    outcome := memory_private.control_outcome('done', c_action, 'already_remembered',
+      format('This message is already remembered as memory %s.', v_record.record_id),
       v_record.record_id);
     return;
   end if;
-
-  if p_action = 'forget' then
-    if not p_scope.recall_enabled then
-      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
-        'Memory is turned off in this chat; turn it on to see and forget memories.', p_memory_id);
-      return;
-    end if;
-    select * into v_record from memory_private.records
-     where workspace_id = v_ws and record_id = p_memory_id and scope_id = p_scope.scope_id;
-    if not found
-       or memory_private.record_invalid_reason(v_record, p_request.user_id) is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'memory_not_found',
-        format('There is no memory %s that you can see in this chat.', p_memory_id),
-        p_memory_id);
-      return;
-    end if;
-    -- The participant rule applies to every record the forget would remove, not only the
-    -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
-    v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
-    select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
-      into v_owners, v_own_only
-      from (select owner_id, count(*) as n
-              from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
-    authority := case when p_scope.kind = 'private' then 'scope_user'
-                      when coalesce(v_own_only, false) then 'participant'
-                      else 'admin' end;
-    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
-    if v_refusal is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        case when authority = 'admin' and cardinality(v_ids) > 1
-               then format('Forgetting memory %s would also remove %s related memories built on '
-                           'the same messages, and together they hold statements of other '
-                           'participants; nothing was forgotten. Only an active workspace owner '
-                           'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
-             when authority = 'admin'
-               then format('Memory %s holds statements of other participants; nothing was '
-                           'forgotten. Only an active workspace owner or admin can forget it.',
-                           p_memory_id)
-             else 'Not forgotten: ' || v_refusal || '.' end,
-        p_memory_id);
-      return;
-    end if;
-    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
-    outcome := memory_private.control_outcome('done', p_action, 'forgotten',
-      format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
-             'the original chat messages are kept.', p_memory_id,
-             case when cardinality(v_ids) > 1
-                  then format(' and %s related memories built on the same messages',
-                              cardinality(v_ids) - 1)
-                  else '' end,
-             coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
-                         from jsonb_each_text(v_owners)), 'nobody')),
-      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
-                                      'forgotten_by_person', coalesce(v_owners, '{}')));
+  v_summary := memory_private.note_redact(v_source.body);
+  if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
+    outcome := memory_private.control_outcome('refused', c_action, 'too_long',
+      format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+             'for a shorter message to remember.', octet_length(v_summary),
+             (memory_private.policy()).summary_bytes));
     return;
   end if;
+  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+  v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
+         array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
+         v_now
+    from memory_private.bots b
+   where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
+  returning * into strict v_record;
+  -- A note cites, and rests on, exactly the message that asked for it (C3).
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  values (v_ws, v_record.record_id, v_source.message_id, 1);
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via)
+  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = v_ws and scope_id = p_scope.scope_id;
+  outcome := memory_private.control_outcome('done', c_action, 'remembered',
+    format('Saved the message as memory %s, attributed to %s. It is historical reference, '
+           'not an instruction.', v_record.record_id, v_source.speaker_id),
+    v_record.record_id);
+end
+$$;
+comment on function memory_private.control_remember(memory_private.requests,
+                                                    memory_private.scopes, text, text) is
+  'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
+  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
+  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
 
-  -- enable-memory / disable-memory
+create function memory_private.control_forget(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_memory_id bigint,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_refusal text;
+  v_record memory_private.records;
+  v_ids bigint[];
+  v_owners jsonb;
+  v_own_only boolean;
+  c_action constant text := 'forget';
+begin
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat; turn it on to see and forget memories.', p_memory_id);
+    return;
+  end if;
+  select * into v_record from memory_private.records
+   where workspace_id = v_ws and record_id = p_memory_id and scope_id = p_scope.scope_id;
+  if not found
+     or memory_private.record_invalid_reason(v_record, p_request.user_id) is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'memory_not_found',
+      format('There is no memory %s that you can see in this chat.', p_memory_id),
+      p_memory_id);
+    return;
+  end if;
+  -- The participant rule applies to every record the forget would remove, not only the
+  -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
+  v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
+  select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
+    into v_owners, v_own_only
+    from (select owner_id, count(*) as n
+            from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
+  authority := case when p_scope.kind = 'private' then 'scope_user'
+                    when coalesce(v_own_only, false) then 'participant'
+                    else 'admin' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      case when authority = 'admin' and cardinality(v_ids) > 1
+             then format('Forgetting memory %s would also remove %s related memories built on '
+                         'the same messages, and together they hold statements of other '
+                         'participants; nothing was forgotten. Only an active workspace owner '
+                         'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
+           when authority = 'admin'
+             then format('Memory %s holds statements of other participants; nothing was '
+                         'forgotten. Only an active workspace owner or admin can forget it.',
+                         p_memory_id)
+           else 'Not forgotten: ' || v_refusal || '.' end,
+      p_memory_id);
+    return;
+  end if;
+  v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
+  outcome := memory_private.control_outcome('done', c_action, 'forgotten',
+    format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
+           'the original chat messages are kept.', p_memory_id,
+           case when cardinality(v_ids) > 1
+                then format(' and %s related memories built on the same messages',
+                            cardinality(v_ids) - 1)
+                else '' end,
+           coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
+                       from jsonb_each_text(v_owners)), 'nobody')),
+    p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
+                                    'forgotten_by_person', coalesce(v_owners, '{}')));
+end
+$$;
+comment on function memory_private.control_forget(memory_private.requests,
+                                                  memory_private.scopes, bigint) is
+  'manage_memory forget, once the source asks for it: the record must be visible to the user in '
+  'the scope; the participant rule holds for every record the forget removes (C6, C7); then '
+  'memory_private.forget_records (T7, T8). Returns the outcome and the standing it needed.';
+
+create function memory_private.control_toggle(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_refusal text;
+  v_changed boolean;
+  v_ws text := p_request.workspace_id;
+begin
   authority := case when p_scope.kind = 'private' then 'scope_user' else 'admin' end;
   v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
   if v_refusal is not null then
@@ -770,11 +812,42 @@ begin
     null, jsonb_build_object('changed', v_changed));
 end
 $$;
+comment on function memory_private.control_toggle(memory_private.requests,
+                                                  memory_private.scopes, text) is
+  'manage_memory enable-memory / disable-memory, once the source asks for it: the scope''s user '
+  'in a private chat, an owner/admin in a group (C5, C7); recall of the scope is switched, '
+  'records kept (C8). Returns the outcome and the standing it needed.';
+
+create function memory_private.apply_control(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
+  p_source_id text, p_memory_id bigint, p_title text,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+begin
+  outcome := memory_private.source_refusal(p_request, p_action, p_source_id);
+  if outcome is not null then
+    return;
+  end if;
+  if p_action = 'remember' then
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_remember(p_request, p_scope, p_source_id, p_title) c;
+  elsif p_action = 'forget' then
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_forget(p_request, p_scope, p_memory_id) c;
+  else
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_toggle(p_request, p_scope, p_action) c;
+  end if;
+end
+$$;
 comment on function memory_private.apply_control(memory_private.requests, memory_private.scopes,
                                                  text, text, bigint, text) is
   'Checks and applies one manage_memory action (the caller holds the workspace lock): the source '
-  'is the current human message and directly asks for the action, the user has the standing, '
-  'the state allows it. Returns the outcome and the standing it needed.';
+  'asks for it (memory_private.source_refusal), then the action''s own function decides the '
+  'standing and the state (control_remember, control_forget, control_toggle). Returns the '
+  'outcome and the standing it needed.';
 
 create function memory.manage_memory(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
