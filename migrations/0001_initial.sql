@@ -2157,134 +2157,160 @@ comment on function memory_private.check_usage(jsonb, boolean) is
   'With p_complete false (fail_job) a value may be null: the worker could not read it (a '
   'provider''s NaN, negative or oversized count), and a null cost is charged at the reserve.';
 
-create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
-  returns jsonb
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
+create function memory_private.is_id_array(p_value jsonb) returns boolean
+  language sql immutable parallel safe
+  as $$
+  -- An id is an integer literal between 1 and the bigint maximum (1.0 is not: it would not cast
+  -- to bigint, and a model that writes it has not copied the id).
+  select jsonb_typeof(p_value) = 'array'
+     and not exists (select 1 from jsonb_array_elements(p_value) e
+                      where jsonb_typeof(e) <> 'number' or (e #>> '{}') !~ '^[0-9]{1,19}$'
+                         or (e #>> '{}')::numeric not between 1 and 9223372036854775807)
+$$;
+comment on function memory_private.is_id_array(jsonb) is
+  'Whether a JSON value is an array of record ids (integer literals, 1 .. 2^63-1).';
+
+create function memory_private.check_output_keys(
+  p_phase text, p_output jsonb, p_expected text[], p_optional text[]
+) returns void
+  language plpgsql immutable
   as $$
 declare
   v_keys text[];
-  v_expected text[];
-  v_optional text[];
-  v_title text;
-  v_summary text;
-  v_index text;
-  v_ids text[];
-  v_reused bigint[];
-  v_record_ids bigint[];
   v_bad text;
-  v_limits memory_private.policy_values := memory_private.policy();
 begin
-  v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
-                                 else array['index', 'record_ids'] end;
-  -- reused_ids is optional: an output that declares no reuse may leave it out.
-  v_optional := case p_job.phase when 'extract' then array['reused_ids'] else '{}' end;
   if p_output is null or jsonb_typeof(p_output) <> 'object' then
-    raise exception 'the % output must be a JSON object with keys %', p_job.phase,
-      array_to_string(v_expected, ', ') using errcode = 'MB023';
+    raise exception 'the % output must be a JSON object with keys %', p_phase,
+      array_to_string(p_expected, ', ') using errcode = 'MB023';
   end if;
   v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
   -- Messages name the contract, never what the model wrote (its keys, ids or text): they reach
   -- the worker's logs, and a model's output is hostile input.
-  select count(*)::text into v_bad from unnest(v_keys) as k where k <> all (v_expected || v_optional);
+  select count(*)::text into v_bad from unnest(v_keys) as k
+   where k <> all (p_expected || p_optional);
   if v_bad <> '0' then
-    raise exception 'the % output has % unknown key(s); the keys are exactly %', p_job.phase,
-      v_bad, array_to_string(v_expected, ', ') using errcode = 'MB023';
+    raise exception 'the % output has % unknown key(s); the keys are exactly %', p_phase,
+      v_bad, array_to_string(p_expected, ', ') using errcode = 'MB023';
   end if;
-  select string_agg(k, ', ') into v_bad from unnest(v_expected) as k where k <> all (v_keys);
+  select string_agg(k, ', ') into v_bad from unnest(p_expected) as k where k <> all (v_keys);
   if v_bad is not null then
-    raise exception 'the % output lacks keys: %', p_job.phase, v_bad using errcode = 'MB023';
+    raise exception 'the % output lacks keys: %', p_phase, v_bad using errcode = 'MB023';
   end if;
+end
+$$;
+comment on function memory_private.check_output_keys(text, jsonb, text[], text[]) is
+  'Raises MB023 unless a model output is a JSON object with exactly the expected keys (and '
+  'perhaps the optional ones).';
 
-  if p_job.phase = 'extract' then
-    if jsonb_typeof(p_output -> 'title') <> 'string'
-       or jsonb_typeof(p_output -> 'summary') <> 'string' then
-      raise exception 'title and summary must be strings' using errcode = 'MB023';
-    end if;
-    if jsonb_typeof(p_output -> 'source_ids') <> 'array'
-       or exists (select 1 from jsonb_array_elements(p_output -> 'source_ids') e
-                   where jsonb_typeof(e) <> 'string') then
-      raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
-    end if;
-    if jsonb_typeof(coalesce(p_output -> 'reused_ids', '[]')) <> 'array'
-       or exists (select 1 from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]')) e
-                   where case when jsonb_typeof(e) <> 'number' then true
-                              else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
-                                   or (e #>> '{}')::numeric not between 1 and 9223372036854775807
-                         end) then
-      raise exception 'reused_ids must be an array of memory ids (positive integers)'
-        using errcode = 'MB023';
-    end if;
-    v_title := p_output ->> 'title';
-    v_summary := p_output ->> 'summary';
-    -- The sources in the order the output lists them (the order the summary uses them), each
-    -- once, at its first place.
-    v_ids := array(select e.id
-                     from jsonb_array_elements_text(p_output -> 'source_ids')
-                          with ordinality as e(id, n)
-                    group by e.id order by min(e.n));
-    v_reused := array(select e.id
-                        from (select (x #>> '{}')::numeric::bigint as id, n
-                                from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]'))
-                                     with ordinality as a(x, n)) e
-                       group by e.id order by min(e.n));
-    if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
-      if cardinality(v_reused) > 0 then
-        raise exception 'an empty (no-op) output reuses no memory: reused_ids must be empty'
-          using errcode = 'MB023';
-      end if;
-      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb,
-                                'reused_ids', '[]'::jsonb);
-    end if;
-    if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
-      raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
-        using errcode = 'MB023';
-    end if;
-    if octet_length(v_title) > v_limits.title_bytes then
-      raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
-        v_limits.title_bytes using errcode = 'MB023';
-    end if;
-    if octet_length(v_summary) > v_limits.summary_bytes then
-      raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
-        v_limits.summary_bytes using errcode = 'MB023';
-    end if;
-    select count(*)::text into v_bad from unnest(v_ids) as i
-     where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
-                        where s ->> 'id' = i);
-    if v_bad <> '0' then
-      raise exception '% source id(s) are not messages of the job''s batch', v_bad
-        using errcode = 'MB023';
-    end if;
-    -- Reuse can only be declared of a memory the model was shown with the batch (P5).
-    select string_agg(x::text, ', ') into v_bad from unnest(v_reused) as x
-     where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'existing') e
-                        where e::bigint = x);
-    if v_bad is not null then
-      raise exception 'reused ids not among the memories shown with the batch: %',
-        left(v_bad, 500) using errcode = 'MB023';
-    end if;
-    v_title := memory_private.redact(v_title);
-    v_summary := memory_private.redact(v_summary);
-    if octet_length(v_title) > v_limits.title_bytes
-       or octet_length(v_summary) > v_limits.summary_bytes then
-      raise exception 'title or summary is over its byte limit once credentials are redacted'
-        using errcode = 'MB023';
-    end if;
-    return jsonb_build_object('title', v_title, 'summary', v_summary,
-                              'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
+create function memory_private.validate_extraction(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql stable
+  as $$
+declare
+  v_title text;
+  v_summary text;
+  v_ids text[];
+  v_reused bigint[];
+  v_bad text;
+  v_policy memory_private.policy_values := memory_private.policy();
+begin
+  -- reused_ids is optional: an output that declares no reuse may leave it out.
+  perform memory_private.check_output_keys('extract', p_output,
+                                           array['source_ids', 'summary', 'title'],
+                                           array['reused_ids']);
+  if jsonb_typeof(p_output -> 'title') <> 'string'
+     or jsonb_typeof(p_output -> 'summary') <> 'string' then
+    raise exception 'title and summary must be strings' using errcode = 'MB023';
   end if;
+  if jsonb_typeof(p_output -> 'source_ids') <> 'array'
+     or exists (select 1 from jsonb_array_elements(p_output -> 'source_ids') e
+                 where jsonb_typeof(e) <> 'string') then
+    raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
+  end if;
+  if not memory_private.is_id_array(coalesce(p_output -> 'reused_ids', '[]')) then
+    raise exception 'reused_ids must be an array of memory ids (positive integers)'
+      using errcode = 'MB023';
+  end if;
+  v_title := p_output ->> 'title';
+  v_summary := p_output ->> 'summary';
+  -- The sources in the order the output lists them (the order the summary uses them), each
+  -- once, at its first place; the same for the memories it reused.
+  v_ids := array(select e.id
+                   from jsonb_array_elements_text(p_output -> 'source_ids')
+                        with ordinality as e(id, n)
+                  group by e.id order by min(e.n));
+  v_reused := array(select e.id::bigint
+                      from jsonb_array_elements_text(coalesce(p_output -> 'reused_ids', '[]'))
+                           with ordinality as e(id, n)
+                     group by e.id order by min(e.n));
+  if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
+    if cardinality(v_reused) > 0 then
+      raise exception 'an empty (no-op) output reuses no memory: reused_ids must be empty'
+        using errcode = 'MB023';
+    end if;
+    return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb,
+                              'reused_ids', '[]'::jsonb);
+  end if;
+  if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
+    raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
+      using errcode = 'MB023';
+  end if;
+  if octet_length(v_title) > v_policy.title_bytes then
+    raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
+      v_policy.title_bytes using errcode = 'MB023';
+  end if;
+  if octet_length(v_summary) > v_policy.summary_bytes then
+    raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
+      v_policy.summary_bytes using errcode = 'MB023';
+  end if;
+  select count(*)::text into v_bad from unnest(v_ids) as i
+   where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
+                      where s ->> 'id' = i);
+  if v_bad <> '0' then
+    raise exception '% source id(s) are not messages of the job''s batch', v_bad
+      using errcode = 'MB023';
+  end if;
+  -- Reuse can only be declared of a memory the model was shown with the batch (P5).
+  select count(*)::text into v_bad from unnest(v_reused) as x
+   where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'existing') e
+                      where e::bigint = x);
+  if v_bad <> '0' then
+    raise exception '% reused id(s) are not memories shown with the batch', v_bad
+      using errcode = 'MB023';
+  end if;
+  v_title := memory_private.redact(v_title);
+  v_summary := memory_private.redact(v_summary);
+  if octet_length(v_title) > v_policy.title_bytes
+     or octet_length(v_summary) > v_policy.summary_bytes then
+    raise exception 'title or summary is over its byte limit once credentials are redacted'
+      using errcode = 'MB023';
+  end if;
+  return jsonb_build_object('title', v_title, 'summary', v_summary,
+                            'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
+end
+$$;
+comment on function memory_private.validate_extraction(memory_private.jobs, jsonb) is
+  'Validates an extraction output and returns it redacted and normalized; raises MB023. '
+  '{"title", "summary", "source_ids", "reused_ids"?}: all empty = no-op; title and summary '
+  'within their byte limits (also after redaction); source ids within the batch, kept in the '
+  'order given, each once; reused ids among the memories shown with the batch (P6, P8).';
 
-  -- consolidate
+create function memory_private.validate_index(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql stable
+  as $$
+declare
+  v_index text;
+  v_record_ids bigint[];
+  v_bad text;
+  v_policy memory_private.policy_values := memory_private.policy();
+begin
+  perform memory_private.check_output_keys('consolidate', p_output,
+                                           array['index', 'record_ids'], '{}');
   if jsonb_typeof(p_output -> 'index') <> 'string' then
     raise exception 'index must be a string' using errcode = 'MB023';
   end if;
-  -- An id is an integer literal: 1.0 is refused here (it would not cast to bigint below).
-  if jsonb_typeof(p_output -> 'record_ids') <> 'array'
-     or exists (select 1 from jsonb_array_elements(p_output -> 'record_ids') e
-                 where case when jsonb_typeof(e) <> 'number' then true
-                            when (e #>> '{}') !~ '^[0-9]{1,19}$' then true
-                            else (e #>> '{}')::numeric not between 1 and 9223372036854775807
-                       end) then
+  if not memory_private.is_id_array(p_output -> 'record_ids') then
     raise exception 'record_ids must be an array of record ids (positive integers)'
       using errcode = 'MB023';
   end if;
@@ -2292,9 +2318,9 @@ begin
   if v_index ~ '^\s*$' then
     raise exception 'index must not be empty' using errcode = 'MB023';
   end if;
-  if octet_length(v_index) > v_limits.index_bytes then
+  if octet_length(v_index) > v_policy.index_bytes then
     raise exception 'index is % bytes; the limit is % UTF-8 bytes', octet_length(v_index),
-      v_limits.index_bytes using errcode = 'MB023';
+      v_policy.index_bytes using errcode = 'MB023';
   end if;
   v_record_ids := array(select (e #>> '{}')::bigint
                           from jsonb_array_elements(p_output -> 'record_ids')
@@ -2302,9 +2328,9 @@ begin
   if cardinality(v_record_ids) = 0 then
     raise exception 'record_ids must name at least one memory' using errcode = 'MB023';
   end if;
-  if cardinality(v_record_ids) > v_limits.index_ids then
+  if cardinality(v_record_ids) > v_policy.index_ids then
     raise exception 'record_ids has % ids; the limit is %', cardinality(v_record_ids),
-      v_limits.index_ids using errcode = 'MB023';
+      v_policy.index_ids using errcode = 'MB023';
   end if;
   if cardinality(v_record_ids)
      <> (select count(distinct x) from unnest(v_record_ids) as x) then
@@ -2318,12 +2344,25 @@ begin
       using errcode = 'MB023';
   end if;
   v_index := memory_private.redact(v_index);
-  if octet_length(v_index) > v_limits.index_bytes then
+  if octet_length(v_index) > v_policy.index_bytes then
     raise exception 'index is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
   return jsonb_build_object('index', v_index, 'record_ids', to_jsonb(v_record_ids));
 end
+$$;
+comment on function memory_private.validate_index(memory_private.jobs, jsonb) is
+  'Validates a consolidation output and returns it redacted and normalized; raises MB023. '
+  '{"index", "record_ids"}: index non-empty, within its byte limit (also after redaction); 1 to '
+  'the limit of distinct record ids, all among the candidates (P8, P9).';
+
+create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language sql stable
+  as $$
+  select case p_job.phase when 'extract'
+              then memory_private.validate_extraction(p_job, p_output)
+              else memory_private.validate_index(p_job, p_output) end
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
