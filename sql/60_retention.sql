@@ -305,9 +305,3 @@ comment on function memory.answer_retention_boundary(text, text) is
 
 revoke all on function memory.answer_retention_boundary(text, text) from public;
 grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
-
--- The sweep runs in every maintenance tick, before stale jobs are retired (20) so that a job or
--- checkpoint built on a source erased here is superseded in the same tick (T3), and before
--- scheduling (90) so that the consolidation its deletions call for is scheduled at once.
-insert into memory_private.maintenance_steps (position, name, step)
-values (15, 'sweep_retention', 'memory_private.sweep_retention(text)');
