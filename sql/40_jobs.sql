@@ -238,13 +238,16 @@ create function memory_private.failure_codes()
     ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
                        'reason of error)'),
     ('reply_cut_off', 'the reply stopped at the output token limit'),
-    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, or '
-                         'usage that is missing or not valid numbers'),
-    ('reply_not_json', 'the model''s reply is not one JSON object'),
-    ('reply_invalid', 'the model''s JSON does not fit the output contract (keys, types, byte '
-                      'limits, ids)'),
-    ('output_refused', 'the database refused the output: MB023, or a value PostgreSQL cannot '
-                       'hold (a NUL character, a lone surrogate, JSON nested too deep)'),
+    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, '
+                         'usage that is missing or not numbers, or usage the database refused '
+                         'at the checkpoint (MB001: a negative, fractional or out-of-range '
+                         'count or cost); charged at the reserve'),
+    ('reply_not_json', 'the model''s reply is not one JSON object (also: not valid Unicode, '
+                       'NaN or Infinity, nested deeper than the worker reads)'),
+    ('reply_invalid', 'the model asked for a tool, and the worker''s model calls offer none'),
+    ('output_refused', 'the database refused the reply''s JSON object as the output: MB023 '
+                       '(keys, types, byte limits, ids), or a value PostgreSQL cannot hold (a '
+                       'NUL character, a lone surrogate)'),
     ('not_priced', 'the worker cannot price the model, so no call was made'),
     ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
     ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
