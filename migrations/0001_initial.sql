@@ -5196,12 +5196,12 @@ create function memory.tool_definitions() returns json
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
   as $$
-  -- The limits are the ones query_memories (sql/50_recall.sql: query 1,000 bytes, limit 1..12,
-  -- id 1..bigint) and manage_memory (sql/55_control.sql: sourceId 200 bytes via check_id, title
-  -- 300 bytes, memoryId 1..bigint) check today. POLICY: read them from the one place of the
-  -- policy numbers once it exists.
+  -- The limits query_memories and manage_memory check (memory_private.policy()): query bytes,
+  -- limit, sourceId (an identifier) and title bytes; ids up to the bigint maximum.
   with limits(query_bytes, max_limit, source_id_bytes, title_bytes, max_id) as (
-    values (1000, 12, 200, 300, 9223372036854775807::bigint)
+    select p.query_bytes, p.query_limit, p.id_bytes, p.title_bytes,
+           9223372036854775807::bigint
+      from memory_private.policy() as p
   )
   select json_build_array(
     json_build_object(
