@@ -225,6 +225,24 @@ $$;
 comment on function memory_private.check_text(text, text, integer) is
   'Validates a required text against a UTF-8 byte limit; raises MB001/MB004.';
 
+create function memory_private.check_choice(p_name text, p_value text, p_allowed text[])
+  returns text
+  language plpgsql immutable
+  as $$
+begin
+  if p_value is null or not p_value = any(p_allowed) then
+    raise exception '% must be %', p_name,
+      array_to_string(p_allowed[1:cardinality(p_allowed) - 1], ', ')
+      || case when cardinality(p_allowed) > 1 then ' or ' else '' end
+      || p_allowed[cardinality(p_allowed)]
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_choice(text, text, text[]) is
+  'Validates a required value that must be one of p_allowed; raises MB001 naming the choices.';
+
 create function memory_private.check_money(p_name text, p_value numeric) returns numeric
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
@@ -567,9 +585,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('user_id', p_user_id);
-  if p_role is null or p_role not in ('owner', 'admin', 'member') then
-    raise exception 'role must be owner, admin or member' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
   if p_active is null then
     raise exception 'active is required' using errcode = 'MB001';
   end if;
@@ -626,9 +642,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('chat_id', p_chat_id);
-  if p_kind is null or p_kind not in ('private', 'group') then
-    raise exception 'kind must be private or group' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
   if p_kind = 'private' then
     perform memory_private.check_id('private_user_id', p_private_user_id);
   elsif p_private_user_id is not null then
@@ -761,14 +775,9 @@ begin
   if p_topic_id is null or p_topic_id < 0 then
     raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
   end if;
-  if p_kind is null or p_kind not in ('interactive', 'scheduled') then
-    raise exception 'kind must be interactive or scheduled' using errcode = 'MB001';
-  end if;
-  if p_status is null
-     or p_status not in ('queued', 'running', 'awaiting_approval', 'succeeded', 'failed') then
-    raise exception 'status must be queued, running, awaiting_approval, succeeded or failed'
-      using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
+  perform memory_private.check_choice('status', p_status,
+    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
   if not exists (select 1 from memory_private.bots
@@ -822,13 +831,8 @@ begin
           is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
                             excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
   returning (xmax = 0) into v_inserted;
-  -- An interactive request's scope is created with its first report (memory_private.
-  -- scope_of_request, sql/20_memory_state.sql). Created later by the first recall or by
-  -- maintenance instead, one of them would wait on the other's uncommitted insert of the same
-  -- scope key: a recall waited on a whole run_maintenance() transaction (P16).
-  if v_inserted and p_kind = 'interactive' then
-    perform memory_private.scope_of_request(p_workspace_id, p_request_id);
-  end if;
+  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
+  -- sql/20_memory_state.sql).
   return memory_private.upsert_outcome(v_inserted);
 end
 $$;
@@ -865,9 +869,7 @@ begin
   perform memory_private.check_id('message_id', p_message_id);
   perform memory_private.check_id('request_id', p_request_id);
   perform memory_private.check_id('speaker_id', p_speaker_id);
-  if p_role is null or p_role not in ('user', 'assistant') then
-    raise exception 'role must be user or assistant' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('role', p_role, array['user', 'assistant']);
   perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
   if p_directed is null then
     raise exception 'directed is required' using errcode = 'MB001';
@@ -1192,6 +1194,26 @@ $$;
 comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request, created on first use: private for a private chat, '
   'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
+
+create function memory_private.requests_scope() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- An interactive request's scope is created with its first report. Created later by the
+  -- first recall or by maintenance instead, one of them would wait on the other's uncommitted
+  -- insert of the same scope key: a recall waited on a whole run_maintenance() transaction
+  -- (P16).
+  if new.kind = 'interactive' then
+    perform memory_private.scope_of_request(new.workspace_id, new.request_id);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.requests_scope() is
+  'Trigger: a new interactive request gets its memory scope in the same transaction.';
+
+create trigger requests_scope after insert on memory_private.requests
+  for each row execute function memory_private.requests_scope();
 
 create function memory.resolve_scope(p_workspace_id text, p_request_id text)
   returns table (scope_kind text, scope_id bigint, bot_id text, chat_id text, user_id text,
@@ -1563,6 +1585,54 @@ comment on function memory_private.first_valid_records(text, bigint, bigint[], i
   'The first p_limit of the given record ids (in their order) that are records of the scope '
   'and valid now for the requester (memory_private.invalid_records).';
 
+create function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit + 4;
+  v_offset integer := 0;
+  v_query text := lower(p_query);
+begin
+  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
+  -- one set: a scope whose newest records are valid costs one short index scan and one
+  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  loop
+    v_chunk := array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (p_record_id is null or r.record_id = p_record_id)
+         -- search_text is the folded title and summary; the re-check on title and summary
+         -- apart only runs for its matches (a query spanning the newline is no match).
+         and (v_query is null
+              or (strpos(r.search_text, v_query) > 0
+                  and (strpos(lower(r.title), v_query) > 0
+                       or strpos(lower(r.summary), v_query) > 0)))
+       order by r.created_at desc, r.record_id desc
+       limit v_size offset v_offset);
+    v_valid := v_valid || memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
+                 p_requester);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid;
+end
+$$;
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Validated set-wise a page at a time.';
+
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;
 
@@ -1904,44 +1974,6 @@ create trigger jobs_check_transition before update of status on memory_private.j
 
 -- Helpers -----------------------------------------------------------------------------------
 
-create function memory_private.failure_codes()
-  returns table (code text, meaning text)
-  language sql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select * from (values
-    ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
-    ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
-                       'reason of error)'),
-    ('reply_cut_off', 'the reply stopped at the output token limit'),
-    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, '
-                         'usage that is missing or not numbers, or usage the database refused '
-                         'at the checkpoint (MB001: a negative, fractional or out-of-range '
-                         'count or cost); charged at the reserve'),
-    ('reply_not_json', 'the model''s reply is not one JSON object (also: not valid Unicode, '
-                       'NaN or Infinity, nested deeper than the worker reads)'),
-    ('reply_invalid', 'the model asked for a tool, and the worker''s model calls offer none'),
-    ('output_refused', 'the database refused the reply''s JSON object as the output: MB023 '
-                       '(keys, types, byte limits, ids), or a value PostgreSQL cannot hold (a '
-                       'NUL character, a lone surrogate)'),
-    ('not_priced', 'the worker cannot price the model, so no call was made'),
-    ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
-    ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
-    ('call_aborted', 'the worker stopped during the call'),
-    ('deadline_exceeded', 'the call did not finish before the tick''s deadline'),
-    ('lease_lost', 'the worker lost the lease during the call'),
-    ('lease_expired', 'the lease expired while the model call was open (written by '
-                      'maintenance)'),
-    ('input_changed', 'a source of the batch changed during the call (MB021 at the checkpoint): '
-                      'nothing was stored'),
-    ('database_error', 'a database call of the tick failed unexpectedly'),
-    ('worker_error', 'an unexpected error in the worker')) as c(code, meaning)
-$$;
-comment on function memory_private.failure_codes() is
-  'The codes a failed or unknown attempt is recorded with (fail_job''s error, job_attempts.error, '
-  'jobs.last_error). Coded and content-free: a model''s text never reaches storage or an '
-  'operator view through an error. docs/errors.md lists them.';
-
 create function memory_private.check_token(p_token text) returns uuid
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp
@@ -1959,19 +1991,6 @@ comment on function memory_private.check_token(text) is
   'A job token as the worker sends it (text, so a malformed one is MB001 here rather than a '
   'cast error before the function runs), as a uuid.';
 
-create function memory_private.job_limits() returns jsonb
-  language sql immutable
-  as $$
-  select jsonb_build_object('summary_bytes', p.summary_bytes, 'title_bytes', p.title_bytes,
-                            'index_bytes', p.index_bytes, 'index_ids', p.index_ids,
-                            'batch_bytes', p.batch_bytes, 'candidates', p.candidates)
-    from memory_private.policy() as p
-$$;
-comment on function memory_private.job_limits() is
-  'The limits of model work as the claim payload tells them to the worker (from '
-  'memory_private.policy()): summary, title and index bytes (UTF-8), index ids, source batch '
-  'bytes, consolidation candidates.';
-
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
   returns void
   language sql volatile
@@ -1984,54 +2003,6 @@ $$;
 comment on function memory_private.mark_consolidation_due(text, bigint) is
   'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
   'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
-
-create function memory_private.recent_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
-  p_query text default null, p_record_id bigint default null
-) returns bigint[]
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_valid bigint[] := '{}';
-  v_chunk bigint[];
-  v_size integer := p_limit + 4;
-  v_offset integer := 0;
-  v_query text := lower(p_query);
-begin
-  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
-  -- one set: a scope whose newest records are valid costs one short index scan and one
-  -- validation, never a read of the whole scope. One snapshot throughout (stable).
-  loop
-    v_chunk := array(
-      select r.record_id from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and (p_record_id is null or r.record_id = p_record_id)
-         -- search_text is the folded title and summary; the re-check on title and summary
-         -- apart only runs for its matches (a query spanning the newline is no match).
-         and (v_query is null
-              or (strpos(r.search_text, v_query) > 0
-                  and (strpos(lower(r.title), v_query) > 0
-                       or strpos(lower(r.summary), v_query) > 0)))
-       order by r.created_at desc, r.record_id desc
-       limit v_size offset v_offset);
-    v_valid := v_valid || memory_private.first_valid_records(
-                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
-                 p_requester);
-    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
-    v_offset := v_offset + v_size;
-    v_size := v_size * 4;
-  end loop;
-  return v_valid;
-end
-$$;
-comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
-  is
-  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
-  'p_limit; optionally only those whose title or summary contains p_query (literal, '
-  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
-  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
-  'and searches with it. Validated set-wise a page at a time.';
 
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
@@ -2104,6 +2075,298 @@ comment on function memory_private.job_stale_reason(memory_private.jobs) is
   'Why a job''s input snapshot is no longer current, or NULL: recall disabled, bot replaced, '
   'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
   'longer valid.';
+
+create function memory_private.owned_job(
+  p_workspace_id text, p_job_id bigint, p_token text
+) returns memory_private.jobs
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_token uuid;
+  v_config integer;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  v_token := memory_private.check_token(p_token);
+  perform memory_private.lock_workspace(p_workspace_id);
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  if v_job.lease_expires_at <= memory_private.clock_now() then
+    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
+      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
+  end if;
+  return v_job;
+end
+$$;
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';
+
+create function memory_private.close_attempt(
+  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
+) returns boolean
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_attempt memory_private.job_attempts;
+  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
+  v_cost numeric;
+begin
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
+     for update;
+  if not found then
+    return false;
+  end if;
+  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
+  v_cost := case
+              -- the provider may have run and charged anything up to what was reserved
+              when p_outcome = 'unknown' then v_attempt.reserved_usd
+              -- the provider answered with no usage (an error status): nothing was billed
+              when p_usage is null then 0
+              -- it answered, but its cost could not be read: assume the reserve
+              when v_reported is null then v_attempt.reserved_usd
+              else least(v_reported, v_attempt.reserved_usd)
+            end;
+  update memory_private.job_attempts
+     set outcome = p_outcome,
+         input_tokens = (p_usage ->> 'input_tokens')::integer,
+         output_tokens = (p_usage ->> 'output_tokens')::integer,
+         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
+     and attempt_no = v_attempt.attempt_no;
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
+          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
+  update memory_private.workspace_memory
+     set memory_spent_usd = memory_spent_usd + v_cost
+   where workspace_id = p_job.workspace_id;
+  return true;
+end
+$$;
+comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
+  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
+  'could read (memory_private.check_usage) and a failure code, and charges it to the '
+  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
+  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
+  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
+
+create function memory_private.release_job(
+  p_job memory_private.jobs, p_status text, p_error text,
+  p_next_attempt_at timestamptz default null
+) returns void
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+begin
+  update memory_private.jobs
+     set status = p_status, worker_id = null, lease_expires_at = null,
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
+         next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
+         checkpoint = case when p_status = 'pending' then checkpoint end,
+         finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
+         updated_at = v_now
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id;
+end
+$$;
+comment on function memory_private.release_job(memory_private.jobs, text, text, timestamptz) is
+  'Moves a job out of running (or out of pending) to pending, stopped or superseded: clears '
+  'the lease (the token stays, so the old claim is told why, see owned_job); keeps the '
+  'checkpoint only when the job stays pending.';
+
+create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_stopped integer := 0;
+  v_superseded integer := 0;
+begin
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  for v_job in
+    select j.* from memory_private.jobs j
+     where j.workspace_id = p_workspace_id
+       and (j.status = 'pending'
+            or (j.status = 'running'
+                and not exists (select 1 from memory_private.job_attempts a
+                                 where a.workspace_id = j.workspace_id and a.job_id = j.job_id
+                                   and a.outcome = 'open')))
+     order by j.job_id
+       for update
+  loop
+    if v_job.config_version <> v_config then
+      perform memory_private.release_job(v_job, 'stopped',
+        format('the model/provider configuration changed (version %s -> %s)',
+               v_job.config_version, v_config));
+      v_stopped := v_stopped + 1;
+      continue;
+    end if;
+    v_reason := memory_private.job_stale_reason(v_job);
+    if v_reason is not null then
+      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      v_superseded := v_superseded + 1;
+    end if;
+  end loop;
+  return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
+                            'jobs_superseded_stale', v_superseded);
+end
+$$;
+comment on function memory_private.retire_stale_jobs(text) is
+  'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
+  'config version changed (P20), and supersedes those whose input is no longer current (a '
+  'fresh snapshot is scheduled). Returns counts.';
+
+create function memory_private.expire_leases(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_expired integer := 0;
+  v_unknown integer := 0;
+begin
+  for v_job in
+    select * from memory_private.jobs
+     where workspace_id = p_workspace_id and status = 'running'
+       and lease_expires_at <= memory_private.clock_now()
+     order by job_id
+       for update
+  loop
+    v_expired := v_expired + 1;
+    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
+      v_unknown := v_unknown + 1;
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.checkpoint is not null then
+      -- A valid answer was paid for: the next claim commits it without a model call, whatever
+      -- the number of calls the input has made.
+      perform memory_private.release_job(v_job, 'pending',
+        'the lease expired after the checkpoint; the next claim commits it',
+        memory_private.clock_now());
+    elsif v_job.claims >= (memory_private.policy()).max_claims then
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired and the input has made its three model calls');
+    else
+      perform memory_private.release_job(v_job, 'pending', 'the lease expired',
+                                         memory_private.clock_now());
+    end if;
+  end loop;
+  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown);
+end
+$$;
+comment on function memory_private.expire_leases(text) is
+  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
+  'to pending due now with its checkpoint when it has one (committed by the next claim without '
+  'a model call, even after the third call), is stopped when its input made its three calls, '
+  'and otherwise goes back to pending. Returns counts.';
+
+
+-- ==== 41_job_contract.sql ====
+-- 41_job_contract.sql: the contract between a job and its model call (P6, P8, P9, P11).
+--
+-- What the model is given (memory_private.job_payload: the redacted input rendered from current
+-- facts, the limits, the budget left) and what it must give back (validate_extraction,
+-- validate_index: the JSON shape, the byte and count limits of memory_private.policy(), ids
+-- within the snapshot, redaction), what a call's usage must look like (check_usage), and the
+-- codes a failed call is recorded with (failure_codes). The database is the authority: the
+-- worker only carries the reply here.
+
+create function memory_private.failure_codes()
+  returns table (code text, meaning text)
+  language sql immutable
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select * from (values
+    ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
+    ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
+                       'reason of error)'),
+    ('reply_cut_off', 'the reply stopped at the output token limit'),
+    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, '
+                         'usage that is missing or not numbers, or usage the database refused '
+                         'at the checkpoint (MB001: a negative, fractional or out-of-range '
+                         'count or cost); charged at the reserve'),
+    ('reply_not_json', 'the model''s reply is not one JSON object (also: not valid Unicode, '
+                       'NaN or Infinity, nested deeper than the worker reads)'),
+    ('reply_invalid', 'the model asked for a tool, and the worker''s model calls offer none'),
+    ('output_refused', 'the database refused the reply''s JSON object as the output: MB023 '
+                       '(keys, types, byte limits, ids), or a value PostgreSQL cannot hold (a '
+                       'NUL character, a lone surrogate)'),
+    ('not_priced', 'the worker cannot price the model, so no call was made'),
+    ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
+    ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
+    ('call_aborted', 'the worker stopped during the call'),
+    ('deadline_exceeded', 'the call did not finish before the tick''s deadline'),
+    ('lease_lost', 'the worker lost the lease during the call'),
+    ('lease_expired', 'the lease expired while the model call was open (written by '
+                      'maintenance)'),
+    ('input_changed', 'a source of the batch changed during the call (MB021 at the checkpoint): '
+                      'nothing was stored'),
+    ('database_error', 'a database call of the tick failed unexpectedly'),
+    ('worker_error', 'an unexpected error in the worker')) as c(code, meaning)
+$$;
+comment on function memory_private.failure_codes() is
+  'The codes a failed or unknown attempt is recorded with (fail_job''s error, job_attempts.error, '
+  'jobs.last_error). Coded and content-free: a model''s text never reaches storage or an '
+  'operator view through an error. docs/errors.md lists them.';
+
+create function memory_private.job_limits() returns jsonb
+  language sql immutable
+  as $$
+  select jsonb_build_object('summary_bytes', p.summary_bytes, 'title_bytes', p.title_bytes,
+                            'index_bytes', p.index_bytes, 'index_ids', p.index_ids,
+                            'batch_bytes', p.batch_bytes, 'candidates', p.candidates)
+    from memory_private.policy() as p
+$$;
+comment on function memory_private.job_limits() is
+  'The limits of model work as the claim payload tells them to the worker (from '
+  'memory_private.policy()): summary, title and index bytes (UTF-8), index ids, source batch '
+  'bytes, consolidation candidates.';
 
 create function memory_private.check_usage(p_usage jsonb, p_complete boolean default true)
   returns jsonb
@@ -2463,237 +2726,15 @@ comment on function memory_private.job_payload(memory_private.jobs) is
   'decimal strings), limits, the redacted input rendered from current facts, and the '
   'checkpoint when one exists.';
 
-create function memory_private.owned_job(
-  p_workspace_id text, p_job_id bigint, p_token text
-) returns memory_private.jobs
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_token uuid;
-  v_config integer;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  if p_job_id is null then
-    raise exception 'job_id is required' using errcode = 'MB001';
-  end if;
-  v_token := memory_private.check_token(p_token);
-  perform memory_private.lock_workspace(p_workspace_id);
-  select * into v_job from memory_private.jobs
-   where workspace_id = p_workspace_id and job_id = p_job_id
-     for update;
-  if not found then
-    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
-      using errcode = 'MB002';
-  end if;
-  if v_job.token is distinct from v_token then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
-  if v_job.status = 'superseded' then
-    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
-      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
-      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
-  end if;
-  if v_job.status = 'stopped' then
-    select config_version into v_config from memory_private.workspaces
-     where workspace_id = p_workspace_id;
-    if v_job.config_version <> v_config then
-      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
-        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
-        hint = 'Drop the work: maintenance stopped the job.';
-    end if;
-  end if;
-  if v_job.status <> 'running' then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  if v_job.lease_expires_at <= memory_private.clock_now() then
-    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
-      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
-  end if;
-  return v_job;
-end
-$$;
-comment on function memory_private.owned_job(text, bigint, text) is
-  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
-  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
-  'when maintenance ended this claim because the input or the configuration changed.';
 
-create function memory_private.close_attempt(
-  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
-) returns boolean
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_attempt memory_private.job_attempts;
-  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
-  v_cost numeric;
-begin
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
-     for update;
-  if not found then
-    return false;
-  end if;
-  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
-  v_cost := case
-              -- the provider may have run and charged anything up to what was reserved
-              when p_outcome = 'unknown' then v_attempt.reserved_usd
-              -- the provider answered with no usage (an error status): nothing was billed
-              when p_usage is null then 0
-              -- it answered, but its cost could not be read: assume the reserve
-              when v_reported is null then v_attempt.reserved_usd
-              else least(v_reported, v_attempt.reserved_usd)
-            end;
-  update memory_private.job_attempts
-     set outcome = p_outcome,
-         input_tokens = (p_usage ->> 'input_tokens')::integer,
-         output_tokens = (p_usage ->> 'output_tokens')::integer,
-         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
-         finished_at = memory_private.clock_now()
-   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
-     and attempt_no = v_attempt.attempt_no;
-  insert into memory_private.request_charges
-    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
-     cost_usd, created_at)
-  values (p_job.workspace_id, p_job.origin_request_id,
-          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
-          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
-          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
-  update memory_private.workspace_memory
-     set memory_spent_usd = memory_spent_usd + v_cost
-   where workspace_id = p_job.workspace_id;
-  return true;
-end
-$$;
-comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
-  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
-  'could read (memory_private.check_usage) and a failure code, and charges it to the '
-  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
-  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
-  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
-
-create function memory_private.release_job(
-  p_job memory_private.jobs, p_status text, p_error text,
-  p_next_attempt_at timestamptz default null
-) returns void
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-begin
-  update memory_private.jobs
-     set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
-         next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
-         checkpoint = case when p_status = 'pending' then checkpoint end,
-         finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
-         updated_at = v_now
-   where workspace_id = p_job.workspace_id and job_id = p_job.job_id;
-end
-$$;
-comment on function memory_private.release_job(memory_private.jobs, text, text, timestamptz) is
-  'Moves a job out of running (or out of pending) to pending, stopped or superseded: clears '
-  'the lease (the token stays, so the old claim is told why, see owned_job); keeps the '
-  'checkpoint only when the job stays pending.';
-
-create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-  v_stopped integer := 0;
-  v_superseded integer := 0;
-begin
-  select config_version into v_config from memory_private.workspaces
-   where workspace_id = p_workspace_id;
-  for v_job in
-    select j.* from memory_private.jobs j
-     where j.workspace_id = p_workspace_id
-       and (j.status = 'pending'
-            or (j.status = 'running'
-                and not exists (select 1 from memory_private.job_attempts a
-                                 where a.workspace_id = j.workspace_id and a.job_id = j.job_id
-                                   and a.outcome = 'open')))
-     order by j.job_id
-       for update
-  loop
-    if v_job.config_version <> v_config then
-      perform memory_private.release_job(v_job, 'stopped',
-        format('the model/provider configuration changed (version %s -> %s)',
-               v_job.config_version, v_config));
-      v_stopped := v_stopped + 1;
-      continue;
-    end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
-      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
-      v_superseded := v_superseded + 1;
-    end if;
-  end loop;
-  return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
-                            'jobs_superseded_stale', v_superseded);
-end
-$$;
-comment on function memory_private.retire_stale_jobs(text) is
-  'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
-  'config version changed (P20), and supersedes those whose input is no longer current (a '
-  'fresh snapshot is scheduled). Returns counts.';
-
-create function memory_private.expire_leases(p_workspace_id text) returns jsonb
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_expired integer := 0;
-  v_unknown integer := 0;
-begin
-  for v_job in
-    select * from memory_private.jobs
-     where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
-     order by job_id
-       for update
-  loop
-    v_expired := v_expired + 1;
-    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
-      v_unknown := v_unknown + 1;
-      perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired while a model call was open: outcome unknown, not replayed');
-    elsif v_job.checkpoint is not null then
-      -- A valid answer was paid for: the next claim commits it without a model call, whatever
-      -- the number of calls the input has made.
-      perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
-    elsif v_job.claims >= (memory_private.policy()).max_claims then
-      perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired and the input has made its three model calls');
-    else
-      perform memory_private.release_job(v_job, 'pending', 'the lease expired',
-                                         memory_private.clock_now());
-    end if;
-  end loop;
-  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown);
-end
-$$;
-comment on function memory_private.expire_leases(text) is
-  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
-  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
-  'to pending due now with its checkpoint when it has one (committed by the next claim without '
-  'a model call, even after the third call), is stopped when its input made its three calls, '
-  'and otherwise goes back to pending. Returns counts.';
-
--- The worker's API ----------------------------------------------------------------------------
+-- ==== 42_job_api.sql ====
+-- 42_job_api.sql: the worker's side of a job's life (P1, P12-P14, P17-P19).
+--
+-- The worker calls only these: claim_job, extend_lease, start_attempt, save_checkpoint,
+-- commit_job, fail_job. Each is one short transaction under the workspace's memory lock; no lock
+-- is held across a model call. commit_job writes what a checkpoint holds: the record of an
+-- extraction (write_extraction: its sources and dependencies, 20_memory_state.sql) or the scope
+-- index of a consolidation (write_index).
 
 create function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
@@ -3846,6 +3887,46 @@ comment on function memory_private.known_request(text, text) is
   'The request row after validating the workspace and request ids (MB001/MB002). The caller '
   'decides what a scheduled request gets.';
 
+create function memory_private.begin_tool_call(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
+  p_allowed_keys text[],
+  out request memory_private.requests, out scope memory_private.scopes,
+  out previous memory_private.tool_calls
+)
+  language plpgsql volatile
+  as $$
+begin
+  -- What both tools do first: a known request, a tool call id, arguments that are a JSON
+  -- object of the tool's keys (their values are the tool's to check), an interactive request
+  -- (V5); then the workspace's memory lock (a tool call writes: usage, a change) and the
+  -- request's scope; and the earlier call with this id, which must have been the same tool
+  -- with the same arguments (MB003).
+  request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_id('tool_call_id', p_tool_call_id);
+  perform memory_private.check_tool_args(p_args, p_allowed_keys);
+  if request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+  perform memory_private.lock_workspace(p_workspace_id);
+  scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  select * into previous from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool_call_id = p_tool_call_id;
+  if found and (previous.tool <> p_tool
+                or previous.args_hash <> memory_private.args_hash(p_args)) then
+    raise exception 'tool call % of request % was already made with other arguments',
+      p_tool_call_id, p_request_id using errcode = 'MB003',
+      hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
+  end if;
+end
+$$;
+comment on function memory_private.begin_tool_call(text, text, text, text, jsonb, text[]) is
+  'The start both memory tools share: validates the request (MB001/MB002), the tool call id, '
+  'the argument keys (MB001) and that the request is interactive (MB005); takes the workspace''s '
+  'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
+  'first call), raising MB003 when that was another tool or other arguments.';
+
 create function memory_private.record_brief(p_record memory_private.records, p_with_summary boolean)
   returns jsonb
   language plpgsql immutable
@@ -4052,45 +4133,31 @@ declare
   v_query text;
   v_id bigint;
   v_limit integer;
-  v_hash text;
   v_call memory_private.tool_calls;
+  v_start record;
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_id('tool_call_id', p_tool_call_id);
-  perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', (memory_private.policy()).query_bytes)), '');
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'query_memories', p_args,
+                                        array['query', 'id', 'limit']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query',
+                                                  (memory_private.policy()).query_bytes)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
-  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, (memory_private.policy()).query_limit),
+  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1,
+                                                 (memory_private.policy()).query_limit),
                       (memory_private.policy()).query_limit);
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
-
-  -- Usage is a memory write: take the workspace lock before anything else is written.
-  perform memory_private.lock_workspace(p_workspace_id);
-  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
-
-  v_hash := memory_private.args_hash(p_args);
-  insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-          v_hash, v_now, v_now)
-  on conflict (workspace_id, request_id, tool_call_id) do nothing;
-  v_first := found;
-  if not v_first then
-    select * into strict v_call from memory_private.tool_calls
-     where workspace_id = p_workspace_id and request_id = p_request_id
-       and tool_call_id = p_tool_call_id;
-    if v_call.tool <> 'query_memories' or v_call.args_hash <> v_hash then
-      raise exception 'tool call % of request % was already made with other arguments',
-        p_tool_call_id, p_request_id using errcode = 'MB003',
-        hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
-    end if;
+  v_first := v_call.tool_call_id is null;
+  if v_first then
+    insert into memory_private.tool_calls
+      (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
+    values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+            memory_private.args_hash(p_args), v_now, v_now);
   end if;
 
   if not v_scope.recall_enabled then
@@ -4217,23 +4284,16 @@ grant execute on function
   memory.request_citations(text, text)
 to memory_backend;
 
--- ==== 55_control.sql ====
--- 55_control.sql: what the user may tell the memory to do (C1-C9, T7, T8).
+-- ==== 54_request_phrases.sql ====
+-- 54_request_phrases.sql: recognising a direct request to the memory (C1, C2).
 --
--- memory.manage_memory is the manage_memory tool: remember, forget, enable-memory and
--- disable-memory. The model only proposes the call; the database decides. The call must point at
--- the request's current human message (sourceId), and that message itself must directly ask for
--- the action, in English or Chinese (memory_private.classify_request). Quoted history, tool output,
--- assistant text, questions about the feature and negative requests are refused. Permissions:
--- private scope, its user (C5); group topic, a participant adds notes and forgets when every
--- record the forget removes holds only their own statements (C6); everything else in a group
--- needs an active owner/admin (C7).
--- A change is committed with the call (C4); a replayed tool call id is never applied again: after
--- re-checking that the caller still has the standing it needed, it answers the stored outcome
--- while that still holds, and says what changed when it does not (C9). The recogniser reads the
--- first 300 characters and the end of a message, so it is linear in its length.
-
--- Recognising a direct request -----------------------------------------------------------------
+-- manage_memory acts only when the user's current message itself directly asks for the action.
+-- memory_private.request_form reads a message and says what it asks of the memory (remember,
+-- forget, enable-memory, disable-memory) or why it asks nothing (quoted, question, negative,
+-- empty, none), in English and Chinese. The phrasings are data-like regular expressions, kept here
+-- apart from the permissions of 55_control.sql; tests/data/manage_phrasings.json lists the forms
+-- covered. The recogniser reads the first 300 characters and the end of a message, so it is
+-- linear in its length and cheap under the workspace lock.
 
 create function memory_private.request_has_content(p_rest text) returns boolean
   language sql immutable
@@ -4250,6 +4310,9 @@ comment on function memory_private.request_has_content(text) is
   'Whether what follows a remember phrase says something: not just "this", "that", "it", '
   '"things" or punctuation ("remember it" has nothing to remember).';
 
+-- Long: a decision list, one pattern group per outcome, in the order they must be tried
+-- (quoted speech before questions before negatives before the actions); split apart, the order
+-- that decides ambiguous messages would be spread over several functions.
 create function memory_private.request_clause_form(p_clause text, p_ends_as_question boolean)
   returns text
   language plpgsql immutable
@@ -4447,6 +4510,23 @@ create function memory_private.classify_request(p_text text) returns text
 $$;
 comment on function memory_private.classify_request(text) is
   'The manage_memory action a human message directly requests, or NULL when it requests none.';
+
+
+-- ==== 55_control.sql ====
+-- 55_control.sql: what the user may tell the memory to do (C1-C9, T7, T8).
+--
+-- memory.manage_memory is the manage_memory tool: remember, forget, enable-memory and
+-- disable-memory. The model only proposes the call; the database decides. The call must point at
+-- the request's current human message (sourceId), and that message itself must directly ask for
+-- the action, in English or Chinese (memory_private.classify_request). Quoted history, tool output,
+-- assistant text, questions about the feature and negative requests are refused. Permissions:
+-- private scope, its user (C5); group topic, a participant adds notes and forgets when every
+-- record the forget removes holds only their own statements (C6); everything else in a group
+-- needs an active owner/admin (C7).
+-- A change is committed with the call (C4); a replayed tool call id is never applied again: after
+-- re-checking that the caller still has the standing it needed, it answers the stored outcome
+-- while that still holds, and says what changed when it does not (C9). The recogniser reads the
+-- first 300 characters and the end of a message, so it is linear in its length.
 
 -- Standing and outcomes ------------------------------------------------------------------------
 
@@ -5082,16 +5162,19 @@ declare
   v_source_id text;
   v_memory_id bigint;
   v_title text;
-  v_hash text;
   v_call memory_private.tool_calls;
+  v_start record;
   v_outcome jsonb;
   v_authority text;
   v_refusal text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_id('tool_call_id', p_tool_call_id);
-  perform memory_private.check_tool_args(p_args, array['action', 'sourceId', 'memoryId', 'title']);
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'manage_memory', p_args,
+                                        array['action', 'sourceId', 'memoryId', 'title']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
@@ -5101,7 +5184,8 @@ begin
   v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
   perform memory_private.check_id('args.sourceId', v_source_id);
   v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
-  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', (memory_private.policy()).title_bytes)), '');
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title',
+                                                  (memory_private.policy()).title_bytes)), '');
   if v_action = 'forget' and v_memory_id is null then
     raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
   end if;
@@ -5111,24 +5195,8 @@ begin
   if v_action <> 'remember' and v_title is not null then
     raise exception 'args.title is only for remember' using errcode = 'MB001';
   end if;
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
 
-  perform memory_private.lock_workspace(p_workspace_id);
-  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
-  v_hash := memory_private.args_hash(p_args);
-
-  select * into v_call from memory_private.tool_calls
-   where workspace_id = p_workspace_id and request_id = p_request_id
-     and tool_call_id = p_tool_call_id;
-  if found then
-    if v_call.tool <> 'manage_memory' or v_call.args_hash <> v_hash then
-      raise exception 'tool call % of request % was already made with other arguments',
-        p_tool_call_id, p_request_id using errcode = 'MB003',
-        hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
-    end if;
+  if v_call.tool_call_id is not null then
     if v_call.outcome ->> 'status' = 'done' then
       -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
       v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
@@ -5150,7 +5218,7 @@ begin
     (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
      record_ids, created_at, updated_at)
   values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
-          v_hash, v_authority, v_outcome,
+          memory_private.args_hash(p_args), v_authority, v_outcome,
           array(select (v_outcome ->> 'memory_id')::bigint
                  where v_outcome ->> 'memory_id' is not null), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update

@@ -219,6 +219,24 @@ $$;
 comment on function memory_private.check_text(text, text, integer) is
   'Validates a required text against a UTF-8 byte limit; raises MB001/MB004.';
 
+create function memory_private.check_choice(p_name text, p_value text, p_allowed text[])
+  returns text
+  language plpgsql immutable
+  as $$
+begin
+  if p_value is null or not p_value = any(p_allowed) then
+    raise exception '% must be %', p_name,
+      array_to_string(p_allowed[1:cardinality(p_allowed) - 1], ', ')
+      || case when cardinality(p_allowed) > 1 then ' or ' else '' end
+      || p_allowed[cardinality(p_allowed)]
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_choice(text, text, text[]) is
+  'Validates a required value that must be one of p_allowed; raises MB001 naming the choices.';
+
 create function memory_private.check_money(p_name text, p_value numeric) returns numeric
   language plpgsql immutable
   set search_path = pg_catalog, pg_temp

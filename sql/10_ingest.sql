@@ -300,9 +300,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('user_id', p_user_id);
-  if p_role is null or p_role not in ('owner', 'admin', 'member') then
-    raise exception 'role must be owner, admin or member' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
   if p_active is null then
     raise exception 'active is required' using errcode = 'MB001';
   end if;
@@ -359,9 +357,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('chat_id', p_chat_id);
-  if p_kind is null or p_kind not in ('private', 'group') then
-    raise exception 'kind must be private or group' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
   if p_kind = 'private' then
     perform memory_private.check_id('private_user_id', p_private_user_id);
   elsif p_private_user_id is not null then
@@ -494,14 +490,9 @@ begin
   if p_topic_id is null or p_topic_id < 0 then
     raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
   end if;
-  if p_kind is null or p_kind not in ('interactive', 'scheduled') then
-    raise exception 'kind must be interactive or scheduled' using errcode = 'MB001';
-  end if;
-  if p_status is null
-     or p_status not in ('queued', 'running', 'awaiting_approval', 'succeeded', 'failed') then
-    raise exception 'status must be queued, running, awaiting_approval, succeeded or failed'
-      using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
+  perform memory_private.check_choice('status', p_status,
+    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
   if not exists (select 1 from memory_private.bots
@@ -555,13 +546,8 @@ begin
           is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
                             excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
   returning (xmax = 0) into v_inserted;
-  -- An interactive request's scope is created with its first report (memory_private.
-  -- scope_of_request, sql/20_memory_state.sql). Created later by the first recall or by
-  -- maintenance instead, one of them would wait on the other's uncommitted insert of the same
-  -- scope key: a recall waited on a whole run_maintenance() transaction (P16).
-  if v_inserted and p_kind = 'interactive' then
-    perform memory_private.scope_of_request(p_workspace_id, p_request_id);
-  end if;
+  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
+  -- sql/20_memory_state.sql).
   return memory_private.upsert_outcome(v_inserted);
 end
 $$;
@@ -598,9 +584,7 @@ begin
   perform memory_private.check_id('message_id', p_message_id);
   perform memory_private.check_id('request_id', p_request_id);
   perform memory_private.check_id('speaker_id', p_speaker_id);
-  if p_role is null or p_role not in ('user', 'assistant') then
-    raise exception 'role must be user or assistant' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('role', p_role, array['user', 'assistant']);
   perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
   if p_directed is null then
     raise exception 'directed is required' using errcode = 'MB001';

@@ -195,6 +195,26 @@ comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request, created on first use: private for a private chat, '
   'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
 
+create function memory_private.requests_scope() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- An interactive request's scope is created with its first report. Created later by the
+  -- first recall or by maintenance instead, one of them would wait on the other's uncommitted
+  -- insert of the same scope key: a recall waited on a whole run_maintenance() transaction
+  -- (P16).
+  if new.kind = 'interactive' then
+    perform memory_private.scope_of_request(new.workspace_id, new.request_id);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.requests_scope() is
+  'Trigger: a new interactive request gets its memory scope in the same transaction.';
+
+create trigger requests_scope after insert on memory_private.requests
+  for each row execute function memory_private.requests_scope();
+
 create function memory.resolve_scope(p_workspace_id text, p_request_id text)
   returns table (scope_kind text, scope_id bigint, bot_id text, chat_id text, user_id text,
                  topic_id bigint)
@@ -564,6 +584,54 @@ $$;
 comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
   'The first p_limit of the given record ids (in their order) that are records of the scope '
   'and valid now for the requester (memory_private.invalid_records).';
+
+create function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit + 4;
+  v_offset integer := 0;
+  v_query text := lower(p_query);
+begin
+  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
+  -- one set: a scope whose newest records are valid costs one short index scan and one
+  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  loop
+    v_chunk := array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (p_record_id is null or r.record_id = p_record_id)
+         -- search_text is the folded title and summary; the re-check on title and summary
+         -- apart only runs for its matches (a query spanning the newline is no match).
+         and (v_query is null
+              or (strpos(r.search_text, v_query) > 0
+                  and (strpos(lower(r.title), v_query) > 0
+                       or strpos(lower(r.summary), v_query) > 0)))
+       order by r.created_at desc, r.record_id desc
+       limit v_size offset v_offset);
+    v_valid := v_valid || memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
+                 p_requester);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid;
+end
+$$;
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Validated set-wise a page at a time.';
 
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;

@@ -214,6 +214,46 @@ comment on function memory_private.known_request(text, text) is
   'The request row after validating the workspace and request ids (MB001/MB002). The caller '
   'decides what a scheduled request gets.';
 
+create function memory_private.begin_tool_call(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
+  p_allowed_keys text[],
+  out request memory_private.requests, out scope memory_private.scopes,
+  out previous memory_private.tool_calls
+)
+  language plpgsql volatile
+  as $$
+begin
+  -- What both tools do first: a known request, a tool call id, arguments that are a JSON
+  -- object of the tool's keys (their values are the tool's to check), an interactive request
+  -- (V5); then the workspace's memory lock (a tool call writes: usage, a change) and the
+  -- request's scope; and the earlier call with this id, which must have been the same tool
+  -- with the same arguments (MB003).
+  request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_id('tool_call_id', p_tool_call_id);
+  perform memory_private.check_tool_args(p_args, p_allowed_keys);
+  if request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+  perform memory_private.lock_workspace(p_workspace_id);
+  scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  select * into previous from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool_call_id = p_tool_call_id;
+  if found and (previous.tool <> p_tool
+                or previous.args_hash <> memory_private.args_hash(p_args)) then
+    raise exception 'tool call % of request % was already made with other arguments',
+      p_tool_call_id, p_request_id using errcode = 'MB003',
+      hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
+  end if;
+end
+$$;
+comment on function memory_private.begin_tool_call(text, text, text, text, jsonb, text[]) is
+  'The start both memory tools share: validates the request (MB001/MB002), the tool call id, '
+  'the argument keys (MB001) and that the request is interactive (MB005); takes the workspace''s '
+  'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
+  'first call), raising MB003 when that was another tool or other arguments.';
+
 create function memory_private.record_brief(p_record memory_private.records, p_with_summary boolean)
   returns jsonb
   language plpgsql immutable
@@ -420,45 +460,31 @@ declare
   v_query text;
   v_id bigint;
   v_limit integer;
-  v_hash text;
   v_call memory_private.tool_calls;
+  v_start record;
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_id('tool_call_id', p_tool_call_id);
-  perform memory_private.check_tool_args(p_args, array['query', 'id', 'limit']);
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query', (memory_private.policy()).query_bytes)), '');
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'query_memories', p_args,
+                                        array['query', 'id', 'limit']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query',
+                                                  (memory_private.policy()).query_bytes)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
-  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1, (memory_private.policy()).query_limit),
+  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1,
+                                                 (memory_private.policy()).query_limit),
                       (memory_private.policy()).query_limit);
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
-
-  -- Usage is a memory write: take the workspace lock before anything else is written.
-  perform memory_private.lock_workspace(p_workspace_id);
-  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
-
-  v_hash := memory_private.args_hash(p_args);
-  insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-          v_hash, v_now, v_now)
-  on conflict (workspace_id, request_id, tool_call_id) do nothing;
-  v_first := found;
-  if not v_first then
-    select * into strict v_call from memory_private.tool_calls
-     where workspace_id = p_workspace_id and request_id = p_request_id
-       and tool_call_id = p_tool_call_id;
-    if v_call.tool <> 'query_memories' or v_call.args_hash <> v_hash then
-      raise exception 'tool call % of request % was already made with other arguments',
-        p_tool_call_id, p_request_id using errcode = 'MB003',
-        hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
-    end if;
+  v_first := v_call.tool_call_id is null;
+  if v_first then
+    insert into memory_private.tool_calls
+      (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
+    values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+            memory_private.args_hash(p_args), v_now, v_now);
   end if;
 
   if not v_scope.recall_enabled then
