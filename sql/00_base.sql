@@ -59,14 +59,12 @@ insert into memory_private.clock default values;
 
 create function memory_private.clock_now() returns timestamptz
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$ select now() + (select time_offset from memory_private.clock) $$;
 comment on function memory_private.clock_now() is
   'The time every memory rule reads: transaction start plus the test offset.';
 
 create function memory_private.advance_clock(p_by interval) returns timestamptz
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
     update memory_private.clock set time_offset = time_offset + p_by;
     select memory_private.clock_now();
@@ -155,7 +153,6 @@ comment on function memory_private.policy() is
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_value is null or p_value = '' then
@@ -179,7 +176,6 @@ comment on function memory_private.check_id(text, text) is
 
 create function memory_private.check_ids(p_name text, p_values text[]) returns text[]
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v text;
@@ -203,7 +199,6 @@ comment on function memory_private.check_ids(text, text[]) is
 create function memory_private.check_text(p_name text, p_value text, p_max_bytes integer)
   returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_value is null then
@@ -239,7 +234,6 @@ comment on function memory_private.check_choice(text, text, text[]) is
 
 create function memory_private.check_money(p_name text, p_value numeric) returns numeric
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_value is null or p_value < 0 or p_value > (memory_private.policy()).max_dollars then
@@ -255,7 +249,6 @@ comment on function memory_private.check_money(text, numeric) is
 
 create function memory_private.content_hash(p_text text) returns text
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$ select encode(sha256(convert_to(p_text, 'UTF8')), 'hex') $$;
 comment on function memory_private.content_hash(text) is
   'The content hash of a message text: hex SHA-256 of its UTF-8 bytes.';

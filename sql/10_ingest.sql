@@ -47,7 +47,6 @@ comment on table memory_private.workspace_memory is
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   insert into memory_private.workspace_memory (workspace_id) values (new.workspace_id)
@@ -194,7 +193,6 @@ create index messages_scrub_idx on memory_private.messages (workspace_id)
 -- Internal: the statement result of an upsert, as the API reports it.
 create function memory_private.upsert_outcome(p_inserted boolean) returns text
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$ select case when p_inserted is null then 'unchanged'
                      when p_inserted then 'inserted' else 'updated' end $$;
 comment on function memory_private.upsert_outcome(boolean) is
@@ -202,7 +200,6 @@ comment on function memory_private.upsert_outcome(boolean) is
 
 create function memory_private.require_workspace(p_workspace_id text) returns void
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform memory_private.check_id('workspace_id', p_workspace_id);
@@ -217,7 +214,6 @@ comment on function memory_private.require_workspace(text) is
 
 create function memory_private.lock_workspace(p_workspace_id text) returns void
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
@@ -231,7 +227,6 @@ comment on function memory_private.lock_workspace(text) is
 
 create function memory_private.try_lock_workspace(p_workspace_id text) returns boolean
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id

@@ -139,7 +139,6 @@ create function memory_private.scope_of_request(
   p_workspace_id text, p_request_id text
 ) returns memory_private.scopes
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_request memory_private.requests;
@@ -557,7 +556,6 @@ create function memory_private.first_valid_records(
   p_requester text
 ) returns bigint[]
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_valid bigint[] := '{}';
@@ -590,7 +588,6 @@ create function memory_private.recent_valid_records(
   p_query text default null, p_record_id bigint default null
 ) returns bigint[]
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_valid bigint[] := '{}';

@@ -171,7 +171,6 @@ create index request_charges_request_idx
 create function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
   returns numeric
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
    where c.workspace_id = p_workspace_id and c.request_id = p_request_id
@@ -205,7 +204,6 @@ create index extracted_sources_message_idx
 
 create function memory_private.jobs_check_transition() returns trigger
   language plpgsql
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if new.status is distinct from old.status
@@ -230,7 +228,6 @@ create trigger jobs_check_transition before update of status on memory_private.j
 
 create function memory_private.check_token(p_token text) returns uuid
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_token is null
@@ -248,7 +245,6 @@ comment on function memory_private.check_token(text) is
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
   returns void
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   update memory_private.scopes
      set consolidation_due_at = coalesce(consolidation_due_at, memory_private.clock_now())
@@ -260,7 +256,6 @@ comment on function memory_private.mark_consolidation_due(text, bigint) is
 
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_scope memory_private.scopes;
@@ -334,7 +329,6 @@ create function memory_private.owned_job(
   p_workspace_id text, p_job_id bigint, p_token text
 ) returns memory_private.jobs
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
@@ -393,7 +387,6 @@ create function memory_private.close_attempt(
   p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
 ) returns boolean
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_attempt memory_private.job_attempts;
@@ -449,7 +442,6 @@ create function memory_private.release_job(
   p_next_attempt_at timestamptz default null
 ) returns void
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
@@ -471,7 +463,6 @@ comment on function memory_private.release_job(memory_private.jobs, text, text, 
 
 create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
@@ -517,7 +508,6 @@ comment on function memory_private.retire_stale_jobs(text) is
 
 create function memory_private.expire_leases(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;

@@ -10,7 +10,6 @@
 create function memory_private.failure_codes()
   returns table (code text, meaning text)
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select * from (values
     ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
@@ -61,7 +60,6 @@ comment on function memory_private.job_limits() is
 create function memory_private.check_usage(p_usage jsonb, p_complete boolean default true)
   returns jsonb
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_key text;
@@ -329,7 +327,6 @@ comment on function memory_private.validate_output(memory_private.jobs, jsonb) i
 
 create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_scope memory_private.scopes;

@@ -215,7 +215,6 @@ comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
 
 create function memory_private.passages(p_text text) returns text[]
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
   -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
   -- its own (those scripts do not separate words with spaces). They are spaced apart first: a
@@ -243,7 +242,6 @@ create function memory_private.repeated_sources(
   p_job memory_private.jobs, p_summary text, p_cited text[]
 ) returns table (message_id text, content_hash text)
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_said text[];
@@ -284,7 +282,6 @@ comment on function memory_private.repeated_sources(memory_private.jobs, text, t
 create function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
@@ -361,7 +358,6 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
 create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();

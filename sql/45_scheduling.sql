@@ -19,7 +19,6 @@
 
 create function memory_private.add_counts(p_total jsonb, p_more jsonb) returns jsonb
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_key text;
@@ -47,7 +46,6 @@ create function memory_private.input_carryover(
   out blocked boolean, out claims integer, out next_attempt_at timestamptz
 )
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   -- The most recent earlier job of the same input (scope, phase, input hash) under the same
   -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
@@ -337,7 +335,6 @@ comment on function memory_private.schedule_consolidation(text, bigint) is
 
 create function memory_private.schedule_jobs(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ws memory_private.workspaces;

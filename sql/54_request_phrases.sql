@@ -10,7 +10,6 @@
 
 create function memory_private.request_has_content(p_rest text) returns boolean
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select char_length(regexp_replace(
            regexp_replace(coalesce(p_rest, ''),
@@ -29,7 +28,6 @@ comment on function memory_private.request_has_content(text) is
 create function memory_private.request_clause_form(p_clause text, p_ends_as_question boolean)
   returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   t text := p_clause;
@@ -153,7 +151,6 @@ comment on function memory_private.request_clause_form(text, boolean) is
 
 create function memory_private.request_form(p_text text) returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   t text;
@@ -216,7 +213,6 @@ comment on function memory_private.request_form(text) is
 
 create function memory_private.classify_request(p_text text) returns text
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select case when f in ('remember', 'forget', 'enable-memory', 'disable-memory') then f end
     from memory_private.request_form(p_text) as f

@@ -19,7 +19,6 @@ create function memory_private.control_refusal(
   p_request memory_private.requests, p_scope memory_private.scopes, p_needed text
 ) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_member memory_private.members;
@@ -60,7 +59,6 @@ create function memory_private.control_outcome(
   p_extra jsonb default '{}'
 ) returns jsonb
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select jsonb_build_object('status', p_status, 'action', p_action, 'code', p_code,
                             'reason', p_reason, 'memory_id', p_memory_id) || p_extra
@@ -71,7 +69,6 @@ comment on function memory_private.control_outcome(text, text, text, text, bigin
 
 create function memory_private.note_redact(p_text text) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   -- memory_private.redact comes from sql/30_redaction.sql (resolved when called).
@@ -96,7 +93,6 @@ comment on function memory_private.clip_bytes(text, integer) is
 
 create function memory_private.note_title(p_text text) returns text
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select case when char_length(t) <= p.note_title_chars then t
               else coalesce(substring(left(t, p.note_title_chars) from '^(.*\S) '),
@@ -112,7 +108,6 @@ create function memory_private.with_dependencies(
   p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
 ) returns text[]
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select array(select x from unnest(p_kept) as x
                union
@@ -130,7 +125,6 @@ create function memory_private.delete_records(
   p_workspace_id text, p_record_ids bigint[]
 ) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_deleted integer;
@@ -200,7 +194,6 @@ create function memory_private.forget_set(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint
 ) returns bigint[]
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   -- The selected record and every record of the scope that shares a dependency with it (T7).
   -- One step only: a record that shares a message with such a neighbour but not with the
@@ -226,7 +219,6 @@ comment on function memory_private.forget_set(text, bigint, bigint) is
 create function memory_private.record_owners(p_workspace_id text, p_record_ids bigint[])
   returns table (record_id bigint, owner_id text)
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   -- Whose statements a record holds: the speaker of every user message it depends on, and for
   -- an assistant message the user whose request it answered (the bot's answer is part of that
@@ -248,7 +240,6 @@ create function memory_private.forget_records(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint, p_record_ids bigint[]
 ) returns bigint[]
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
@@ -289,7 +280,6 @@ create function memory_private.replay_outcome(
   p_scope memory_private.scopes
 ) returns jsonb
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_action text := p_call.outcome ->> 'action';

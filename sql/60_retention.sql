@@ -15,7 +15,6 @@
 
 create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   with erased as (
     update memory_private.messages
@@ -33,7 +32,6 @@ comment on function memory_private.erase_expired_messages(text) is
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select unnest(f.dependency_ids)
     from memory_private.request_recall f
@@ -63,7 +61,6 @@ comment on function memory_private.request_provenance(text, text) is
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_total integer := 0;
@@ -140,7 +137,6 @@ comment on function memory_private.purge_permanently_invalid(text) is
 
 create function memory_private.scrub_erased(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_gone text[];
@@ -182,7 +178,6 @@ comment on function memory_private.scrub_erased(text) is
 
 create function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   with dropped as (
     delete from memory_private.tombstones t
@@ -198,7 +193,6 @@ comment on function memory_private.drop_stale_tombstones(text) is
 
 create function memory_private.prune_records(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
@@ -221,7 +215,6 @@ comment on function memory_private.prune_records(text) is
 
 create function memory_private.sweep_retention(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_expired integer;

@@ -180,7 +180,6 @@ comment on view memory.workspace_status is
 -- Retry rules: one place, read by the job view and by memory.retry_job.
 create function memory_private.job_retry_refusal(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_config integer;
