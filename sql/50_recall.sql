@@ -3,7 +3,7 @@
 -- memory.recall gives a new request the compact index of its scope (or, while a consolidation is
 -- pending, a bounded directory of up to eight records), labelled as historical reference data.
 -- What it gave is frozen for the request: a later call returns the same content, minus every
--- record that stopped being valid since (R3). memory.query_memories browses or literally searches
+-- record that stopped being valid since (R3). memory.query_memories browses or searches (48_search)
 -- the valid records of the request's scope; the source ids it returns join the request's citation
 -- set, and usage is counted once per tool call id (R4-R7). Every read decides validity from
 -- current facts with memory_private.record_invalid_reason (V6), through its set form
@@ -398,6 +398,7 @@ declare
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
+  v_matches jsonb := '{}';
   v_now timestamptz := memory_private.clock_now();
 begin
   v_request := memory_private.known_request(p_workspace_id, p_request_id);
@@ -439,10 +440,24 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
-  -- validated set-wise a page at a time.
-  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                               v_request.user_id, v_query, v_id);
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only, validated set-wise.
+  if v_query is not null and v_id is null then
+    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
+           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
+      into v_ids, v_matches
+      from memory_private.search_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                         v_request.user_id, v_query)
+             with ordinality as s(record_id, match, pos);
+  else
+    v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                                 v_request.user_id, v_query, v_id);
+    if v_query is not null then
+      v_matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
+                      from unnest(v_ids) x);
+    end if;
+  end if;
 
   -- One pass over the shown records' sources feeds the details (first 20 ids, count,
   -- overflow) and the request's citation set (R6; idempotent on replay).
@@ -472,6 +487,7 @@ begin
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
+                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb)
     into v_records
     from unnest(v_ids) with ordinality as f(record_id, pos)
@@ -501,12 +517,14 @@ end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches titles and summaries for the literal, case-insensitive query, among the '
-  'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids, the source count and '
-  'overflow, and dates (R4, R5). The source ids join the request''s citation set (R6). Usage is '
-  'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
-  'was used with other arguments; MB005 for a scheduled request.';
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids, the source count and overflow, dates, and match: how it matched (literal, words, '
+  'fuzzy; null when browsing) (R4, R5). The source ids join the request''s citation set '
+  '(R6). Usage is counted once per tool call id; a replay re-reads current state (R7, C9). '
+  'MB003 when the id was used with other arguments; MB005 for a scheduled request.';
 
 -- Citations ------------------------------------------------------------------------------------
 
