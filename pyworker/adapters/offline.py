@@ -14,7 +14,15 @@ import threading
 from decimal import Decimal
 
 from pyworker.adapters.base import Cancelled, Reply
-from pyworker.payload import ConsolidateInput, ExtractInput, ModelRef, Source, Usage, utf8_len
+from pyworker.payload import (
+    ConsolidateInput,
+    ExtractInput,
+    Limits,
+    ModelRef,
+    Source,
+    Usage,
+    utf8_len,
+)
 from pyworker.prompting import Prompt
 
 # Kinds by precedence (a sentence takes the first that matches); DISPLAY orders the summary
@@ -73,6 +81,11 @@ def _kind_of(sentence: str, role: str) -> str | None:
     return None
 
 
+def title_for(texts: list[str], speakers: list[str], limit: int) -> str:
+    """A title for a record made of ``texts`` said by (or about) ``speakers``."""
+    return _clip(f"{', '.join(speakers)}: {texts[0]}", limit)
+
+
 def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[str, object]:
     picked: list[tuple[int, str, Source, str]] = []
     order = {k: i for i, k in enumerate(DISPLAY)}
@@ -120,6 +133,9 @@ def consolidate(data: ConsolidateInput, index_bytes: int, index_ids: int) -> dic
 class OfflineAdapter:
     name = "offline"
 
+    def extract(self, data: ExtractInput, limits: Limits) -> dict[str, object]:
+        return extract(data, limits.title_bytes, limits.summary_bytes)
+
     def reserve_usd(self, model: ModelRef, prompt: Prompt) -> Decimal:
         return Decimal(0)
 
@@ -129,7 +145,7 @@ class OfflineAdapter:
             raise Cancelled("stopped before the call", outcome="failed")
         lim = prompt.limits
         if isinstance(prompt.data, ExtractInput):
-            out = extract(prompt.data, lim.title_bytes, lim.summary_bytes)
+            out = self.extract(prompt.data, lim)
         else:
             out = consolidate(prompt.data, lim.index_bytes, lim.index_ids)
         text = json.dumps(out, ensure_ascii=False)
