@@ -2966,8 +2966,9 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
 --    Korean text as overlapping character pairs (bigrams), because PostgreSQL's parser makes a
 --    whole clause of them one token. Ranked by the words a record holds, each worth its inverse
 --    document frequency in the scope, ln(1 + N / n), twice that in the title; then newest.
--- 3. fuzzy: pg_trgm's word similarity between each query word and the record's text (typos,
---    partial words), when the first two found fewer than asked. Ranked by similarity, then newest.
+-- 3. fuzzy: pg_trgm's word similarity between a query word and a word of the record that starts
+--    with the same three characters (typos after the third character, partial words), when the
+--    first two found fewer than asked. Ranked by similarity, then newest.
 -- Each stage skips what an earlier stage found; every candidate is validated set-wise
 -- (memory_private.first_valid_records) before it is shown. A scope holds at most 256 records
 -- (T5), read through records_scope_idx; the document is computed once, when the record is
@@ -3040,9 +3041,12 @@ comment on function memory_private.search_document(text, text) is
 alter table memory_private.records
   add column search_document tsvector not null
     generated always as (memory_private.search_document(title, summary)) stored;
+-- Kept in the row (compressed) rather than in the TOAST table: the search reads it for every
+-- record of a scope, and the long summary and search_text move out of the row first.
+alter table memory_private.records alter column search_document set storage main;
 comment on column memory_private.records.search_document is
   'The record''s full-text document (memory_private.search_document), computed when the record '
-  'is written: query_memories'' word search reads it.';
+  'is written: query_memories'' word and fuzzy search read it.';
 
 -- The query ------------------------------------------------------------------------------------
 
@@ -3116,6 +3120,7 @@ declare
   v_query tsquery;
   v_scope_size bigint;
   v_fuzzy_words text[];
+  v_prefixes tsquery;
   v_candidates bigint[];
 begin
   -- 1. literal, newest first (the spec's search).
@@ -3158,18 +3163,25 @@ begin
                  p_workspace_id, p_scope_id, v_candidates, p_limit - cardinality(v_literal),
                  p_requester);
   end if;
-  -- 3. fuzzy, by the best word similarity.
+  -- 3. fuzzy: the records holding a word that starts like a query word (its first three
+  -- characters, a prefix search of the stored document: cheap), scored by the best word
+  -- similarity between a query word and such a word of the record.
   if cardinality(v_literal) + cardinality(v_words) < p_limit then
     v_fuzzy_words := memory_private.fuzzy_words(p_query);
   end if;
   if cardinality(v_fuzzy_words) > 0 then
+    v_prefixes := (select string_agg(memory_private.lexeme_query(left(w, 3), ':*')::text, ' | ')
+                     from unnest(v_fuzzy_words) w)::tsquery;
     v_candidates := array(
       select s.record_id
         from (select r.record_id, r.created_at,
-                     (select max(memory_private.trgm_word_similarity(w, r.search_text))
-                        from unnest(v_fuzzy_words) w) as similarity
+                     (select max(memory_private.trgm_word_similarity(w, l))
+                        from unnest(v_fuzzy_words) w
+                        join unnest(tsvector_to_array(r.search_document)) l
+                          on left(l, 3) = left(w, 3)) as similarity
                 from memory_private.records r
                where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                 and r.search_document @@ v_prefixes
                  and not r.record_id = any(v_literal || v_words)) s
        where s.similarity >= 0.5
        order by s.similarity desc, s.created_at desc, s.record_id desc);
@@ -3194,8 +3206,8 @@ comment on function memory_private.search_records(text, bigint, integer, text, t
   'title or summary; newest first), then words (the query''s words OR-ed over the stored '
   'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
   'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
-  'of a query word to the text; most similar, then newest). A stage runs only while fewer than '
-  'p_limit were found.';
+  'of a query word to a word of the record starting with the same three characters; most '
+  'similar, then newest). A stage runs only while fewer than p_limit were found.';
 
 -- ==== 50_recall.sql ====
 -- 50_recall.sql: what a running interactive request sees of its scope's memories (R1-R8).
