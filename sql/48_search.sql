@@ -113,39 +113,50 @@ create function memory_private.search_terms(p_query text, p_weight text default 
   as $$
   -- One term per distinct word of the query, English stop words left out: the word as written
   -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
-  -- then one term per CJK bigram.
-  select coalesce(array_agg(x.q order by x.n, x.key), '{}')
-    from (select 1 as n, w as key,
-                 (select string_agg(memory_private.lexeme_query(f, p_weight)::text, ' | ')
-                    from (select w as f
-                          union
-                          select unnest(tsvector_to_array(
-                                   to_tsvector('pg_catalog.english', w)))) forms)::tsquery as q
-            from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple', p_query))) w
-           where to_tsvector('pg_catalog.english', w) <> ''::tsvector
-          union all
-          select 2, b, memory_private.lexeme_query(b, p_weight)
-            from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple',
-                                          memory_private.cjk_bigrams(p_query)))) b) x
+  -- then one term per CJK bigram. The first 32 in the query's order: a long query costs no
+  -- more than that.
+  select coalesce(array_agg(x.q order by x.n, x.pos), '{}')
+    from (select y.n, y.pos, y.q from (
+            select 1 as n, w.pos,
+                   (select string_agg(memory_private.lexeme_query(f, p_weight)::text, ' | ')
+                      from (select w.lexeme as f
+                            union
+                            select unnest(tsvector_to_array(
+                                     to_tsvector('pg_catalog.english', w.lexeme)))) forms
+                   )::tsquery as q
+              from (select u.lexeme, u.positions[1] as pos
+                      from unnest(to_tsvector('pg_catalog.simple', p_query)) u) w
+             where to_tsvector('pg_catalog.english', w.lexeme) <> ''::tsvector
+            union all
+            select 2, b.positions[1], memory_private.lexeme_query(b.lexeme, p_weight)
+              from unnest(to_tsvector('pg_catalog.simple',
+                                      memory_private.cjk_bigrams(p_query))) b) y
+          order by y.n, y.pos
+          limit 32) x
 $$;
 comment on function memory_private.search_terms(text, text) is
   'The terms a query searches for: one tsquery per distinct word (its written and English-'
-  'stemmed forms OR-ed; English stop words dropped) and per CJK bigram; p_weight '':A'' '
-  'restricts them to the title.';
+  'stemmed forms OR-ed; English stop words dropped), then per CJK bigram, the first 32 in the '
+  'query''s order; p_weight '':A'' restricts them to the title.';
 
 create function memory_private.fuzzy_words(p_query text) returns text[]
   language sql immutable strict parallel safe
   set search_path = pg_catalog, pg_temp
   as $$
   -- The query's words of three characters or more that are not English stop words, as written
-  -- (case-folded): what typo and partial-word matching compares.
-  select coalesce(array_agg(distinct w order by w), '{}')
-    from unnest(tsvector_to_array(to_tsvector('pg_catalog.simple', p_query))) w
-   where char_length(w) >= 3 and to_tsvector('pg_catalog.english', w) <> ''::tsvector
+  -- (case-folded): what typo and partial-word matching compares. The first 32 in the query's
+  -- order, as for the word search.
+  select coalesce(array_agg(w.lexeme order by w.pos), '{}')
+    from (select u.lexeme, u.positions[1] as pos
+            from unnest(to_tsvector('pg_catalog.simple', p_query)) u
+           where char_length(u.lexeme) >= 3
+             and to_tsvector('pg_catalog.english', u.lexeme) <> ''::tsvector
+           order by 2
+           limit 32) w
 $$;
 comment on function memory_private.fuzzy_words(text) is
   'The words of a query that fuzzy matching compares: three characters or more, not an English '
-  'stop word, case-folded.';
+  'stop word, case-folded; the first 32 in the query''s order.';
 
 -- The search -----------------------------------------------------------------------------------
 

@@ -122,3 +122,14 @@ def test_pg_trgm_is_installed_and_reached_by_its_schema(conn: psycopg.Connection
     conn.execute("set search_path = pg_catalog")
     assert conn.execute("select memory_private.trgm_word_similarity('kube', 'kube')"
                         ).fetchone() == (1.0,)
+
+
+def test_a_long_query_searches_its_first_32_words(conn: psycopg.Connection, w: World) -> None:
+    early = add(conn, w, "early", "Alpha", "the word alpha")
+    late = add(conn, w, "late", "Omega", "the word omega")
+    words = ["alpha"] + [f"filler{i}" for i in range(40)] + ["omega"]
+    terms = conn.execute("select memory_private.search_terms(%s)", (" ".join(words),)).fetchone()
+    assert terms is not None and len(terms[0]) == 32
+    assert matched(query(conn, "ws1", "live", "q1", {"query": " ".join(words)})) == [
+        (early, "words")]
+    assert late in ids(query(conn, "ws1", "live", "q2", {"query": "omega"}))
