@@ -32,6 +32,8 @@ WIDE_RECORD_EVERY = 16      # every 16th record depends on 24 messages
 WIDE_RECORD_SOURCES = 24
 REPO_RECORD_EVERY = 8       # every 8th record drew on repository "repo-docs"
 SEARCH_TERM = "kubernetes"  # appears in every 16th record (16 of 256): a literal search hit
+# A question passed whole, as a model would: no literal match, found by its words (ranked).
+QUESTION = "What did we decide about the billing export and its open items?"
 USERS = ("u1", "u2", "u3")
 
 _TOPICS = [
