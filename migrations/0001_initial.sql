@@ -3027,32 +3027,33 @@ $$;
 comment on function memory_private.has_cjk(text) is
   'Whether a text holds Han, kana or Hangul characters (the runs cjk_bigrams pairs up).';
 
+create function memory_private.text_document(p_text text) returns tsvector
+  language sql immutable parallel safe
+  as $$
+  -- A text twice: English-stemmed (its stop words dropped) and as written, lower-cased
+  -- ('simple', language-neutral); so English words meet their inflections and every other
+  -- language its exact words. Plus its CJK bigrams, when it has CJK text. One expression and no
+  -- SET clause, so that the generated column inlines it (a third cheaper per record); every
+  -- name is schema-qualified, and pg_catalog is searched first whatever the search_path.
+  select pg_catalog.to_tsvector('pg_catalog.english', coalesce(p_text, ''))
+      || pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_text, ''))
+      || case when memory_private.has_cjk(p_text)
+              then pg_catalog.to_tsvector('pg_catalog.simple', memory_private.cjk_bigrams(p_text))
+              else ''::pg_catalog.tsvector end
+$$;
+comment on function memory_private.text_document(text) is
+  'A text as the search indexes it: English-stemmed and as written (simple), plus its CJK '
+  'bigrams.';
+
 create function memory_private.search_document(p_title text, p_summary text) returns tsvector
   language sql immutable parallel safe
   as $$
-  -- Each text twice: English-stemmed (its stop words dropped) and as written, lower-cased
-  -- ('simple', language-neutral); so English words meet their inflections and every other
-  -- language its exact words. Plus the CJK bigrams, when there is CJK text. One expression and
-  -- no SET clause, so that the generated column inlines it (a third cheaper per record); every
-  -- name is schema-qualified, and pg_catalog is searched first whatever the search_path.
-  select pg_catalog.setweight(
-           pg_catalog.to_tsvector('pg_catalog.english', coalesce(p_title, ''))
-           || pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_title, ''))
-           || case when memory_private.has_cjk(p_title)
-                   then pg_catalog.to_tsvector('pg_catalog.simple',
-                                               memory_private.cjk_bigrams(p_title))
-                   else ''::pg_catalog.tsvector end, 'A')
-      || pg_catalog.setweight(
-           pg_catalog.to_tsvector('pg_catalog.english', coalesce(p_summary, ''))
-           || pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_summary, ''))
-           || case when memory_private.has_cjk(p_summary)
-                   then pg_catalog.to_tsvector('pg_catalog.simple',
-                                               memory_private.cjk_bigrams(p_summary))
-                   else ''::pg_catalog.tsvector end, 'B')
+  select pg_catalog.setweight(memory_private.text_document(p_title), 'A')
+      || pg_catalog.setweight(memory_private.text_document(p_summary), 'B')
 $$;
 comment on function memory_private.search_document(text, text) is
-  'The full-text document of a record: title (weight A) and summary (weight B), each English-'
-  'stemmed and as written (simple), plus their CJK bigrams.';
+  'The full-text document of a record: its title (weight A) and summary (weight B) as '
+  'memory_private.text_document indexes them.';
 
 alter table memory_private.records
   add column search_document tsvector not null
