@@ -28,7 +28,9 @@ Measures, per category and overall:
   query_memories gives) include an evidence turn, at rank 1, within 5, within 12; the mean of
   1/rank (0 when none);
 - ``coverage``: an evidence turn is a source of any valid record of the scope (the ceiling of
-  the two above);
+  the two above); in the JSON also ``coverage_all`` (every evidence turn is) and ``newest@5``
+  (an evidence turn is a source of one of the five newest records: what hit@5 would be if the
+  search ranked by age alone);
 and records (count, bytes, sources), the share of turns some record cites, jobs, and timings.
 Questions whose evidence names no turn of the conversation are left out and counted. Writes
 ``eval.json`` (everything, per question too), prints a table, and draws ``eval.png`` when
@@ -83,6 +85,7 @@ class Answer:
     results: int
     covered: bool
     covered_all: bool          # every evidence turn is a source of some record
+    newest_hit: bool           # ... of one of the 5 newest records (a baseline for hit@5)
     recall_ms: float
     query_ms: float
 
@@ -187,9 +190,11 @@ def ask(db: Database, layout: locomo.Layout, question: locomo.Question,
             rank, match = pos, rec.get("match")
             break
     cited = set().union(*sources.values()) if sources else set()
+    newest = sorted(sources, reverse=True)[:5]  # record ids grow with time
     return Answer(conv_name, layout.variant, question.index, question.category,
                   question.question, evidence, str(recalled.get("mode")), recall_hit, rank,
                   match, len(results), bool(wanted & cited), wanted <= cited,
+                  any(wanted & set(sources[i]) for i in newest),
                   round(recall_ms, 3), round(query_ms, 3))
 
 
@@ -213,6 +218,7 @@ def score(answers: Sequence[Answer]) -> dict[str, Any]:
             "mrr": round(sum(1 / a.rank for a in answers if a.rank) / n, 4),
             "coverage": share(lambda a: a.covered),
             "coverage_all": share(lambda a: a.covered_all),
+            "newest@5": share(lambda a: a.newest_hit),
             "first_hit_by": {m: sum(1 for a in answers if a.match == m)
                              for m in sorted({a.match for a in answers if a.match})}}
 

@@ -122,3 +122,21 @@ def test_the_command_runs_the_offline_model_and_says_when_it_cannot_plot(
     assert saved["runs"][0]["scores"]["overall"]["questions"] == 4
     bad = CliRunner().invoke(app, ["eval", str(MINI), "--dsn", db_dsn, "--variant", "dm"])
     assert bad.exit_code != 0 and "group, private or both" in bad.output
+
+
+def test_the_eval_runs_a_model_adapter_through_the_worker(
+        db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakemodel import FakeModel  # lazily: the fake server may move
+
+    monkeypatch.setenv("PIMEM_PRICES", json.dumps({"fake/m": {"input": 3, "output": 15}}))
+    monkeypatch.setenv("PIMEM_OPENAI_API_KEY", "fake-key")
+    with FakeModel() as fake:
+        result = evaluate.run([MINI], "openai", ["group"], dsn=db_dsn, data_dir=tmp_path,
+                              model=ModelRef(provider="fake", id="m"), console=quiet(),
+                              judge="citations", plot=False, openai_base_url=fake.url)
+        assert fake.calls == 6 and fake.violations == []  # 3 extractions, 3 consolidations
+    run = result["runs"][0]
+    assert run["jobs"] == {"extract succeeded": 3, "consolidate succeeded": 3}
+    # The fake cites every source of its batch: every questioned turn is covered.
+    assert run["scores"]["overall"]["coverage"] == 1.0
+    assert result["model"] == "fake/m"
