@@ -180,8 +180,8 @@ def ask(db: Database, layout: locomo.Layout, question: locomo.Question,
     recall_hit = any(wanted & set(sources.get(i, ())) for i in shown)
 
     began = time.perf_counter()
-    found = db.query_memories(layout.workspace, rid, "search",
-                              {"query": question.question[:1000]})
+    query = question.question.encode()[:1000].decode("utf-8", "ignore")  # the API's limit
+    found = db.query_memories(layout.workspace, rid, "search", {"query": query})
     query_ms = (time.perf_counter() - began) * 1000
     rank = match = None
     results = found.get("records") or []

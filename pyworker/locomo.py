@@ -7,7 +7,12 @@ lists questions with the turns that answer them (``evidence``) and a category. T
 that format (a path; nothing is downloaded) and ingests a conversation through the public API,
 session by session, running the real worker after each one. The pieces are functions so other
 measurements can reuse them (:func:`prepare`, :func:`ingest_session`, :func:`run_worker`,
-:func:`ingest_conversation`).
+:func:`ingest_conversation`)::
+
+    [conv] = locomo.load(Path("../shared/datasets/locomo/conv-26.json"))
+    done = locomo.ingest_conversation(Database(dsn), dsn, conv, "group", OfflineAdapter(),
+                                      ModelRef(provider="offline", id="heuristic"))
+    # done.layout.workspace holds the records; done.per_session the jobs of each session
 
 How a two-person dialogue becomes requests (P2 needs a user and an assistant message in each):
 
