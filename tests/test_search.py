@@ -78,7 +78,7 @@ def test_a_chinese_word_of_two_characters_is_found_inside_a_sentence(
     add(conn, w, "tea", "饮料", "她每天喝绿茶")
     # PostgreSQL's own parser makes the clause one token: a word search alone would miss it.
     row = conn.execute("select to_tsvector('simple', '我喜欢喝咖啡') @@ '咖啡'::tsquery, "
-                       "search_document @@ '咖啡'::tsquery from memory_private.records "
+                       "document @@ '咖啡'::tsquery from memory_private.record_documents "
                        "where record_id = %s", (coffee,)).fetchone()
     assert row == (False, True)
     assert matched(query(conn, "ws1", "live", "q1", {"query": "咖啡"})) == [(coffee, "literal")]

@@ -1,6 +1,6 @@
 """query_memories' literal search reads the case-folded copy of title and summary stored on the
 record (records.search_text); the answer is the same as folding title and summary apart. The
-word search's document (records.search_document) follows the text the same way."""
+word search's document (record_documents, written by a trigger) follows the text the same way."""
 
 from __future__ import annotations
 
