@@ -5,7 +5,7 @@
 -- to eight records), labelled as historical reference data. What it gave is frozen for the
 -- request: a later call returns the same content, minus every record that stopped being valid
 -- since, and without the index text once any record it was built from did (R3).
--- memory.query_memories browses or literally searches the valid records of the request's scope;
+-- memory.query_memories browses or searches (48_search.sql) the valid records of the request's scope;
 -- the sources of the records it returns make the request's citation set, and usage is counted
 -- once per tool call id (R4-R7). Every read decides validity from current facts with
 -- memory_private.record_invalid_reason (V6), through its set form memory_private.invalid_records
@@ -439,6 +439,39 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
+create function memory_private.query_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  p_record_id bigint, out ids bigint[], out matches jsonb
+)
+  language plpgsql stable
+  as $$
+begin
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only, validated set-wise.
+  matches := '{}';
+  if p_query is not null and p_record_id is null then
+    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
+           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
+      into ids, matches
+      from memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                         p_query)
+             with ordinality as s(record_id, match, pos);
+  else
+    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                               p_requester, p_query, p_record_id);
+    if p_query is not null then
+      matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
+                    from unnest(ids) x);
+    end if;
+  end if;
+end
+$$;
+comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
+  'The records a query_memories call returns, in order, with how each matched (literal, words, '
+  'fuzzy; none when browsing): a search (memory_private.search_records), the newest valid ones, '
+  'or one by id.';
+
 create function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
 ) returns jsonb
@@ -456,6 +489,7 @@ declare
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
+  v_matches jsonb := '{}';
   v_now timestamptz := memory_private.clock_now();
 begin
   v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
@@ -484,10 +518,9 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
-  -- validated set-wise a page at a time.
-  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                               v_request.user_id, v_query, v_id);
+  select q.ids, q.matches into v_ids, v_matches
+    from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                      v_request.user_id, v_query, v_id) q;
 
   -- The shown records' sources, in the order their summaries use them: the first 20 of each
   -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
@@ -503,6 +536,7 @@ begin
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
+                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb)
     into v_records
     from unnest(v_ids) with ordinality as f(record_id, pos)
@@ -536,14 +570,16 @@ end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches titles and summaries for the literal, case-insensitive query, among the '
-  'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
-  'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids (the messages its summary cites, in the order it uses them), the source count and '
+  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
   'R5). The source ids join the request''s citation set (R6); the returned records are the '
-  'request''s provenance (T2). Usage is '
-  'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
-  'was used with other arguments; MB005 for a scheduled request.';
+  'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
+  'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
 -- Citations ------------------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ WIDE_RECORD_EVERY = 16      # every 16th record depends on 24 messages
 WIDE_RECORD_SOURCES = 24
 REPO_RECORD_EVERY = 8       # every 8th record drew on repository "repo-docs"
 SEARCH_TERM = "kubernetes"  # appears in every 16th record (16 of 256): a literal search hit
+# A question passed whole, as a model would: no literal match, found by its words (ranked).
+QUESTION = "What did we decide about the billing export and its open items?"
 USERS = ("u1", "u2", "u3")
 
 _TOPICS = [
@@ -248,6 +250,14 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                      "requests", "messages", "scopes", "records", "record_sources",
                      "record_dependencies"):
             _copy(conn, tables[name])
+        # The records' search documents, which a trigger writes when triggers are on.
+        conn.execute(
+            """insert into memory_private.record_documents
+                 (workspace_id, record_id, scope_id, created_at, document)
+               select workspace_id, record_id, scope_id, created_at,
+                      memory_private.search_document(title, summary)
+                 from memory_private.records where workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
     return len(tables["records"].rows)
 
 
