@@ -1366,38 +1366,40 @@ $$;
 comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
 
-create function memory_private.record_reasons(p_workspace_id text, p_record_ids bigint[])
-  returns table (record_id bigint, reason text, message_id text)
+create function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[]
+) returns table (record_id bigint, reason text, message_id text)
   language sql stable
   as $$
   -- The bot replaced since the record was made ...
   select r.record_id, 'bot_replaced', null::text
     from memory_private.records r
-    join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-    join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and b.identity <> r.bot_identity
+     and r.bot_identity <> (select b.identity
+                              from memory_private.scopes s
+                              join memory_private.bots b
+                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
   union all
   -- ... and every dependency that is not current.
   select d.record_id, x.state, d.message_id
     from memory_private.record_dependencies d
-    join memory_private.records r on r.workspace_id = d.workspace_id and r.record_id = d.record_id
     join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
    cross join lateral (
      select memory_private.dependency_state(
               m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
-              exists (select 1 from memory_private.tombstones t
-                       where t.workspace_id = d.workspace_id and t.scope_id = r.scope_id
-                         and t.message_id = d.message_id),
-              memory_private.clock_now()) as state) x
+              t.message_id is not null, memory_private.clock_now()) as state) x
    where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
      and x.state is not null
 $$;
-comment on function memory_private.record_reasons(text, bigint[]) is
-  'Every reason each given record fails whatever the reader: bot_replaced, and the state of each '
-  'dependency that is not current (removed, expired, edited, forgotten) with the message. A '
-  'record that fails none has no row. The retention sweep deletes the records with a permanent '
-  'one.';
+comment on function memory_private.record_reasons(text, bigint, bigint[]) is
+  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
+  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
+  'message. A record that fails none has no row. The retention sweep deletes the records with a '
+  'permanent one.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
@@ -1407,10 +1409,12 @@ create function memory_private.invalid_records(
 declare
   v_scope_reason text;
   v_reader text;
+  v_ids bigint[];
 begin
   -- The scope's facts are read once; then one query decides every record of the set: the first
   -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
-  -- plans are cached for the session. Ids that are not records of the scope are not returned.
+  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
+  -- into that plan. Ids that are not records of the scope are not returned.
   select s.user_id into v_reader from memory_private.scopes s
    where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
   if not found then
@@ -1418,33 +1422,31 @@ begin
   end if;
   v_reader := coalesce(v_reader, p_requester);
   v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  v_ids := array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+                    and r.scope_id = p_scope_id);
   return query
-    with recs as materialized (
-      select r.record_id, r.repositories
-        from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-         and r.scope_id = p_scope_id
-    ), failing as (
+    with failing as (
       select x.record_id, x.reason
-        from memory_private.record_reasons(p_workspace_id,
-               array(select recs.record_id from recs)) x
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids) x
       union all
-      select recs.record_id, 'grant_revoked'
-        from recs
+      select r.record_id, 'grant_revoked'
+        from memory_private.records r
        where v_reader is not null
-         and exists (select 1 from unnest(recs.repositories) as repo(repository_id)
+         and r.workspace_id = p_workspace_id and r.record_id = any(v_ids)
+         and exists (select 1 from unnest(r.repositories) as repo(repository_id)
                       where not exists (select 1 from memory_private.repository_grants g
                                          where g.workspace_id = p_workspace_id
                                            and g.user_id = v_reader
                                            and g.repository_id = repo.repository_id))
     )
-    select recs.record_id,
+    select i.id,
            coalesce(v_scope_reason,
                     (select f.reason from failing f
                        join memory_private.invalid_reasons ir on ir.reason = f.reason
-                      where f.record_id = recs.record_id
+                      where f.record_id = i.id
                       order by ir.rank limit 1))
-      from recs;
+      from unnest(v_ids) as i(id);
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
@@ -1507,7 +1509,7 @@ begin
   select array_agg(x.reason order by ir.rank, x.message_id),
          array_agg(x.message_id || ' ' || x.reason order by ir.rank, x.message_id)
     into v_states, v_bad
-    from memory_private.record_reasons(p_workspace_id, array[p_record_id]) x
+    from memory_private.record_reasons(p_workspace_id, v_record.scope_id, array[p_record_id]) x
     join memory_private.invalid_reasons ir on ir.reason = x.reason
    where x.reason <> 'bot_replaced';
   return query select coalesce((select ir.rank from memory_private.invalid_reasons ir
@@ -5761,12 +5763,13 @@ begin
   -- it was made from.
   v_ids := array(
     select distinct x.record_id
-      from memory_private.record_reasons(
-             p_workspace_id,
+      from memory_private.scopes s
+     cross join lateral memory_private.record_reasons(
+             s.workspace_id, s.scope_id,
              array(select r.record_id from memory_private.records r
-                    where r.workspace_id = p_workspace_id)) x
+                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
       join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
+     where s.workspace_id = p_workspace_id and ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;

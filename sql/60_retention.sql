@@ -121,12 +121,13 @@ begin
   -- it was made from.
   v_ids := array(
     select distinct x.record_id
-      from memory_private.record_reasons(
-             p_workspace_id,
+      from memory_private.scopes s
+     cross join lateral memory_private.record_reasons(
+             s.workspace_id, s.scope_id,
              array(select r.record_id from memory_private.records r
-                    where r.workspace_id = p_workspace_id)) x
+                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
       join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
+     where s.workspace_id = p_workspace_id and ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
