@@ -1013,6 +1013,8 @@ create table memory_private.scopes (
   index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
   index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
   index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
+  index_bot_identity text,
+  index_repositories text[],
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -1023,6 +1025,8 @@ create table memory_private.scopes (
       or (kind = 'shared' and user_id is null and topic_id is not null)),
   check ((index_text is null) = (index_record_ids is null)),
   check ((index_text is null) = (index_candidate_ids is null)),
+  check ((index_text is null) = (index_bot_identity is null)),
+  check ((index_text is null) = (index_repositories is null)),
   check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
@@ -1033,6 +1037,10 @@ comment on column memory_private.scopes.index_candidate_ids is
   'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
   'of them, so the index depends on all of them: a reader gets it only while every candidate is '
   'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scopes.index_bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scopes.index_repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -1120,6 +1128,20 @@ create table memory_private.tombstones (
 comment on table memory_private.tombstones is
   'Content-free marks of forgotten sources. While the original message is retained, no record '
   'of the scope may depend on it and extraction never takes it again (T8).';
+
+create table memory_private.index_dependencies (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.index_dependencies is
+  'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
+  'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
+  'with one look at each message. Written with the index, dropped with it.';
 
 -- Scope resolution -------------------------------------------------------------------------
 
@@ -1367,7 +1389,8 @@ comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
 
 create function memory_private.record_reasons(
-  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[]
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
 ) returns table (record_id bigint, reason text, message_id text)
   language sql stable
   as $$
@@ -1391,11 +1414,11 @@ create function memory_private.record_reasons(
    cross join lateral (
      select memory_private.dependency_state(
               m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
-              t.message_id is not null, memory_private.clock_now()) as state) x
+              t.message_id is not null, p_now) as state) x
    where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
      and x.state is not null
 $$;
-comment on function memory_private.record_reasons(text, bigint, bigint[]) is
+comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
   'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
   'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
   'message. A record that fails none has no row. The retention sweep deletes the records with a '
@@ -1410,6 +1433,7 @@ declare
   v_scope_reason text;
   v_reader text;
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The scope's facts are read once; then one query decides every record of the set: the first
   -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
@@ -1426,9 +1450,10 @@ begin
                   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
                     and r.scope_id = p_scope_id);
   return query
-    with failing as (
+    with failing as materialized (
+      -- One pass over every record of the set (not one per record).
       select x.record_id, x.reason
-        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids) x
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
       union all
       select r.record_id, 'grant_revoked'
         from memory_private.records r
@@ -1440,13 +1465,14 @@ begin
                                            and g.user_id = v_reader
                                            and g.repository_id = repo.repository_id))
     )
-    select i.id,
-           coalesce(v_scope_reason,
-                    (select f.reason from failing f
-                       join memory_private.invalid_reasons ir on ir.reason = f.reason
-                      where f.record_id = i.id
-                      order by ir.rank limit 1))
-      from unnest(v_ids) as i(id);
+    , first as (
+      select distinct on (f.record_id) f.record_id, f.reason
+        from failing f join memory_private.invalid_reasons ir on ir.reason = f.reason
+       order by f.record_id, ir.rank
+    )
+    select i.id, coalesce(v_scope_reason, first.reason)
+      from unnest(v_ids) as i(id)
+      left join first on first.record_id = i.id;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
@@ -1457,6 +1483,55 @@ comment on function memory_private.invalid_records(text, bigint, bigint[], text)
   'repository grant the reader lacks. One query for the whole set; every reader of records uses '
   'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
   'membership and grants are not checked.';
+
+create function memory_private.index_holds(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns boolean
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_reader text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The validity rule for every candidate of the scope's index at once, in the form the index
+  -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
+  -- what invalid_records would say of each candidate, without reading them one by one. A test
+  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found or v_scope.index_text is null then
+    return false;
+  end if;
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
+     and (select b.identity from memory_private.bots b
+           where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
+         = v_scope.index_bot_identity
+     and (v_reader is null
+          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.tombstones t
+                      join memory_private.index_dependencies d
+                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
+                       and d.message_id = t.message_id
+                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+     and not exists (select 1 from memory_private.index_dependencies d
+                      join memory_private.messages m
+                        on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                       and memory_private.dependency_state(m.removed_at, m.body is not null,
+                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                           is not null);
+end
+$$;
+comment on function memory_private.index_holds(text, bigint, text) is
+  'Whether the scope''s index may be given to the requester now: every record it was built from '
+  'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
+  'dependency current and not forgotten), checked from what the index kept when it was built.';
 
 create function memory_private.record_invalid_reason(
   p_record memory_private.records, p_requester text
@@ -3057,6 +3132,40 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
   'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
   'scope due for consolidation. Returns the record id and the counts.';
 
+create function memory_private.install_index(
+  p_workspace_id text, p_scope_id bigint, p_text text, p_record_ids bigint[],
+  p_candidate_ids bigint[], p_bot_identity text
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- The index text may speak of any candidate the model saw: it depends on all of them, and
+  -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
+  -- checks it in one pass (memory_private.index_holds).
+  update memory_private.scopes
+     set index_text = p_text, index_record_ids = p_record_ids,
+         index_candidate_ids = p_candidate_ids, index_built_at = memory_private.clock_now(),
+         index_bot_identity = p_bot_identity,
+         index_repositories = array(select distinct x from memory_private.records r,
+                                                          unnest(r.repositories) as x
+                                     where r.workspace_id = p_workspace_id
+                                       and r.record_id = any(p_candidate_ids) order by 1)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  delete from memory_private.index_dependencies
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  insert into memory_private.index_dependencies
+    (workspace_id, scope_id, message_id, content_hash)
+  select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash
+    from memory_private.record_dependencies d
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_candidate_ids)
+   order by d.message_id;
+end
+$$;
+comment on function memory_private.install_index(text, bigint, text, bigint[], bigint[], text) is
+  'Makes p_text the scope''s index, naming p_record_ids and built from p_candidate_ids under '
+  'the bot identity p_bot_identity: the candidates, their repositories and their dependencies '
+  '(memory_private.index_dependencies) are kept with it.';
+
 create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
   language plpgsql volatile
@@ -3074,11 +3183,11 @@ begin
                                 p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
                       order by x)
                  <> array(select x from unnest(v_candidates) x order by x);
-  -- The index text may speak of any candidate the model saw: it depends on all of them.
+  perform memory_private.install_index(p_job.workspace_id, p_job.scope_id,
+                                       p_output ->> 'index', v_ids, v_candidates,
+                                       p_job.input ->> 'bot_identity');
   update memory_private.scopes
-     set index_text = p_output ->> 'index', index_record_ids = v_ids,
-         index_candidate_ids = v_candidates, index_built_at = v_now,
-         consolidation_due_at = case when v_still_due
+     set consolidation_due_at = case when v_still_due
                                      then coalesce(consolidation_due_at, v_now) end
    where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
   return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
@@ -3553,7 +3662,10 @@ begin
         and j.phase = 'consolidate' and j.status = 'pending';
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null
+           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
+           index_repositories = null
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    delete from memory_private.index_dependencies
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
   end if;
@@ -4345,12 +4457,8 @@ begin
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
       -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them (one set validation).
-      v_basis := array(select v.record_id
-                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                                v_scope.index_candidate_ids, v_request.user_id) v
-                        where v.reason is null);
-      if v_scope.index_candidate_ids <@ v_basis then
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;
@@ -4997,9 +5105,18 @@ begin
            index_candidate_ids = case when s.index_candidate_ids && t.ids then null
                                       else s.index_candidate_ids end,
            index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end
+                                 else s.index_built_at end,
+           index_bot_identity = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_bot_identity end,
+           index_repositories = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_repositories end
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning s.scope_id, s.index_text is null as dropped
+  ), unkept as (
+    delete from memory_private.index_dependencies d
+     using marked
+     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
     returning 1
   )
   select count(*) into v_deleted from gone;
@@ -5806,8 +5923,11 @@ begin
    where j.workspace_id = p_workspace_id and j.input ? 'sources'
      and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                   where e ->> 'id' = any (v_gone) and e ? 'hash');
-  -- Extraction markers record the hash the message had.
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
    where workspace_id = p_workspace_id and message_id = any (v_gone);
   update memory_private.messages set scrub_pending = false
    where workspace_id = p_workspace_id and message_id = any (v_gone);

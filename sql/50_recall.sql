@@ -387,12 +387,8 @@ begin
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
       -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them (one set validation).
-      v_basis := array(select v.record_id
-                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                                v_scope.index_candidate_ids, v_request.user_id) v
-                        where v.reason is null);
-      if v_scope.index_candidate_ids <@ v_basis then
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;

@@ -164,8 +164,11 @@ begin
    where j.workspace_id = p_workspace_id and j.input ? 'sources'
      and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                   where e ->> 'id' = any (v_gone) and e ? 'hash');
-  -- Extraction markers record the hash the message had.
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
    where workspace_id = p_workspace_id and message_id = any (v_gone);
   update memory_private.messages set scrub_pending = false
    where workspace_id = p_workspace_id and message_id = any (v_gone);

@@ -153,7 +153,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                       "repositories", "created_at"), []),
         "scopes": Copy("scopes", ("workspace_id", "scope_id", "kind", "bot_id", "chat_id",
                                   "user_id", "topic_id", "index_text", "index_record_ids",
-                                  "index_candidate_ids", "index_built_at", "created_at"), []),
+                                  "index_candidate_ids", "index_bot_identity",
+                                  "index_repositories", "index_built_at", "created_at"), []),
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
                                     "bot_identity", "origin_request_id", "created_at"), []),
@@ -241,7 +242,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                  "u1" if kind == "private" else None,
                                  None if kind == "private" else 0,
                                  index_text, [r[1] for r in newest],
-                                 [r[1] for r in candidates], now, start))
+                                 [r[1] for r in candidates], "b1-identity",
+                                 sorted({x for r in candidates for x in r[8]}),  # type: ignore[attr-defined]
+                                 now, start))
 
     with conn.transaction():
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
@@ -250,6 +253,18 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                      "requests", "messages", "scopes", "records", "record_sources",
                      "record_dependencies"):
             _copy(conn, tables[name])
+        # What each index rests on, as the consolidation that built it keeps it.
+        conn.execute(
+            """insert into memory_private.index_dependencies
+                 (workspace_id, scope_id, message_id, content_hash)
+               select distinct on (s.workspace_id, s.scope_id, d.message_id)
+                      s.workspace_id, s.scope_id, d.message_id, d.content_hash
+                 from memory_private.scopes s
+                 join memory_private.record_dependencies d
+                   on d.workspace_id = s.workspace_id and d.record_id = any(s.index_candidate_ids)
+                where s.workspace_id = any(%s)
+                order by s.workspace_id, s.scope_id, d.message_id""",
+            ([r[0] for r in tables["workspaces"].rows],))
         # The records' search documents, which a trigger writes when triggers are on.
         conn.execute(
             """insert into memory_private.record_documents
