@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.records import make_record, scope_id, set_index
+from tests.records import make_record, set_index
 
 # Helpers ------------------------------------------------------------------------------------
 
