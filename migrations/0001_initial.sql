@@ -1097,6 +1097,20 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
+create table memory_private.record_line_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  message_id text not null,
+  primary key (workspace_id, record_id, line_no, message_id),
+  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
+    on delete cascade
+);
+comment on table memory_private.record_line_sources is
+  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
+  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
+  'foreign key). query_memories shows first the sources of the lines a search found.';
+
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -1142,6 +1156,22 @@ comment on table memory_private.index_dependencies is
   'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
   'with one look at each message. Written with the index, dropped with it.';
+
+create function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
+  select distinct l.n::integer, t.token
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
 
 -- Scope resolution -------------------------------------------------------------------------
 
@@ -2599,6 +2629,17 @@ begin
     raise exception 'title or summary is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
+  -- A line cites the sources it rests on ([m1] or [m1, m2]): a message of the batch cited on a
+  -- line must be one of source_ids.
+  select count(distinct c.message_id)::text into v_bad
+    from memory_private.line_citations(
+           v_summary, array(select s ->> 'id'
+                              from jsonb_array_elements(p_job.input -> 'sources') s)) c
+   where c.message_id <> all (v_ids);
+  if v_bad <> '0' then
+    raise exception '% message id(s) cited in the summary are not among source_ids', v_bad
+      using errcode = 'MB023';
+  end if;
   return jsonb_build_object('title', v_title, 'summary', v_summary,
                             'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
 end
@@ -2607,7 +2648,8 @@ comment on function memory_private.validate_extraction(memory_private.jobs, json
   'Validates an extraction output and returns it redacted and normalized; raises MB023. '
   '{"title", "summary", "source_ids", "reused_ids"?}: all empty = no-op; title and summary '
   'within their byte limits (also after redaction); source ids within the batch, kept in the '
-  'order given, each once; reused ids among the memories shown with the batch (P6, P8).';
+  'order given, each once; every batch message a summary line cites ([m1]) among them; reused '
+  'ids among the memories shown with the batch (P6, P8).';
 
 create function memory_private.validate_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
@@ -3111,9 +3153,19 @@ begin
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
    where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
   returning record_id into v_record_id;
+  -- The sources in the order the summary uses them: by the first line that cites each, then
+  -- those no line cites, in the order the output listed them.
   insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, c.id, c.n::integer
-    from unnest(v_cited) with ordinality as c(id, n);
+  select p_job.workspace_id, v_record_id, o.id,
+         row_number() over (order by o.first_line nulls last, o.n)
+    from (select c.id, c.n,
+                 (select min(l.line_no)
+                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
+                   where l.message_id = c.id) as first_line
+            from unnest(v_cited) with ordinality as c(id, n)) o;
+  insert into memory_private.record_line_sources (workspace_id, record_id, line_no, message_id)
+  select p_job.workspace_id, v_record_id, l.line_no, l.message_id
+    from memory_private.line_citations(p_output ->> 'summary', v_cited) l;
   insert into memory_private.record_dependencies
     (workspace_id, record_id, message_id, content_hash, via)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
@@ -4134,6 +4186,7 @@ create table memory_private.tool_calls (
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
   record_ids bigint[] not null default '{}',
+  source_ids text[] not null default '{}',
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   updated_at timestamptz not null,
@@ -4146,8 +4199,11 @@ comment on table memory_private.tool_calls is
   'counted once (R7) and a manage_memory change is applied once (C9). Content-free: the '
   'arguments are kept as a hash only, the outcome names ids and says what happened.';
 comment on column memory_private.tool_calls.record_ids is
-  'query_memories: every record the call (and its replays) returned; their first 20 sources are '
-  'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
+  'query_memories: every record the call (and its replays) returned (the answer''s provenance). '
+  'manage_memory: the record concerned.';
+comment on column memory_private.tool_calls.source_ids is
+  'query_memories: every source id the call (and its replays) showed: the citations it '
+  'authorized while the records that showed them stay valid (memory.request_citations).';
 comment on column memory_private.tool_calls.dependency_ids is
   'query_memories: the dependencies (message ids) of returned records that were deleted since, '
   'copied by memory_private.delete_records: with the dependencies of the records still there, '
@@ -4505,6 +4561,51 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
+create function memory_private.matching_lines(p_summary text, p_query text) returns integer[]
+  language sql stable
+  as $$
+  -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
+  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams).
+  select coalesce(array_agg(l.n::integer order by l.n), '{}')
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   where p_query is not null
+     and (strpos(lower(l.line), lower(p_query)) > 0
+          or memory_private.text_document(l.line) @@ any(memory_private.search_terms(p_query)))
+$$;
+comment on function memory_private.matching_lines(text, text) is
+  'The numbers of the summary lines a query_memories search finds (literal or by its words).';
+
+create function memory_private.shown_sources(
+  p_workspace_id text, p_record_ids bigint[], p_query text
+) returns table (record_id bigint, source_ids text[], total integer)
+  language sql stable
+  as $$
+  -- Each record's sources in the order its summary uses them; for a search, those cited by the
+  -- lines the query finds (literally, or by one of its words) come first. The first
+  -- shown_sources of them are shown (R5).
+  select r.record_id,
+         (array(select rs.message_id
+                  from memory_private.record_sources rs
+                  left join lateral (
+                    select min(l.line_no) as line_no
+                      from memory_private.record_line_sources l
+                     where l.workspace_id = rs.workspace_id and l.record_id = rs.record_id
+                       and l.message_id = rs.message_id
+                       and l.line_no = any(memory_private.matching_lines(r.summary, p_query))
+                  ) hit on true
+                 where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+                 order by hit.line_no nulls last, rs.position))
+           [1:(memory_private.policy()).shown_sources],
+         (select count(*)::integer from memory_private.record_sources rs
+           where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+$$;
+comment on function memory_private.shown_sources(text, bigint[], text) is
+  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
+  'order the summary uses them, the sources of the lines a search query finds first, and how '
+  'many sources the record has.';
+
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
   p_record_id bigint, out ids bigint[], out matches jsonb
@@ -4556,6 +4657,7 @@ declare
   v_ids bigint[];
   v_records jsonb;
   v_matches jsonb := '{}';
+  v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
   v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
@@ -4588,32 +4690,27 @@ begin
     from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
                                       v_request.user_id, v_query, v_id) q;
 
-  -- The shown records' sources, in the order their summaries use them: the first 20 of each
-  -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
-  with per_record as materialized (
-    select rs.record_id,
-           jsonb_agg(rs.message_id order by rs.position)
-             filter (where rs.position <= (memory_private.policy()).shown_sources)
-             as source_ids,
-           count(*) as total
-      from memory_private.record_sources rs
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
-     group by rs.record_id
+  -- The shown records with their sources (R5): what the call shows makes the citations it
+  -- authorizes (R6, memory.request_citations).
+  with shown as materialized (
+    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0))
                     || jsonb_build_object('match', v_matches ->> f.record_id::text)
-                  order by f.pos), '[]'::jsonb)
-    into v_records
+                  order by f.pos), '[]'::jsonb),
+         (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
+    into v_records, v_shown
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join per_record d on d.record_id = f.record_id;
+    left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
   -- the tool call; a replay adds what it returned.
   update memory_private.tool_calls
      set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+         source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
          updated_at = v_now
    where workspace_id = p_workspace_id and request_id = p_request_id
      and tool_call_id = p_tool_call_id;
@@ -4683,15 +4780,17 @@ begin
       from valid
       join memory_private.record_sources rs
         on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
-     where rs.position <= (memory_private.policy()).shown_sources
+     where rs.message_id in (select unnest(c.source_ids) from memory_private.tool_calls c
+                              where c.workspace_id = p_workspace_id
+                                and c.request_id = p_request_id
+                                and c.tool = 'query_memories')
      order by 1;
 end
 $$;
 comment on function memory.request_citations(text, text) is
-  'The request''s authorized citation set (R6): the source ids query_memories showed it (the '
-  'first 20 sources of each record it returned) whose record still exists and is valid now for '
-  'the requester, so every one of them is retained, unchanged and not forgotten. A record '
-  'forgotten, purged or pruned since authorizes nothing.';
+  'The request''s authorized citation set (R6): the source ids query_memories showed it whose '
+  'record still exists and is valid now for the requester, so every one of them is retained, '
+  'unchanged and not forgotten. A record forgotten, purged or pruned since authorizes nothing.';
 
 revoke all on function
   memory.recall(text, text),
@@ -6658,6 +6757,16 @@ begin
                                where rs.workspace_id = p_workspace_id
                                  and rs.record_id = p_record_id
                                order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.record_line_sources l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                 and rs.message_id = l.message_id
+               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
+               group by l.line_no) x), '[]'),
     -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
     -- state by the rule (memory_private.dependency_state).
     'dependencies', coalesce((
@@ -6687,7 +6796,7 @@ comment on function memory.explain_record(text, bigint, text) is
   'every check in the order the rule applies them (recall on, bot '
   'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';

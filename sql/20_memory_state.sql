@@ -109,6 +109,20 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
+create table memory_private.record_line_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  message_id text not null,
+  primary key (workspace_id, record_id, line_no, message_id),
+  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
+    on delete cascade
+);
+comment on table memory_private.record_line_sources is
+  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
+  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
+  'foreign key). query_memories shows first the sources of the lines a search found.';
+
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -154,6 +168,22 @@ comment on table memory_private.index_dependencies is
   'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
   'with one look at each message. Written with the index, dropped with it.';
+
+create function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
+  select distinct l.n::integer, t.token
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
 
 -- Scope resolution -------------------------------------------------------------------------
 
