@@ -14,7 +14,8 @@ select set_eq(
   array['upsert_workspace', 'upsert_member', 'upsert_bot', 'upsert_chat', 'upsert_topic',
         'set_repository_grant', 'upsert_request', 'upsert_message', 'remove_message',
         'recall', 'query_memories', 'manage_memory', 'request_citations',
-        'resolve_scope', 'delete_workspace', 'answer_retention_boundary', 'schema_version'],
+        'resolve_scope', 'delete_workspace', 'answer_retention_boundary', 'schema_version',
+        'tool_definitions'],
   'memory_backend executes the ingest API and scope resolution');
 
 select set_eq(

@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict
 
-from pyworker import errors, tools
+from pyworker import errors
 from pyworker.db import DatabaseUnavailable
 
 APPLICATION_NAME = "pimem-backend"
@@ -335,9 +335,11 @@ class MemoryClient:
     # The model's tools ---------------------------------------------------------------------------
 
     def tool_definitions(self) -> list[dict[str, Any]]:
-        """The two tools as ``{name, description, parameters}`` function definitions."""
-        # Issue 16 serves them from the database: return self._value("tool_definitions")
-        return tools.tool_definitions()
+        """The two tools as ``{name, description, parameters}`` function definitions, as the
+        database serves them (``memory.tool_definitions()``: JSON schemas whose limits are the
+        ones the tools' functions enforce)."""
+        definitions: list[dict[str, Any]] = self._value("tool_definitions")
+        return definitions
 
     def call_tool(self, workspace_id: str, request_id: str, name: str,
                   arguments: str | dict[str, Any] | None, tool_call_id: str) -> ToolResult:

@@ -21,6 +21,10 @@ from pyworker.errors import translate
 APPLICATION_NAME = "pimem-worker"
 
 
+def _as_written(text: str) -> str:
+    return text
+
+
 class DatabaseUnavailable(Exception):
     """The connection is gone (server restart, network); the caller retries later."""
 
@@ -109,9 +113,12 @@ class Database:
                       reserve_usd: Decimal) -> int:
         return int(self.call("start_attempt", workspace_id, job_id, token, reserve_usd))
 
-    def save_checkpoint(self, workspace_id: str, job_id: int, token: str,
-                        output: dict[str, Any], usage: dict[str, Any]) -> None:
-        self.call("save_checkpoint", workspace_id, job_id, token, output, usage)
+    def save_checkpoint(self, workspace_id: str, job_id: int, token: str, output: str,
+                        usage: dict[str, Any]) -> None:
+        """``output`` is the JSON text of the model's reply, sent as it is: the database reads
+        it (numbers exactly as written) and validates it."""
+        self.call("save_checkpoint", workspace_id, job_id, token,
+                  Jsonb(output, dumps=_as_written), usage)
 
     def commit_job(self, workspace_id: str, job_id: int, token: str) -> dict[str, Any]:
         return self.call("commit_job", workspace_id, job_id, token) or {}  # type: ignore[no-any-return]
@@ -121,7 +128,7 @@ class Database:
         """Reports the failed claim; answers the job's new status as the database decided it
         (``{"status": "pending" | "stopped", "why": ...}``)."""
         return self.call("fail_job", workspace_id, job_id, token,  # type: ignore[no-any-return]
-                         outcome, error[:1000], Jsonb(usage) if usage is not None else None)
+                         outcome, error, Jsonb(usage) if usage is not None else None)
 
     def advance_clock(self, interval: str) -> datetime:
         """Moves the memory clock (``memory_private.advance_clock``; superuser, demo and tests

@@ -1,7 +1,7 @@
 """Builds the model prompt of a claimed job from the text files in ``pyworker/prompts/``.
 
-The job's inputs are redacted (:mod:`pyworker.redact`) before they are serialized into the
-prompt's DATA block; the database already redacted them too and remains the authority.
+The job's inputs go into the prompt's DATA block as the claim carries them: the database redacted
+credentials in them before it serialized the claim (``memory_private.job_payload``, P8).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from string import Template
 from typing import Any
 
 from pyworker.payload import ClaimPayload, ConsolidateInput, ExtractInput, Limits, Phase
-from pyworker.redact import redact
 
 
 @cache
@@ -34,18 +33,10 @@ class Prompt:
     limits: Limits
 
 
-def redacted_input(payload: ClaimPayload) -> ExtractInput | ConsolidateInput:
+def job_input(payload: ClaimPayload) -> ExtractInput | ConsolidateInput:
     if payload.phase == "extract":
-        ex = payload.extract_input()
-        return ExtractInput(
-            sources=[s.model_copy(update={"text": redact(s.text)}) for s in ex.sources],
-            existing=[e.model_copy(update={"title": redact(e.title), "summary": redact(e.summary)})
-                      for e in ex.existing],
-        )
-    co = payload.consolidate_input()
-    return ConsolidateInput(candidates=[
-        c.model_copy(update={"title": redact(c.title), "summary": redact(c.summary)})
-        for c in co.candidates])
+        return payload.extract_input()
+    return payload.consolidate_input()
 
 
 def _data_json(data: ExtractInput | ConsolidateInput) -> str:
@@ -54,7 +45,7 @@ def _data_json(data: ExtractInput | ConsolidateInput) -> str:
 
 
 def build_prompt(payload: ClaimPayload) -> Prompt:
-    data = redacted_input(payload)
+    data = job_input(payload)
     lim = payload.limits
     body = Template(template(payload.phase)).substitute(
         data=_data_json(data), title_bytes=lim.title_bytes, summary_bytes=lim.summary_bytes,

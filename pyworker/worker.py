@@ -28,7 +28,7 @@ from pyworker import errors, metrics
 from pyworker.adapters.base import Adapter, ModelFailure
 from pyworker.db import Database, DatabaseUnavailable
 from pyworker.logs import event
-from pyworker.payload import UNKNOWN_USAGE, ClaimPayload, ReplyError, parse_reply
+from pyworker.payload import UNKNOWN_USAGE, ClaimPayload, ReplyError, reply_object
 from pyworker.prompting import build_prompt
 
 # Debug hook for the crash tests: seconds to pause after the checkpoint and before the commit.
@@ -256,18 +256,26 @@ class Worker:
             self._log("model_reply", seconds=round(time.monotonic() - began, 3), usage=usage,
                       **ids)
             try:
-                output = parse_reply(job, reply.text)
+                output = reply_object(reply.text)
             except ReplyError as exc:
                 self._log("reply_refused", logging.WARNING, code=exc.code, error=_bounded(exc),
                           **ids)
                 return self._fail(job, ids, "failed", exc.code, usage)
+            # The database is the verdict on the output (MB023) and on the usage (MB001).
             try:
-                db.save_checkpoint(job.workspace_id, job.job_id, job.token,
-                                   output.model_dump(), usage)
+                db.save_checkpoint(job.workspace_id, job.job_id, job.token, output, usage)
             except errors.BadModelOutput as exc:
                 self._log("output_refused", logging.WARNING, code=exc.code,
                           error=_bounded(exc.message), **ids)
                 return self._fail(job, ids, "failed", "output_refused", usage)
+            except errors.InvalidArgument as exc:
+                # The usage the provider reported is not one the database can charge (a
+                # negative or fractional count, a count or cost out of range): reported with
+                # its usage unknown, so the database charges the reserve.
+                self._log("usage_refused", logging.WARNING, code=exc.code,
+                          error=_bounded(exc.message), usage=usage, **ids)
+                return self._fail(job, ids, "failed", "reply_unreadable",
+                                  UNKNOWN_USAGE.as_json())
             except errors.JobStale as exc:
                 # A source changed during the call: the output could never be committed and may
                 # carry the text that changed, so nothing was stored; the attempt is closed as

@@ -59,14 +59,12 @@ insert into memory_private.clock default values;
 
 create function memory_private.clock_now() returns timestamptz
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$ select now() + (select time_offset from memory_private.clock) $$;
 comment on function memory_private.clock_now() is
   'The time every memory rule reads: transaction start plus the test offset.';
 
 create function memory_private.advance_clock(p_by interval) returns timestamptz
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
     update memory_private.clock set time_offset = time_offset + p_by;
     select memory_private.clock_now();
@@ -74,18 +72,96 @@ create function memory_private.advance_clock(p_by interval) returns timestamptz
 comment on function memory_private.advance_clock(interval) is
   'Moves the memory clock forward (tests only; granted to nobody).';
 
+-- The policy numbers: every limit, count and period a rule uses, in one place. Functions read
+-- them with (memory_private.policy()).name; the CHECK constraints of the tables call it too, so a
+-- constraint cannot disagree with the function that checks the same limit first. Changing one
+-- is a schema change (a migration that replaces this function), never a setting.
+create type memory_private.policy_values as (
+  -- ingest (the backend's facts)
+  id_bytes integer,            -- an external identifier
+  id_list_entries integer,     -- a list of identifiers (repositories)
+  message_bytes integer,       -- one message text
+  max_idle_minutes integer,    -- the longest idle window a workspace may set (30 days)
+  default_idle_minutes integer,  -- P3: a conversation is extracted after this idle time
+  max_dollars numeric,         -- any dollar amount
+  -- jobs (P4, P6, P9, P12, P13)
+  batch_bytes integer,         -- P4: one extraction batch
+  existing_with_batch integer, -- P5: valid memories that accompany a batch
+  title_bytes integer,         -- P6
+  summary_bytes integer,       -- P6
+  candidates integer,          -- P9: records a consolidation sees
+  index_bytes integer,         -- P9
+  index_ids integer,           -- P9
+  max_claims integer,          -- P13: model calls per unchanged input
+  lease interval,              -- P12
+  failure_backoff interval,    -- P13
+  error_bytes integer,         -- the bound of a stored failure text
+  -- recall and tools (R2, R4, R5)
+  directory_records integer,   -- R2
+  directory_summary_chars integer,  -- a directory entry shows this much of a summary
+  query_limit integer,         -- R4
+  query_bytes integer,         -- R4: a query_memories query
+  shown_sources integer,       -- R5: source ids shown per record
+  note_title_chars integer,    -- C3: a note's default title
+  -- retention (T5)
+  unused_days integer,         -- T5: records unused this long are pruned
+  workspace_records integer    -- T5: the most records a workspace keeps
+);
+comment on type memory_private.policy_values is
+  'The policy numbers of the memory (memory_private.policy() holds their values).';
+
+create function memory_private.policy() returns memory_private.policy_values
+  language sql immutable parallel safe security definer
+  -- Definer only so that the operator views may read it (their callers have no usage on this
+  -- schema); immutable, so every query folds it to constants when it is planned.
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select row(
+    200,                    -- id_bytes
+    100,                    -- id_list_entries
+    64000,                  -- message_bytes
+    43200,                  -- max_idle_minutes
+    30,                     -- default_idle_minutes
+    1000000,                -- max_dollars
+    24000,                  -- batch_bytes
+    4,                      -- existing_with_batch
+    300,                    -- title_bytes
+    4000,                   -- summary_bytes
+    48,                     -- candidates
+    4500,                   -- index_bytes
+    12,                     -- index_ids
+    3,                      -- max_claims
+    interval '2 minutes',   -- lease
+    interval '1 hour',      -- failure_backoff
+    2000,                   -- error_bytes
+    8,                      -- directory_records
+    300,                    -- directory_summary_chars
+    12,                     -- query_limit
+    1000,                   -- query_bytes
+    20,                     -- shown_sources
+    60,                     -- note_title_chars
+    30,                     -- unused_days
+    256                     -- workspace_records
+  )::memory_private.policy_values
+$$;
+comment on function memory_private.policy() is
+  'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
+  'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
+  'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
+  'per workspace. Immutable: changing one is a migration.';
+
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_value is null or p_value = '' then
     raise exception '% is required', p_name using errcode = 'MB001',
       hint = 'Pass the identifier your application uses for it.';
   end if;
-  if octet_length(p_value) > 200 then
-    raise exception '% is longer than 200 bytes', p_name using errcode = 'MB001';
+  if octet_length(p_value) > (memory_private.policy()).id_bytes then
+    raise exception '% is longer than % bytes', p_name, (memory_private.policy()).id_bytes
+      using errcode = 'MB001';
   end if;
   if p_value ~ '[[:cntrl:]]' or p_value <> btrim(p_value) then
     raise exception '% must not contain control characters or surrounding blanks', p_name
@@ -95,11 +171,11 @@ begin
 end
 $$;
 comment on function memory_private.check_id(text, text) is
-  'Validates an external identifier (non-empty, <= 200 bytes, printable); raises MB001.';
+  'Validates an external identifier (non-empty, at most policy id_bytes, printable); raises '
+  'MB001.';
 
 create function memory_private.check_ids(p_name text, p_values text[]) returns text[]
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v text;
@@ -107,8 +183,9 @@ begin
   if p_values is null then
     return '{}';
   end if;
-  if cardinality(p_values) > 100 then
-    raise exception '% has more than 100 entries', p_name using errcode = 'MB004';
+  if cardinality(p_values) > (memory_private.policy()).id_list_entries then
+    raise exception '% has more than % entries', p_name,
+      (memory_private.policy()).id_list_entries using errcode = 'MB004';
   end if;
   foreach v in array p_values loop
     perform memory_private.check_id(p_name, v);
@@ -122,7 +199,6 @@ comment on function memory_private.check_ids(text, text[]) is
 create function memory_private.check_text(p_name text, p_value text, p_max_bytes integer)
   returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_value is null then
@@ -138,24 +214,41 @@ $$;
 comment on function memory_private.check_text(text, text, integer) is
   'Validates a required text against a UTF-8 byte limit; raises MB001/MB004.';
 
-create function memory_private.check_money(p_name text, p_value numeric) returns numeric
+create function memory_private.check_choice(p_name text, p_value text, p_allowed text[])
+  returns text
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
-  if p_value is null or p_value < 0 or p_value > 1000000 then
-    raise exception '% must be a dollar amount between 0 and 1000000', p_name
+  if p_value is null or not p_value = any(p_allowed) then
+    raise exception '% must be %', p_name,
+      array_to_string(p_allowed[1:cardinality(p_allowed) - 1], ', ')
+      || case when cardinality(p_allowed) > 1 then ' or ' else '' end
+      || p_allowed[cardinality(p_allowed)]
+      using errcode = 'MB001';
+  end if;
+  return p_value;
+end
+$$;
+comment on function memory_private.check_choice(text, text, text[]) is
+  'Validates a required value that must be one of p_allowed; raises MB001 naming the choices.';
+
+create function memory_private.check_money(p_name text, p_value numeric) returns numeric
+  language plpgsql immutable
+  as $$
+begin
+  if p_value is null or p_value < 0 or p_value > (memory_private.policy()).max_dollars then
+    raise exception '% must be a dollar amount between 0 and %', p_name,
+      (memory_private.policy()).max_dollars
       using errcode = 'MB001';
   end if;
   return p_value;
 end
 $$;
 comment on function memory_private.check_money(text, numeric) is
-  'Validates a dollar amount (0 to 1,000,000); raises MB001.';
+  'Validates a dollar amount (0 to policy max_dollars); raises MB001.';
 
 create function memory_private.content_hash(p_text text) returns text
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$ select encode(sha256(convert_to(p_text, 'UTF8')), 'hex') $$;
 comment on function memory_private.content_hash(text) is
   'The content hash of a message text: hex SHA-256 of its UTF-8 bytes.';

@@ -14,8 +14,10 @@ create table memory_private.workspaces (
   config_version integer not null check (config_version >= 0),
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
-  idle_window interval not null default interval '30 minutes'
-    check (idle_window >= interval '0' and idle_window <= interval '30 days'),
+  idle_window interval not null
+    default make_interval(mins => (memory_private.policy()).default_idle_minutes)
+    check (idle_window >= interval '0'
+           and idle_window <= make_interval(mins => (memory_private.policy()).max_idle_minutes)),
   paused boolean not null default false,
   created_at timestamptz not null,
   updated_at timestamptz not null
@@ -45,7 +47,6 @@ comment on table memory_private.workspace_memory is
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   insert into memory_private.workspace_memory (workspace_id) values (new.workspace_id)
@@ -153,7 +154,7 @@ create table memory_private.messages (
   request_id text not null,
   role text not null check (role in ('user', 'assistant')),
   speaker_id text not null,
-  body text check (octet_length(body) <= 64000),
+  body text check (octet_length(body) <= (memory_private.policy()).message_bytes),
   content_hash text,
   directed boolean not null,
   retain_until timestamptz,
@@ -192,7 +193,6 @@ create index messages_scrub_idx on memory_private.messages (workspace_id)
 -- Internal: the statement result of an upsert, as the API reports it.
 create function memory_private.upsert_outcome(p_inserted boolean) returns text
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$ select case when p_inserted is null then 'unchanged'
                      when p_inserted then 'inserted' else 'updated' end $$;
 comment on function memory_private.upsert_outcome(boolean) is
@@ -200,7 +200,6 @@ comment on function memory_private.upsert_outcome(boolean) is
 
 create function memory_private.require_workspace(p_workspace_id text) returns void
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform memory_private.check_id('workspace_id', p_workspace_id);
@@ -215,7 +214,6 @@ comment on function memory_private.require_workspace(text) is
 
 create function memory_private.lock_workspace(p_workspace_id text) returns void
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
@@ -229,7 +227,6 @@ comment on function memory_private.lock_workspace(text) is
 
 create function memory_private.try_lock_workspace(p_workspace_id text) returns boolean
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
@@ -246,13 +243,15 @@ create function memory.upsert_workspace(
   p_config_version integer,
   p_budget_usd numeric,
   p_spent_usd numeric default 0,
-  p_idle_minutes integer default 30
+  p_idle_minutes integer default null
 ) returns text
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_inserted boolean;
+  -- Not given (NULL): the policy's default idle window (P3).
+  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
 begin
   perform memory_private.check_id('workspace_id', p_workspace_id);
   if p_config_version is null or p_config_version < 0 then
@@ -260,13 +259,14 @@ begin
   end if;
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
-  if p_idle_minutes is null or p_idle_minutes < 0 or p_idle_minutes > 43200 then
-    raise exception 'idle_minutes must be between 0 and 43200' using errcode = 'MB001';
+  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
+    raise exception 'idle_minutes must be between 0 and %',
+      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
   end if;
   insert into memory_private.workspaces as w
     (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
   values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
-          make_interval(mins => p_idle_minutes),
+          make_interval(mins => v_idle),
           memory_private.clock_now(), memory_private.clock_now())
   on conflict (workspace_id) do update
     set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
@@ -281,7 +281,8 @@ end
 $$;
 comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
   'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
-  'backend reports, and the idle window in minutes before a conversation is extracted.';
+  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
+  'left out: the default, 30).';
 
 create function memory.upsert_member(
   p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
@@ -294,9 +295,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('user_id', p_user_id);
-  if p_role is null or p_role not in ('owner', 'admin', 'member') then
-    raise exception 'role must be owner, admin or member' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
   if p_active is null then
     raise exception 'active is required' using errcode = 'MB001';
   end if;
@@ -353,9 +352,7 @@ declare
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('chat_id', p_chat_id);
-  if p_kind is null or p_kind not in ('private', 'group') then
-    raise exception 'kind must be private or group' using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
   if p_kind = 'private' then
     perform memory_private.check_id('private_user_id', p_private_user_id);
   elsif p_private_user_id is not null then
@@ -488,14 +485,9 @@ begin
   if p_topic_id is null or p_topic_id < 0 then
     raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
   end if;
-  if p_kind is null or p_kind not in ('interactive', 'scheduled') then
-    raise exception 'kind must be interactive or scheduled' using errcode = 'MB001';
-  end if;
-  if p_status is null
-     or p_status not in ('queued', 'running', 'awaiting_approval', 'succeeded', 'failed') then
-    raise exception 'status must be queued, running, awaiting_approval, succeeded or failed'
-      using errcode = 'MB001';
-  end if;
+  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
+  perform memory_private.check_choice('status', p_status,
+    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
   perform memory_private.check_money('budget_usd', p_budget_usd);
   perform memory_private.check_money('spent_usd', p_spent_usd);
   if not exists (select 1 from memory_private.bots
@@ -549,13 +541,8 @@ begin
           is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
                             excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
   returning (xmax = 0) into v_inserted;
-  -- An interactive request's scope is created with its first report (memory_private.
-  -- scope_of_request, sql/20_memory_state.sql). Created later by the first recall or by
-  -- maintenance instead, one of them would wait on the other's uncommitted insert of the same
-  -- scope key: a recall waited on a whole run_maintenance() transaction (P16).
-  if v_inserted and p_kind = 'interactive' then
-    perform memory_private.scope_of_request(p_workspace_id, p_request_id);
-  end if;
+  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
+  -- sql/20_memory_state.sql).
   return memory_private.upsert_outcome(v_inserted);
 end
 $$;
@@ -592,10 +579,8 @@ begin
   perform memory_private.check_id('message_id', p_message_id);
   perform memory_private.check_id('request_id', p_request_id);
   perform memory_private.check_id('speaker_id', p_speaker_id);
-  if p_role is null or p_role not in ('user', 'assistant') then
-    raise exception 'role must be user or assistant' using errcode = 'MB001';
-  end if;
-  perform memory_private.check_text('text', p_text, 64000);
+  perform memory_private.check_choice('role', p_role, array['user', 'assistant']);
+  perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
   if p_directed is null then
     raise exception 'directed is required' using errcode = 'MB001';
   end if;

@@ -22,9 +22,11 @@ create table memory_private.scopes (
   user_id text,
   topic_id bigint,
   recall_enabled boolean not null default true,
-  index_text text check (octet_length(index_text) <= 4500),
-  index_record_ids bigint[] check (cardinality(index_record_ids) <= 12),
-  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= 48),
+  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
+  index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
+  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
+  index_bot_identity text,
+  index_repositories text[],
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -35,6 +37,8 @@ create table memory_private.scopes (
       or (kind = 'shared' and user_id is null and topic_id is not null)),
   check ((index_text is null) = (index_record_ids is null)),
   check ((index_text is null) = (index_candidate_ids is null)),
+  check ((index_text is null) = (index_bot_identity is null)),
+  check ((index_text is null) = (index_repositories is null)),
   check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
@@ -45,6 +49,10 @@ comment on column memory_private.scopes.index_candidate_ids is
   'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
   'of them, so the index depends on all of them: a reader gets it only while every candidate is '
   'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scopes.index_bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scopes.index_repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -59,8 +67,8 @@ create table memory_private.records (
   record_id bigint generated always as identity,
   scope_id bigint not null,
   kind text not null check (kind in ('extracted', 'note')),
-  title text not null check (octet_length(title) between 1 and 300),
-  summary text not null check (octet_length(summary) between 1 and 4000),
+  title text not null check (octet_length(title) between 1 and (memory_private.policy()).title_bytes),
+  summary text not null check (octet_length(summary) between 1 and (memory_private.policy()).summary_bytes),
   speaker_ids text[] not null,
   thread_ids text[] not null,
   repositories text[] not null default '{}',
@@ -101,6 +109,20 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
+create table memory_private.record_line_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  message_id text not null,
+  primary key (workspace_id, record_id, line_no, message_id),
+  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
+    on delete cascade
+);
+comment on table memory_private.record_line_sources is
+  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
+  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
+  'foreign key). query_memories shows first the sources of the lines a search found.';
+
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -133,13 +155,42 @@ comment on table memory_private.tombstones is
   'Content-free marks of forgotten sources. While the original message is retained, no record '
   'of the scope may depend on it and extraction never takes it again (T8).';
 
+create table memory_private.index_dependencies (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.index_dependencies is
+  'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
+  'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
+  'with one look at each message. Written with the index, dropped with it.';
+
+create function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
+  select distinct l.n::integer, t.token
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
+
 -- Scope resolution -------------------------------------------------------------------------
 
 create function memory_private.scope_of_request(
   p_workspace_id text, p_request_id text
 ) returns memory_private.scopes
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_request memory_private.requests;
@@ -195,6 +246,26 @@ comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request, created on first use: private for a private chat, '
   'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
 
+create function memory_private.requests_scope() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- An interactive request's scope is created with its first report. Created later by the
+  -- first recall or by maintenance instead, one of them would wait on the other's uncommitted
+  -- insert of the same scope key: a recall waited on a whole run_maintenance() transaction
+  -- (P16).
+  if new.kind = 'interactive' then
+    perform memory_private.scope_of_request(new.workspace_id, new.request_id);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.requests_scope() is
+  'Trigger: a new interactive request gets its memory scope in the same transaction.';
+
+create trigger requests_scope after insert on memory_private.requests
+  for each row execute function memory_private.requests_scope();
+
 create function memory.resolve_scope(p_workspace_id text, p_request_id text)
   returns table (scope_kind text, scope_id bigint, bot_id text, chat_id text, user_id text,
                  topic_id bigint)
@@ -219,186 +290,379 @@ comment on function memory.resolve_scope(text, text) is
   'The memory scope a request belongs to: private (bot, chat, user), shared (bot, group, topic) '
   'or none for a scheduled request.';
 
--- Validity at read time ----------------------------------------------------------------------
+-- Validity at read time: the one rule ----------------------------------------------------------
+--
+-- Whether a record may be recalled now, for a reader, is decided from current facts on every read
+-- (V6, T1); the retention sweep only makes the permanent reasons final (60_retention.sql). The
+-- reasons, in the order the rule gives them, are the rows of memory_private.invalid_reasons. The
+-- rule is built from three pieces, each written once:
+--   scope_checks      the scope's facts for a reader: recall on, bot active, group linked,
+--                     membership (a row per check, with a detail, in rank order);
+--   dependency_state  the state of one message a record depends on: removed, expired, edited,
+--                     forgotten, or current (is_retained says whether a message is retained);
+--   record_reasons    every reason a record fails whatever the reader: the bot replaced, and
+--                     the state of each of its dependencies.
+-- invalid_records composes them for a set of records (the one verdict every reader uses:
+-- recall, query_memories, citations, candidates, forget); record_checks lists the same checks for
+-- one record with details (explain_record). tests/test_validity_set.py keeps the two equal for
+-- every reason.
 
-create function memory_private.record_invalid_reason(
-  p_record memory_private.records, p_requester text
+create table memory_private.invalid_reasons (
+  reason text primary key,
+  rank integer not null unique,
+  permanent boolean not null,
+  description text not null
+);
+comment on table memory_private.invalid_reasons is
+  'Why a record may not be recalled, in the order the rule gives them (the first that holds is '
+  'the answer), and whether the reason can pass (recall turned on again, a grant given back) or '
+  'is permanent (the retention sweep then deletes the record). Not per workspace.';
+
+insert into memory_private.invalid_reasons (reason, rank, permanent, description) values
+  ('recall_disabled', 1, false, 'recall is turned off in the scope'),
+  ('bot_inactive', 2, false, 'the scope''s bot is inactive'),
+  ('group_unlinked', 3, false, 'the group is not linked to the workspace'),
+  ('membership', 4, false, 'the reader is not an active member, or not the private scope''s user'),
+  ('bot_replaced', 5, true, 'the record was made under another identity of the bot'),
+  ('source_removed', 6, true, 'a message it was made from was removed'),
+  ('source_expired', 7, true, 'a message it was made from is past its retention'),
+  ('source_edited', 8, true, 'a message it was made from was edited since'),
+  ('forgotten', 9, true, 'a message it was made from was forgotten in the scope'),
+  ('grant_revoked', 10, false, 'the reader may no longer read a repository it drew on');
+
+create function memory_private.is_retained(
+  p_has_text boolean, p_retain_until timestamptz, p_now timestamptz
+) returns boolean
+  language sql immutable parallel safe
+  as $$ select p_has_text and (p_retain_until is null or p_retain_until > p_now) $$;
+comment on function memory_private.is_retained(boolean, timestamptz, timestamptz) is
+  'Whether a message is retained at p_now: its text is still there (not removed or erased) and '
+  'its retention has not ended. The retention rule, for every reader of it (T1, T6).';
+
+create function memory_private.dependency_state(
+  p_removed_at timestamptz, p_has_text boolean, p_retain_until timestamptz,
+  p_current_hash text, p_recorded_hash text, p_tombstoned boolean, p_now timestamptz
+) returns text
+  language sql immutable parallel safe
+  as $$
+  select case when p_removed_at is not null then 'source_removed'
+              when not memory_private.is_retained(p_has_text, p_retain_until, p_now)
+                then 'source_expired'
+              when p_current_hash is distinct from p_recorded_hash then 'source_edited'
+              when p_tombstoned then 'forgotten' end
+$$;
+comment on function memory_private.dependency_state(timestamptz, boolean, timestamptz, text, text,
+                                                     boolean, timestamptz) is
+  'The state of a message something depends on, given the hash it had when used and whether it '
+  'is tombstoned in the scope: source_removed, source_expired, source_edited, forgotten (in that '
+  'order), or NULL when it is current. Plain SQL so that a query inlines it.';
+
+create function memory_private.scope_checks(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_bot memory_private.bots;
+  v_linked boolean;
+  v_reader text;
+  v_member memory_private.members;
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found then
+    return;
+  end if;
+  select * into v_bot from memory_private.bots
+   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
+  select c.linked into v_linked from memory_private.chats c
+   where c.workspace_id = p_workspace_id and c.chat_id = v_scope.chat_id;
+  -- The reader: the private scope's user, or the requester of a shared scope (none for
+  -- background work, which then checks no membership).
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  if v_reader is not null then
+    select * into v_member from memory_private.members
+     where workspace_id = p_workspace_id and user_id = v_reader;
+  end if;
+  return query values
+    (1, 'recall_enabled', 'recall_disabled', v_scope.recall_enabled,
+     case when v_scope.recall_enabled then 'recall is on in the scope'
+          else 'recall is off in the scope (records kept, not read)' end),
+    (2, 'bot_active', 'bot_inactive', coalesce(v_bot.active, false),
+     case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
+          when v_bot.active then format('bot %s is active', v_bot.bot_id)
+          else format('bot %s is inactive', v_bot.bot_id) end),
+    (3, 'group_linked', 'group_unlinked', v_scope.kind = 'private' or coalesce(v_linked, false),
+     case when v_scope.kind = 'private' then 'private scope: no group link needed'
+          when v_linked then format('group %s is linked', v_scope.chat_id)
+          else format('group %s is not linked', v_scope.chat_id) end),
+    (4, 'membership', 'membership', v_reader is null or coalesce(v_member.active, false),
+     case when v_reader is null
+            then 'shared scope and no requester: per-requester membership not checked'
+          when v_member.user_id is null
+            then format('user %s is not a member of the workspace', v_reader)
+          when v_member.active then format('user %s is an active %s', v_reader, v_member.role)
+          else format('user %s is an inactive member', v_reader) end),
+    (4, 'requester_is_scope_user', 'membership',
+     p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
+     case when p_requester is null then 'no requester given'
+          when v_scope.kind <> 'private' then 'shared scope: any active member'
+          when p_requester = v_scope.user_id then 'the requester owns the private scope'
+          else format('the private scope belongs to %s, not %s', v_scope.user_id,
+                      p_requester) end);
+end
+$$;
+comment on function memory_private.scope_checks(text, bigint, text) is
+  'The checks of the validity rule that depend on the scope and the reader, not on a record, '
+  'in rank order, each with ok and a detail: recall on, bot active, group linked, membership '
+  '(the reader is an active member; a requester of a private scope is its user). The reader is '
+  'the private scope''s user or the requester of a shared scope.';
+
+create function memory_private.scope_reason(
+  p_workspace_id text, p_scope_id bigint, p_requester text
 ) returns text
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
-  select coalesce(
-    (select case
-              when not s.recall_enabled then 'recall_disabled'
-              when b.bot_id is null or not b.active then 'bot_inactive'
-              when b.identity <> p_record.bot_identity then 'bot_replaced'
-              when s.kind = 'shared' and not c.linked then 'group_unlinked'
-              when coalesce(s.user_id, p_requester) is not null
-                   and not exists (select 1 from memory_private.members m
-                                where m.workspace_id = s.workspace_id
-                                  and m.user_id = coalesce(s.user_id, p_requester)
-                                  and m.active) then 'membership'
-              when p_requester is not null and s.kind = 'private'
-                   and p_requester <> s.user_id then 'membership'
-            end
-       from memory_private.scopes s
-       left join memory_private.bots b
-         on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-       join memory_private.chats c
-         on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
-      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id),
-    (select case
-              when m.removed_at is not null then 'source_removed'
-              when m.body is null or m.retain_until <= memory_private.clock_now()
-                then 'source_expired'
-              when m.content_hash <> rs.content_hash then 'source_edited'
-              when exists (select 1 from memory_private.tombstones t
-                            where t.workspace_id = rs.workspace_id
-                              and t.scope_id = p_record.scope_id
-                              and t.message_id = rs.message_id) then 'forgotten'
-            end
-       from memory_private.record_dependencies rs
-       join memory_private.messages m
-         on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-      where rs.workspace_id = p_record.workspace_id and rs.record_id = p_record.record_id
-        and (m.removed_at is not null or m.body is null
-             or m.retain_until <= memory_private.clock_now()
-             or m.content_hash <> rs.content_hash
-             or exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = rs.workspace_id
-                           and t.scope_id = p_record.scope_id
-                           and t.message_id = rs.message_id))
-      -- Several bad sources: the first reason in the order above wins (removed, expired,
-      -- edited, forgotten), so the answer is deterministic and the set form agrees.
-      order by case when m.removed_at is not null then 1
-                    when m.body is null or m.retain_until <= memory_private.clock_now() then 2
-                    when m.content_hash <> rs.content_hash then 3
-                    else 4 end
-      limit 1),
-    (select 'grant_revoked'
-       from memory_private.scopes s
-       cross join lateral unnest(p_record.repositories) as repo(repository_id)
-      where s.workspace_id = p_record.workspace_id and s.scope_id = p_record.scope_id
-        and coalesce(s.user_id, p_requester) is not null
-        and not exists (select 1 from memory_private.repository_grants g
-                         where g.workspace_id = s.workspace_id
-                           and g.user_id = coalesce(s.user_id, p_requester)
-                           and g.repository_id = repo.repository_id)
-      limit 1)
-  )
+  select c.reason from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+   where not c.ok order by c.rank limit 1
 $$;
-comment on function memory_private.record_invalid_reason(memory_private.records, text) is
-  'Why a record may not be recalled now for the requesting user, or NULL when it may: recall '
-  'off, bot inactive or replaced, group unlinked, membership, a '
-  'dependency removed, expired, edited or forgotten, or a repository grant revoked. Decided from '
-  'current facts on every read (V6, T1). With no requester (background work on a shared scope) '
-  'the requester''s membership and grants are not checked.';
+comment on function memory_private.scope_reason(text, bigint, text) is
+  'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
+
+create function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
+) returns table (record_id bigint, reason text, message_id text)
+  language sql stable
+  as $$
+  -- The bot replaced since the record was made ...
+  select r.record_id, 'bot_replaced', null::text
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and r.bot_identity <> (select b.identity
+                              from memory_private.scopes s
+                              join memory_private.bots b
+                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
+  union all
+  -- ... and every dependency that is not current.
+  select d.record_id, x.state, d.message_id
+    from memory_private.record_dependencies d
+    join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
+   cross join lateral (
+     select memory_private.dependency_state(
+              m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
+              t.message_id is not null, p_now) as state) x
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and x.state is not null
+$$;
+comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
+  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
+  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
+  'message. A record that fails none has no row. The retention sweep deletes the records with a '
+  'permanent one.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
 ) returns table (record_id bigint, reason text)
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
-  v_kind text;
-  v_user_id text;
-  v_recall_enabled boolean;
-  v_bot_ok boolean;
-  v_identity text; -- the bot identity a record must carry
-  v_linked boolean;
+  v_scope_reason text;
   v_reader text;
-  v_before text;   -- the scope's reasons that come before bot_replaced in the rule's order
-  v_after text;    -- and those after it
+  v_ids bigint[];
   v_now timestamptz := memory_private.clock_now();
 begin
-  -- The set form of record_invalid_reason: the same reasons in the same order. The facts of
-  -- the scope (scope, bot, chat, membership) are read once, then one query decides every
-  -- record, found by primary key, with index probes of its sources and grants. plpgsql so
-  -- that the plans are cached for the session (a SQL function with SET is planned on every
-  -- call). Ids that are not records of the scope are not returned. A test keeps the two forms
-  -- equal for every reason (tests/test_validity_set.py).
-  select s.kind, s.user_id, s.recall_enabled, b.bot_id is not null and b.active, b.identity,
-         c.linked
-    into v_kind, v_user_id, v_recall_enabled, v_bot_ok, v_identity, v_linked
-    from memory_private.scopes s
-    left join memory_private.bots b
-      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-    left join memory_private.chats c
-      on c.workspace_id = s.workspace_id and c.chat_id = s.chat_id
+  -- The scope's facts are read once; then one query decides every record of the set: the first
+  -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
+  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
+  -- into that plan. Ids that are not records of the scope are not returned.
+  select s.user_id into v_reader from memory_private.scopes s
    where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
   if not found then
     return;  -- no scope, no records of it
   end if;
-  v_reader := coalesce(v_user_id, p_requester);
-  if v_linked is not null then  -- the rule reads the scope joined to its chat (a foreign key)
-    v_before := case
-                  when not v_recall_enabled then 'recall_disabled'
-                  when not v_bot_ok then 'bot_inactive'
-                end;
-    v_after := case
-                 when v_kind = 'shared' and not v_linked then 'group_unlinked'
-                 when v_reader is not null
-                      and not exists (select 1 from memory_private.members m
-                                       where m.workspace_id = p_workspace_id
-                                         and m.user_id = v_reader and m.active)
-                   then 'membership'
-                 when p_requester is not null and v_kind = 'private'
-                      and p_requester <> v_user_id then 'membership'
-               end;
-  else
-    v_identity := null;
-  end if;
+  v_reader := coalesce(v_reader, p_requester);
+  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  v_ids := array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+                    and r.scope_id = p_scope_id);
   return query
-    with recs as materialized (
-      -- By primary key; the scope is checked after the lookup.
-      select r.record_id, r.scope_id, r.bot_identity, r.repositories
+    with failing as materialized (
+      -- One pass over every record of the set (not one per record).
+      select x.record_id, x.reason
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
+      union all
+      select r.record_id, 'grant_revoked'
         from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+       where v_reader is not null
+         and r.workspace_id = p_workspace_id and r.record_id = any(v_ids)
+         and exists (select 1 from unnest(r.repositories) as repo(repository_id)
+                      where not exists (select 1 from memory_private.repository_grants g
+                                         where g.workspace_id = p_workspace_id
+                                           and g.user_id = v_reader
+                                           and g.repository_id = repo.repository_id))
     )
-    select recs.record_id,
-           coalesce(
-             v_before,
-             case when v_identity <> recs.bot_identity then 'bot_replaced' end,
-             v_after,
-             -- The first bad source in the rule's order: removed, expired, edited, forgotten.
-             (select (array['source_removed', 'source_expired', 'source_edited',
-                            'forgotten'])[min(
-                       case when m.removed_at is not null then 1
-                            when m.body is null or m.retain_until <= v_now then 2
-                            when m.content_hash <> rs.content_hash then 3
-                            when exists (select 1 from memory_private.tombstones t
-                                          where t.workspace_id = rs.workspace_id
-                                            and t.scope_id = p_scope_id
-                                            and t.message_id = rs.message_id) then 4
-                       end)]
-                from memory_private.record_dependencies rs
-                join memory_private.messages m
-                  on m.workspace_id = rs.workspace_id and m.message_id = rs.message_id
-               where rs.workspace_id = p_workspace_id and rs.record_id = recs.record_id),
-             (select 'grant_revoked'
-                from unnest(recs.repositories) as repo(repository_id)
-               where v_reader is not null
-                 and not exists (select 1 from memory_private.repository_grants g
-                                  where g.workspace_id = p_workspace_id
-                                    and g.user_id = v_reader
-                                    and g.repository_id = repo.repository_id)
-               limit 1))
-      from recs
-     where recs.scope_id = p_scope_id;
+    , first as (
+      select distinct on (f.record_id) f.record_id, f.reason
+        from failing f join memory_private.invalid_reasons ir on ir.reason = f.reason
+       order by f.record_id, ir.rank
+    )
+    select i.id, coalesce(v_scope_reason, first.reason)
+      from unnest(v_ids) as i(id)
+      left join first on first.record_id = i.id;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
-  'The set form of record_invalid_reason for records of one scope: each given id that is a '
-  'record of the scope, with why it may not be recalled now for the requester (NULL when it '
-  'may). Same reasons, same order, same semantics; one query for the whole set.';
+  'The validity rule for records of one scope: each given id that is a record of the scope, with '
+  'the first reason in rank order (memory_private.invalid_reasons) why it may not be recalled '
+  'now for the requester, or NULL when it may: the scope''s checks for the reader, then the '
+  'record''s reasons (bot replaced, a dependency removed, expired, edited or forgotten), then a '
+  'repository grant the reader lacks. One query for the whole set; every reader of records uses '
+  'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
+  'membership and grants are not checked.';
+
+create function memory_private.index_holds(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns boolean
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_reader text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The validity rule for every candidate of the scope's index at once, in the form the index
+  -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
+  -- what invalid_records would say of each candidate, without reading them one by one. A test
+  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found or v_scope.index_text is null then
+    return false;
+  end if;
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
+     and (select b.identity from memory_private.bots b
+           where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
+         = v_scope.index_bot_identity
+     and (v_reader is null
+          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.tombstones t
+                      join memory_private.index_dependencies d
+                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
+                       and d.message_id = t.message_id
+                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+     and not exists (select 1 from memory_private.index_dependencies d
+                      join memory_private.messages m
+                        on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                       and memory_private.dependency_state(m.removed_at, m.body is not null,
+                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                           is not null);
+end
+$$;
+comment on function memory_private.index_holds(text, bigint, text) is
+  'Whether the scope''s index may be given to the requester now: every record it was built from '
+  'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
+  'dependency current and not forgotten), checked from what the index kept when it was built.';
+
+create function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  as $$
+  select v.reason
+    from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
+                                        array[p_record.record_id], p_requester) v
+$$;
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'memory_private.invalid_records for one record: why it may not be recalled now for the '
+  'requester, or NULL when it may.';
+
+create function memory_private.record_checks(
+  p_workspace_id text, p_record_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language plpgsql stable
+  as $$
+declare
+  v_record memory_private.records;
+  v_identity text;
+  v_reader text;
+  v_states text[];
+  v_bad text[];
+  v_deps integer;
+  v_missing text[];
+begin
+  -- The same checks as memory_private.invalid_records, one row each with a detail, for
+  -- explain_record; the first failing row is the record's reason (a test keeps them equal).
+  select * into v_record from memory_private.records
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  if not found then
+    return;
+  end if;
+  return query select * from memory_private.scope_checks(p_workspace_id, v_record.scope_id,
+                                                         p_requester);
+  select b.identity, coalesce(s.user_id, p_requester) into v_identity, v_reader
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+   where s.workspace_id = p_workspace_id and s.scope_id = v_record.scope_id;
+  return query select 5, 'bot_identity', 'bot_replaced',
+    v_identity is null or v_identity = v_record.bot_identity,
+    case when v_identity is null then 'no bot to compare with'
+         when v_identity = v_record.bot_identity then 'made under the bot''s current identity'
+         else format('made under identity %s; the bot is now %s', v_record.bot_identity,
+                     v_identity) end;
+  select count(*) into v_deps from memory_private.record_dependencies
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  select array_agg(x.reason order by ir.rank, x.message_id),
+         array_agg(x.message_id || ' ' || x.reason order by ir.rank, x.message_id)
+    into v_states, v_bad
+    from memory_private.record_reasons(p_workspace_id, v_record.scope_id, array[p_record_id]) x
+    join memory_private.invalid_reasons ir on ir.reason = x.reason
+   where x.reason <> 'bot_replaced';
+  return query select coalesce((select ir.rank from memory_private.invalid_reasons ir
+                                 where ir.reason = v_states[1]), 6),
+    'dependencies_current', v_states[1], v_states is null,
+    case when v_states is null
+           then format('all %s messages it was made from are retained and unchanged', v_deps)
+         else format('%s of the %s messages it was made from are not current: %s',
+                     cardinality(v_states), v_deps, array_to_string(v_bad, ', ')) end;
+  select array_agg(repo order by repo) into v_missing
+    from unnest(v_record.repositories) repo
+   where v_reader is not null
+     and not exists (select 1 from memory_private.repository_grants g
+                      where g.workspace_id = p_workspace_id and g.user_id = v_reader
+                        and g.repository_id = repo);
+  return query select 10, 'repository_grants', 'grant_revoked',
+    coalesce(cardinality(v_missing), 0) = 0,
+    case when cardinality(v_record.repositories) = 0 then 'drew on no repository'
+         when v_reader is null
+           then 'shared scope and no requester: per-requester grants not checked'
+         when coalesce(cardinality(v_missing), 0) = 0
+           then format('%s can read every repository it drew on', v_reader)
+         else format('%s can no longer read %s', v_reader, array_to_string(v_missing, ', '))
+    end;
+end
+$$;
+comment on function memory_private.record_checks(text, bigint, text) is
+  'Every check of the validity rule for one record and reader, in rank order, with ok and a '
+  'detail (explain_record shows them): the scope''s checks, the bot identity, the dependencies, '
+  'the repository grants. The first failing one is what memory_private.invalid_records answers.';
 
 create function memory_private.first_valid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
   p_requester text
 ) returns bigint[]
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_valid bigint[] := '{}';
@@ -425,6 +689,53 @@ $$;
 comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
   'The first p_limit of the given record ids (in their order) that are records of the scope '
   'and valid now for the requester (memory_private.invalid_records).';
+
+create function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
+  language plpgsql stable
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit + 4;
+  v_offset integer := 0;
+  v_query text := lower(p_query);
+begin
+  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
+  -- one set: a scope whose newest records are valid costs one short index scan and one
+  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  loop
+    v_chunk := array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (p_record_id is null or r.record_id = p_record_id)
+         -- search_text is the folded title and summary; the re-check on title and summary
+         -- apart only runs for its matches (a query spanning the newline is no match).
+         and (v_query is null
+              or (strpos(r.search_text, v_query) > 0
+                  and (strpos(lower(r.title), v_query) > 0
+                       or strpos(lower(r.summary), v_query) > 0)))
+       order by r.created_at desc, r.record_id desc
+       limit v_size offset v_offset);
+    v_valid := v_valid || memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
+                 p_requester);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid;
+end
+$$;
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Validated set-wise a page at a time.';
 
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;

@@ -65,7 +65,6 @@ insert into memory_private.redaction_patterns (position, name, pattern, replacem
 
 create function memory_private.redact(p_text text) returns text
   language plpgsql stable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_text text := p_text;
@@ -86,7 +85,6 @@ comment on function memory_private.redact(text) is
 
 create function memory_private.redact_json_strings(p_value jsonb) returns jsonb
   language plpgsql stable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   return case jsonb_typeof(p_value)

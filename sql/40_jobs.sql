@@ -56,7 +56,7 @@ create table memory_private.jobs (
   token uuid,
   worker_id text,
   lease_expires_at timestamptz,
-  claims integer not null default 0 check (claims between 0 and 3),
+  claims integer not null default 0 check (claims between 0 and (memory_private.policy()).max_claims),
   next_attempt_at timestamptz not null,
   last_error text,
   checkpoint jsonb,
@@ -112,7 +112,7 @@ create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_reques
 create table memory_private.job_attempts (
   workspace_id text not null,
   job_id bigint not null,
-  attempt_no integer not null check (attempt_no between 1 and 3),
+  attempt_no integer not null check (attempt_no between 1 and (memory_private.policy()).max_claims),
   token uuid not null,
   outcome text not null default 'open' check (outcome in ('open', 'ok', 'failed', 'unknown')),
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
@@ -171,7 +171,6 @@ create index request_charges_request_idx
 create function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
   returns numeric
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
    where c.workspace_id = p_workspace_id and c.request_id = p_request_id
@@ -205,7 +204,6 @@ create index extracted_sources_message_idx
 
 create function memory_private.jobs_check_transition() returns trigger
   language plpgsql
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if new.status is distinct from old.status
@@ -228,44 +226,8 @@ create trigger jobs_check_transition before update of status on memory_private.j
 
 -- Helpers -----------------------------------------------------------------------------------
 
-create function memory_private.failure_codes()
-  returns table (code text, meaning text)
-  language sql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select * from (values
-    ('provider_unreachable', 'the call never reached the provider (nothing was billed)'),
-    ('provider_error', 'the provider answered with an error (an HTTP error status, a stop '
-                       'reason of error)'),
-    ('reply_cut_off', 'the reply stopped at the output token limit'),
-    ('reply_unreadable', 'the provider''s response could not be read: not JSON, no reply, or '
-                         'usage that is missing or not valid numbers'),
-    ('reply_not_json', 'the model''s reply is not one JSON object'),
-    ('reply_invalid', 'the model''s JSON does not fit the output contract (keys, types, byte '
-                      'limits, ids)'),
-    ('output_refused', 'the database refused the output: MB023, or a value PostgreSQL cannot '
-                       'hold (a NUL character, a lone surrogate, JSON nested too deep)'),
-    ('not_priced', 'the worker cannot price the model, so no call was made'),
-    ('budget_exceeded', 'the reserve did not fit the budgets (MB024), so no call was made'),
-    ('runtime_failed', 'the model runtime (the Pi CLI) failed or exited'),
-    ('call_aborted', 'the worker stopped during the call'),
-    ('deadline_exceeded', 'the call did not finish before the tick''s deadline'),
-    ('lease_lost', 'the worker lost the lease during the call'),
-    ('lease_expired', 'the lease expired while the model call was open (written by '
-                      'maintenance)'),
-    ('input_changed', 'a source of the batch changed during the call (MB021 at the checkpoint): '
-                      'nothing was stored'),
-    ('database_error', 'a database call of the tick failed unexpectedly'),
-    ('worker_error', 'an unexpected error in the worker')) as c(code, meaning)
-$$;
-comment on function memory_private.failure_codes() is
-  'The codes a failed or unknown attempt is recorded with (fail_job''s error, job_attempts.error, '
-  'jobs.last_error). Coded and content-free: a model''s text never reaches storage or an '
-  'operator view through an error. docs/errors.md lists them.';
-
 create function memory_private.check_token(p_token text) returns uuid
   language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if p_token is null
@@ -280,21 +242,9 @@ comment on function memory_private.check_token(text) is
   'A job token as the worker sends it (text, so a malformed one is MB001 here rather than a '
   'cast error before the function runs), as a uuid.';
 
-create function memory_private.job_limits() returns jsonb
-  language sql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select jsonb_build_object('summary_bytes', 4000, 'title_bytes', 300, 'index_bytes', 4500,
-                            'index_ids', 12, 'batch_bytes', 24000, 'candidates', 48)
-$$;
-comment on function memory_private.job_limits() is
-  'The limits of model work: summary, title and index bytes (UTF-8), index ids, source batch '
-  'bytes, consolidation candidates.';
-
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
   returns void
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   update memory_private.scopes
      set consolidation_due_at = coalesce(consolidation_due_at, memory_private.clock_now())
@@ -304,57 +254,8 @@ comment on function memory_private.mark_consolidation_due(text, bigint) is
   'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
   'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
 
-create function memory_private.recent_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
-  p_query text default null, p_record_id bigint default null
-) returns bigint[]
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_valid bigint[] := '{}';
-  v_chunk bigint[];
-  v_size integer := p_limit + 4;
-  v_offset integer := 0;
-  v_query text := lower(p_query);
-begin
-  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
-  -- one set: a scope whose newest records are valid costs one short index scan and one
-  -- validation, never a read of the whole scope. One snapshot throughout (stable).
-  loop
-    v_chunk := array(
-      select r.record_id from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and (p_record_id is null or r.record_id = p_record_id)
-         -- search_text is the folded title and summary; the re-check on title and summary
-         -- apart only runs for its matches (a query spanning the newline is no match).
-         and (v_query is null
-              or (strpos(r.search_text, v_query) > 0
-                  and (strpos(lower(r.title), v_query) > 0
-                       or strpos(lower(r.summary), v_query) > 0)))
-       order by r.created_at desc, r.record_id desc
-       limit v_size offset v_offset);
-    v_valid := v_valid || memory_private.first_valid_records(
-                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
-                 p_requester);
-    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
-    v_offset := v_offset + v_size;
-    v_size := v_size * 4;
-  end loop;
-  return v_valid;
-end
-$$;
-comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
-  is
-  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
-  'p_limit; optionally only those whose title or summary contains p_query (literal, '
-  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
-  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
-  'and searches with it. Validated set-wise a page at a time.';
-
 create function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_scope memory_private.scopes;
@@ -374,21 +275,25 @@ begin
   end if;
 
   if p_job.phase = 'extract' then
-    select format('source %s %s', s.id,
-             case when m.message_id is null then 'is gone'
-                  when m.removed_at is not null then 'was removed'
-                  when m.body is null or m.retain_until <= v_now then 'is past its retention'
-                  when m.content_hash <> s.hash then 'was edited'
-                  else 'was forgotten' end)
+    -- Each source of the batch must be current at the hash the snapshot took (the rule's
+    -- memory_private.dependency_state).
+    select format('source %s %s', x.id,
+             case x.state when 'source_removed' then 'was removed'
+                          when 'source_expired' then 'is past its retention'
+                          when 'source_edited' then 'was edited'
+                          else 'was forgotten' end)
       into v_reason
-      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-      left join memory_private.messages m
-        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where m.message_id is null or m.removed_at is not null or m.body is null
-        or m.retain_until <= v_now or m.content_hash <> s.hash
-        or exists (select 1 from memory_private.tombstones t
-                    where t.workspace_id = p_job.workspace_id and t.scope_id = p_job.scope_id
-                      and t.message_id = s.id)
+      from (select s.id, memory_private.dependency_state(
+                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                           s.hash,
+                           exists (select 1 from memory_private.tombstones t
+                                    where t.workspace_id = p_job.workspace_id
+                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           v_now) as state
+              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+              left join memory_private.messages m
+                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
+     where x.state is not null
      limit 1;
     if v_reason is not null then
       return v_reason;
@@ -420,330 +325,10 @@ comment on function memory_private.job_stale_reason(memory_private.jobs) is
   'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
   'longer valid.';
 
-create function memory_private.check_usage(p_usage jsonb, p_complete boolean default true)
-  returns jsonb
-  language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_key text;
-  v_value jsonb;
-  v_number numeric;
-  v_result jsonb := '{}';
-begin
-  if p_usage is null or jsonb_typeof(p_usage) <> 'object' then
-    raise exception 'usage must be a JSON object {"input_tokens", "output_tokens", "cost_usd"}'
-      using errcode = 'MB001';
-  end if;
-  for v_key in select jsonb_object_keys(p_usage) loop
-    if v_key not in ('input_tokens', 'output_tokens', 'cost_usd') then
-      raise exception 'usage has an unknown key' using errcode = 'MB001',
-        hint = 'usage is {"input_tokens": int, "output_tokens": int, "cost_usd": number}.';
-    end if;
-  end loop;
-  foreach v_key in array array['input_tokens', 'output_tokens', 'cost_usd'] loop
-    v_value := p_usage -> v_key;
-    if v_value is null then
-      raise exception 'usage lacks %', v_key using errcode = 'MB001';
-    end if;
-    if jsonb_typeof(v_value) = 'null' and not p_complete then
-      v_result := v_result || jsonb_build_object(v_key, null);  -- not known
-      continue;
-    end if;
-    if jsonb_typeof(v_value) <> 'number' then
-      raise exception 'usage.% must be a number%', v_key,
-        case when p_complete then '' else ' or null (not known)' end using errcode = 'MB001';
-    end if;
-    v_number := (v_value #>> '{}')::numeric;
-    if v_key = 'cost_usd' then
-      perform memory_private.check_money('usage.cost_usd', v_number);
-      v_result := v_result || jsonb_build_object(v_key, round(v_number, 6));
-    else
-      if v_number <> trunc(v_number) or v_number < 0 or v_number > 2147483647 then
-        raise exception 'usage.% must be an integer from 0 to 2147483647', v_key
-          using errcode = 'MB001';
-      end if;
-      v_result := v_result || jsonb_build_object(v_key, v_number::integer);
-    end if;
-  end loop;
-  return v_result;
-end
-$$;
-comment on function memory_private.check_usage(jsonb, boolean) is
-  'Validates a model call''s usage {"input_tokens": 0..2147483647, "output_tokens": same, '
-  '"cost_usd": 0..1000000} (all three keys, no other) and returns it normalized; raises MB001. '
-  'With p_complete false (fail_job) a value may be null: the worker could not read it (a '
-  'provider''s NaN, negative or oversized count), and a null cost is charged at the reserve.';
-
-create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
-  returns jsonb
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_keys text[];
-  v_expected text[];
-  v_optional text[];
-  v_title text;
-  v_summary text;
-  v_index text;
-  v_ids text[];
-  v_reused bigint[];
-  v_record_ids bigint[];
-  v_bad text;
-  v_limits jsonb := memory_private.job_limits();
-begin
-  v_expected := case p_job.phase when 'extract' then array['source_ids', 'summary', 'title']
-                                 else array['index', 'record_ids'] end;
-  -- reused_ids is optional: an output that declares no reuse may leave it out.
-  v_optional := case p_job.phase when 'extract' then array['reused_ids'] else '{}' end;
-  if p_output is null or jsonb_typeof(p_output) <> 'object' then
-    raise exception 'the % output must be a JSON object with keys %', p_job.phase,
-      array_to_string(v_expected, ', ') using errcode = 'MB023';
-  end if;
-  v_keys := array(select k from jsonb_object_keys(p_output) as k order by k);
-  -- Messages name the contract, never what the model wrote (its keys, ids or text): they reach
-  -- the worker's logs, and a model's output is hostile input.
-  select count(*)::text into v_bad from unnest(v_keys) as k where k <> all (v_expected || v_optional);
-  if v_bad <> '0' then
-    raise exception 'the % output has % unknown key(s); the keys are exactly %', p_job.phase,
-      v_bad, array_to_string(v_expected, ', ') using errcode = 'MB023';
-  end if;
-  select string_agg(k, ', ') into v_bad from unnest(v_expected) as k where k <> all (v_keys);
-  if v_bad is not null then
-    raise exception 'the % output lacks keys: %', p_job.phase, v_bad using errcode = 'MB023';
-  end if;
-
-  if p_job.phase = 'extract' then
-    if jsonb_typeof(p_output -> 'title') <> 'string'
-       or jsonb_typeof(p_output -> 'summary') <> 'string' then
-      raise exception 'title and summary must be strings' using errcode = 'MB023';
-    end if;
-    if jsonb_typeof(p_output -> 'source_ids') <> 'array'
-       or exists (select 1 from jsonb_array_elements(p_output -> 'source_ids') e
-                   where jsonb_typeof(e) <> 'string') then
-      raise exception 'source_ids must be an array of message id strings' using errcode = 'MB023';
-    end if;
-    if jsonb_typeof(coalesce(p_output -> 'reused_ids', '[]')) <> 'array'
-       or exists (select 1 from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]')) e
-                   where case when jsonb_typeof(e) <> 'number' then true
-                              else (e #>> '{}')::numeric <> trunc((e #>> '{}')::numeric)
-                                   or (e #>> '{}')::numeric not between 1 and 9223372036854775807
-                         end) then
-      raise exception 'reused_ids must be an array of memory ids (positive integers)'
-        using errcode = 'MB023';
-    end if;
-    v_title := p_output ->> 'title';
-    v_summary := p_output ->> 'summary';
-    -- The sources in the order the output lists them (the order the summary uses them), each
-    -- once, at its first place.
-    v_ids := array(select e.id
-                     from jsonb_array_elements_text(p_output -> 'source_ids')
-                          with ordinality as e(id, n)
-                    group by e.id order by min(e.n));
-    v_reused := array(select e.id
-                        from (select (x #>> '{}')::numeric::bigint as id, n
-                                from jsonb_array_elements(coalesce(p_output -> 'reused_ids', '[]'))
-                                     with ordinality as a(x, n)) e
-                       group by e.id order by min(e.n));
-    if v_title = '' and v_summary = '' and cardinality(v_ids) = 0 then
-      if cardinality(v_reused) > 0 then
-        raise exception 'an empty (no-op) output reuses no memory: reused_ids must be empty'
-          using errcode = 'MB023';
-      end if;
-      return jsonb_build_object('title', '', 'summary', '', 'source_ids', '[]'::jsonb,
-                                'reused_ids', '[]'::jsonb);
-    end if;
-    if v_title ~ '^\s*$' or v_summary ~ '^\s*$' or cardinality(v_ids) = 0 then
-      raise exception 'title, summary and source_ids must be all empty (no-op) or all present'
-        using errcode = 'MB023';
-    end if;
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int then
-      raise exception 'title is % bytes; the limit is % UTF-8 bytes', octet_length(v_title),
-        v_limits ->> 'title_bytes' using errcode = 'MB023';
-    end if;
-    if octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
-      raise exception 'summary is % bytes; the limit is % UTF-8 bytes', octet_length(v_summary),
-        v_limits ->> 'summary_bytes' using errcode = 'MB023';
-    end if;
-    select count(*)::text into v_bad from unnest(v_ids) as i
-     where not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
-                        where s ->> 'id' = i);
-    if v_bad <> '0' then
-      raise exception '% source id(s) are not messages of the job''s batch', v_bad
-        using errcode = 'MB023';
-    end if;
-    -- Reuse can only be declared of a memory the model was shown with the batch (P5).
-    select string_agg(x::text, ', ') into v_bad from unnest(v_reused) as x
-     where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'existing') e
-                        where e::bigint = x);
-    if v_bad is not null then
-      raise exception 'reused ids not among the memories shown with the batch: %',
-        left(v_bad, 500) using errcode = 'MB023';
-    end if;
-    v_title := memory_private.redact(v_title);
-    v_summary := memory_private.redact(v_summary);
-    if octet_length(v_title) > (v_limits ->> 'title_bytes')::int
-       or octet_length(v_summary) > (v_limits ->> 'summary_bytes')::int then
-      raise exception 'title or summary is over its byte limit once credentials are redacted'
-        using errcode = 'MB023';
-    end if;
-    return jsonb_build_object('title', v_title, 'summary', v_summary,
-                              'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
-  end if;
-
-  -- consolidate
-  if jsonb_typeof(p_output -> 'index') <> 'string' then
-    raise exception 'index must be a string' using errcode = 'MB023';
-  end if;
-  -- An id is an integer literal: 1.0 is refused here (it would not cast to bigint below).
-  if jsonb_typeof(p_output -> 'record_ids') <> 'array'
-     or exists (select 1 from jsonb_array_elements(p_output -> 'record_ids') e
-                 where case when jsonb_typeof(e) <> 'number' then true
-                            when (e #>> '{}') !~ '^[0-9]{1,19}$' then true
-                            else (e #>> '{}')::numeric not between 1 and 9223372036854775807
-                       end) then
-    raise exception 'record_ids must be an array of record ids (positive integers)'
-      using errcode = 'MB023';
-  end if;
-  v_index := p_output ->> 'index';
-  if v_index ~ '^\s*$' then
-    raise exception 'index must not be empty' using errcode = 'MB023';
-  end if;
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
-    raise exception 'index is % bytes; the limit is % UTF-8 bytes', octet_length(v_index),
-      v_limits ->> 'index_bytes' using errcode = 'MB023';
-  end if;
-  v_record_ids := array(select (e #>> '{}')::bigint
-                          from jsonb_array_elements(p_output -> 'record_ids')
-                               with ordinality as a(e, n) order by n);
-  if cardinality(v_record_ids) = 0 then
-    raise exception 'record_ids must name at least one memory' using errcode = 'MB023';
-  end if;
-  if cardinality(v_record_ids) > (v_limits ->> 'index_ids')::int then
-    raise exception 'record_ids has % ids; the limit is %', cardinality(v_record_ids),
-      v_limits ->> 'index_ids' using errcode = 'MB023';
-  end if;
-  if cardinality(v_record_ids)
-     <> (select count(distinct x) from unnest(v_record_ids) as x) then
-    raise exception 'record_ids has duplicates' using errcode = 'MB023';
-  end if;
-  select count(*)::text into v_bad from unnest(v_record_ids) as x
-   where not exists (select 1 from jsonb_array_elements_text(p_job.input -> 'candidates') c
-                      where c::bigint = x);
-  if v_bad <> '0' then
-    raise exception '% record id(s) are not among the job''s candidates', v_bad
-      using errcode = 'MB023';
-  end if;
-  v_index := memory_private.redact(v_index);
-  if octet_length(v_index) > (v_limits ->> 'index_bytes')::int then
-    raise exception 'index is over its byte limit once credentials are redacted'
-      using errcode = 'MB023';
-  end if;
-  return jsonb_build_object('index', v_index, 'record_ids', to_jsonb(v_record_ids));
-end
-$$;
-comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
-  'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract: {"title", "summary", "source_ids", "reused_ids"?} (all empty = no-op; title <= 300 '
-  'and summary <= 4,000 UTF-8 bytes; source ids within the batch, kept in the order given; '
-  'reused ids among the memories shown with the batch). consolidate: {"index", "record_ids"} (index '
-  'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
-
-create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_scope memory_private.scopes;
-  v_request memory_private.requests;
-  v_ws memory_private.workspaces;
-  v_workspace_spent numeric;
-  v_input jsonb;
-begin
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  select * into v_request from memory_private.requests
-   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
-  select * into v_ws from memory_private.workspaces where workspace_id = p_job.workspace_id;
-  select memory_spent_usd into v_workspace_spent from memory_private.workspace_memory
-   where workspace_id = p_job.workspace_id;
-
-  -- Inputs are redacted before they are serialized (P8).
-  if p_job.phase = 'extract' then
-    v_input := jsonb_build_object(
-      'sources', coalesce((
-        select jsonb_agg(jsonb_build_object(
-                 'id', m.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
-                 'thread_id', r.thread_id, 'created_at', m.created_at,
-                 'text', memory_private.redact(m.body))
-               order by m.created_at, m.message_id)
-          from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-          join memory_private.messages m
-            on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-          join memory_private.requests r
-            on r.workspace_id = m.workspace_id and r.request_id = m.request_id), '[]'::jsonb),
-      'existing', coalesce((
-        select jsonb_agg(jsonb_build_object(
-                 'id', rec.record_id, 'title', memory_private.redact(rec.title),
-                 'summary', memory_private.redact(rec.summary))
-               order by rec.created_at, rec.record_id)
-          from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
-          join memory_private.records rec
-            on rec.workspace_id = p_job.workspace_id and rec.record_id = e.id::bigint),
-        '[]'::jsonb));
-  else
-    v_input := jsonb_build_object(
-      'candidates', coalesce((
-        select jsonb_agg(jsonb_build_object(
-                 'id', rec.record_id, 'kind', rec.kind, 'title', memory_private.redact(rec.title),
-                 'summary', memory_private.redact(rec.summary),
-                 'speaker_ids', to_jsonb(rec.speaker_ids), 'created_at', rec.created_at)
-               order by rec.created_at desc, rec.record_id desc)
-          from jsonb_array_elements_text(p_job.input -> 'candidates') as c(id)
-          join memory_private.records rec
-            on rec.workspace_id = p_job.workspace_id and rec.record_id = c.id::bigint),
-        '[]'::jsonb));
-  end if;
-
-  return jsonb_build_object(
-    'job_id', p_job.job_id,
-    'workspace_id', p_job.workspace_id,
-    'token', p_job.token::text,
-    'phase', p_job.phase,
-    -- The number this claim's model call gets (claims count calls); none with a checkpoint.
-    'attempt', case when p_job.checkpoint is null then p_job.claims + 1 end,
-    'lease_expires_at', p_job.lease_expires_at,
-    'scope', jsonb_build_object('scope_id', v_scope.scope_id, 'kind', v_scope.kind,
-                                'bot_id', v_scope.bot_id, 'chat_id', v_scope.chat_id,
-                                'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id),
-    'origin_request_id', p_job.origin_request_id,
-    'model', jsonb_build_object('provider', p_job.model_provider, 'id', p_job.model_id),
-    -- Dollars as exact decimal strings, as the rest of the API takes them (a JSON number is a
-    -- float in most clients).
-    'budget', jsonb_build_object(
-       'request_left_usd', (v_request.budget_usd - v_request.spent_usd
-                            - memory_private.request_memory_spent(p_job.workspace_id,
-                                                                   p_job.origin_request_id))::text,
-       'workspace_left_usd', (v_ws.budget_usd - v_ws.spent_usd - v_workspace_spent)::text),
-    'limits', memory_private.job_limits(),
-    'input', v_input,
-    'checkpoint', case when p_job.checkpoint is not null
-                       then jsonb_build_object('output', p_job.checkpoint -> 'output',
-                                               'usage', p_job.checkpoint -> 'usage') end);
-end
-$$;
-comment on function memory_private.job_payload(memory_private.jobs) is
-  'The claim payload of a running job: ids, token, phase, attempt (the number its model call '
-  'gets; null with a checkpoint), lease, scope, origin request, pinned model, budget left (exact '
-  'decimal strings), limits, the redacted input rendered from current facts, and the '
-  'checkpoint when one exists.';
-
 create function memory_private.owned_job(
   p_workspace_id text, p_job_id bigint, p_token text
 ) returns memory_private.jobs
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
@@ -802,7 +387,6 @@ create function memory_private.close_attempt(
   p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
 ) returns boolean
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_attempt memory_private.job_attempts;
@@ -858,14 +442,13 @@ create function memory_private.release_job(
   p_next_attempt_at timestamptz default null
 ) returns void
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
 begin
   update memory_private.jobs
      set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, 2000), last_error),
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
          finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
@@ -880,7 +463,6 @@ comment on function memory_private.release_job(memory_private.jobs, text, text, 
 
 create function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
@@ -926,7 +508,6 @@ comment on function memory_private.retire_stale_jobs(text) is
 
 create function memory_private.expire_leases(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_job memory_private.jobs;
@@ -951,7 +532,7 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims >= 3 then
+    elsif v_job.claims >= (memory_private.policy()).max_claims then
       perform memory_private.release_job(v_job, 'stopped',
         'the lease expired and the input has made its three model calls');
     else
@@ -969,541 +550,3 @@ comment on function memory_private.expire_leases(text) is
   'a model call, even after the third call), is stopped when its input made its three calls, '
   'and otherwise goes back to pending. Returns counts.';
 
--- The worker's API ----------------------------------------------------------------------------
-
-create function memory.claim_job(p_worker_id text) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_ws record;
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-begin
-  perform memory_private.check_id('worker_id', p_worker_id);
-  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace. A job
-  -- with calls left is claimable, and so is one holding a checkpoint whatever its count: its
-  -- claim only commits.
-  for v_ws in
-    select d.workspace_id
-      from (select j.workspace_id, min(j.next_attempt_at) as due
-              from memory_private.jobs j
-             where j.status = 'pending' and j.next_attempt_at <= v_now
-               and (j.claims < 3 or j.checkpoint is not null)
-             group by j.workspace_id) d
-      join memory_private.workspaces w on w.workspace_id = d.workspace_id
-     where not w.paused
-       and not exists (select 1 from memory_private.jobs r
-                        where r.workspace_id = d.workspace_id and r.status = 'running')
-     order by d.due, d.workspace_id
-  loop
-    -- The workspace's memory lock, without waiting: another claim or a memory write holds it
-    -- briefly.
-    continue when not memory_private.try_lock_workspace(v_ws.workspace_id);
-    select config_version into v_config from memory_private.workspaces
-     where workspace_id = v_ws.workspace_id and not paused;
-    continue when not found;
-    -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
-    continue when exists (select 1 from memory_private.jobs j
-                           where j.workspace_id = v_ws.workspace_id and j.status = 'running');
-    loop
-      select * into v_job from memory_private.jobs j
-       where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now and (j.claims < 3 or j.checkpoint is not null)
-       order by j.next_attempt_at, j.job_id
-       limit 1
-         for update skip locked;
-      exit when not found;
-      if v_job.config_version <> v_config then
-        perform memory_private.release_job(v_job, 'stopped',
-          format('the model/provider configuration changed (version %s -> %s)',
-                 v_job.config_version, v_config));
-        continue;
-      end if;
-      v_reason := memory_private.job_stale_reason(v_job);
-      if v_reason is not null then
-        perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
-        continue;
-      end if;
-      -- The claim is counted by start_attempt, when it can reach the provider.
-      update memory_private.jobs
-         set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + interval '2 minutes', updated_at = v_now
-       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-      returning * into v_job;
-      return memory_private.job_payload(v_job);
-    end loop;
-  end loop;
-  return null;
-end
-$$;
-comment on function memory.claim_job(text) is
-  'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
-  'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
-  'with no running job. Issues a fresh token and a two-minute lease and returns the payload: '
-  'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
-  'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
-  'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
-  'opens its model call.';
-
-create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
-  returns timestamptz
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_until timestamptz := memory_private.clock_now() + interval '2 minutes';
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  update memory_private.jobs
-     set lease_expires_at = v_until, updated_at = memory_private.clock_now()
-   where workspace_id = v_job.workspace_id and job_id = v_job.job_id;
-  return v_until;
-end
-$$;
-comment on function memory.extend_lease(text, bigint, text) is
-  'Extends the lease of a job the caller holds to two minutes from now and returns the new '
-  'expiry; MB020 when the token is not current or the lease already expired.';
-
-create function memory.start_attempt(
-  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
-) returns integer
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_request_left numeric;
-  v_workspace_left numeric;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  perform memory_private.check_money('reserve_usd', p_reserve_usd);
-  if v_job.checkpoint is not null then
-    raise exception 'job % already has a checkpoint: commit it without calling the model',
-      p_job_id using errcode = 'MB025';
-  end if;
-  if exists (select 1 from memory_private.job_attempts
-              where workspace_id = p_workspace_id and job_id = p_job_id
-                and (token = v_job.token or outcome = 'open')) then
-    raise exception 'job % already made its attempt for this claim', p_job_id
-      using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
-  end if;
-  if v_job.claims >= 3 then
-    raise exception 'the input of job % has made its three model calls', p_job_id
-      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  select budget_usd - spent_usd
-         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
-    into v_request_left
-    from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
-  if p_reserve_usd > v_request_left then
-    raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
-      greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
-      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
-    from memory_private.workspaces w
-    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
-   where w.workspace_id = p_workspace_id;
-  if p_reserve_usd > v_workspace_left then
-    raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
-      greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
-      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  -- This claim can reach the provider now: it counts against the input's three calls.
-  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-  insert into memory_private.job_attempts
-    (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
-  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
-          memory_private.clock_now());
-  return v_job.claims + 1;
-end
-$$;
-comment on function memory.start_attempt(text, bigint, text, numeric) is
-  'Opens the model call of the current claim after checking that the input has a call left (at '
-  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
-  'originating request''s remaining budget (budget - spent - memory charges) and the '
-  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
-  'Returns the attempt number (the input''s call number, 1 to 3).';
-
-create function memory.save_checkpoint(
-  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
-) returns void
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_attempt memory_private.job_attempts;
-  v_usage jsonb;
-  v_output jsonb;
-  v_reason text;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
-     and outcome = 'open';
-  if not found then
-    raise exception 'job % has no open attempt for this claim', p_job_id
-      using errcode = 'MB025', hint = 'Call memory.start_attempt before the model call.';
-  end if;
-  v_usage := memory_private.check_usage(p_usage);
-  v_output := memory_private.validate_output(v_job, p_output);
-  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
-  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
-  v_reason := memory_private.job_stale_reason(v_job);
-  if v_reason is not null then
-    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
-      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
-             'supersedes the job.';
-  end if;
-  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
-  update memory_private.jobs
-     set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
-         updated_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-end
-$$;
-comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
-  'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
-  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
-  'the attempt as ok and charges the originating request the reported cost, at most the '
-  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
-  '(MB021: the output could never be committed and may carry the text that changed) changes '
-  'nothing: report it with fail_job(..., ''failed'', code, usage).';
-
-create function memory_private.passages(p_text text) returns text[]
-  language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
-  as $$
-  -- Words are runs of letters and digits; a Chinese, Japanese or Korean character is a word of
-  -- its own (those scripts do not separate words with spaces). They are spaced apart first: a
-  -- regular expression takes the longest match, so a run of them would otherwise be one word.
-  -- One pass with a window over the words (linear in the text).
-  select coalesce(array_agg(distinct x.p), '{}')
-    from (select concat_ws(' ', w.t, lead(w.t, 1) over o, lead(w.t, 2) over o,
-                           lead(w.t, 3) over o, lead(w.t, 4) over o, lead(w.t, 5) over o,
-                           lead(w.t, 6) over o, lead(w.t, 7) over o) as p,
-                 lead(w.t, 7) over o as eighth
-            from (select m.t[1] as t, m.n
-                    from regexp_matches(
-                           regexp_replace(lower(p_text), '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])',
-                                          ' \1 ', 'g'),
-                           '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g')
-                         with ordinality as m(t, n)) w
-          window o as (order by w.n)) x
-   where x.eighth is not null
-$$;
-comment on function memory_private.passages(text) is
-  'Every run of eight consecutive words of a text (lower case; a CJK character counts as a '
-  'word): what commit_job compares to find a summary that repeats an uncited message.';
-
-create function memory_private.repeated_sources(
-  p_job memory_private.jobs, p_summary text, p_cited text[]
-) returns table (message_id text, content_hash text)
-  language plpgsql stable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_said text[];
-begin
-  -- Defence in depth for provenance: a model may lean on a batch message without citing it. A
-  -- summary that repeats eight consecutive words of an uncited message depends on that message
-  -- too. Paraphrase passes unseen; docs/retention.md says what this trades. Nothing to compare
-  -- when the output cites the whole batch or the summary is shorter than eight words.
-  if not exists (select 1 from jsonb_array_elements(p_job.input -> 'sources') s
-                  where s ->> 'id' <> all (p_cited)) then
-    return;
-  end if;
-  v_said := memory_private.passages(p_summary);
-  if cardinality(v_said) = 0 then
-    return;
-  end if;
-  return query
-    with said as (
-      select unnest(v_said) as p
-    ), uncited as (
-      select s.id, s.hash, m.body
-        from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-        join memory_private.messages m
-          on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-       where s.id <> all (p_cited) and m.content_hash = s.hash
-    )
-    select distinct u.id, u.hash
-      from uncited u
-     cross join lateral unnest(memory_private.passages(u.body)) as q(p)
-      join said on said.p = q.p;
-end
-$$;
-comment on function memory_private.repeated_sources(memory_private.jobs, text, text[]) is
-  'The uncited messages of an extraction batch whose words the summary repeats (eight '
-  'consecutive words, memory_private.passages), with the hash the job saw: commit_job adds them '
-  'to the record''s dependencies (via = repeated).';
-
-create function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
-  returns jsonb
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_cited text[] := array(select jsonb_array_elements_text(p_output -> 'source_ids'));
-  v_reused bigint[] := array(select jsonb_array_elements_text(p_output -> 'reused_ids')::bigint);
-  v_dep_ids text[];
-  v_dep_hashes text[];
-  v_dep_via text[];
-  v_record_id bigint;
-begin
-  -- The dependencies: the cited messages at the hash the job saw, every dependency of the
-  -- memories the output declared it reused (P5: existing memory accompanies the batch; what it
-  -- rests on stays tracked without resending it), and uncited messages the summary repeats.
-  -- A message that counts twice is kept once, under its first reason in that order.
-  select array_agg(d.message_id order by d.message_id),
-         array_agg(d.content_hash order by d.message_id),
-         array_agg(d.via order by d.message_id)
-    into v_dep_ids, v_dep_hashes, v_dep_via
-    from (select distinct on (u.message_id) u.message_id, u.content_hash, u.via
-            from (select s.id as message_id, s.hash as content_hash, 'cited' as via, 1 as rank
-                    from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-                   where s.id = any (v_cited)
-                  union all
-                  select rd.message_id, rd.content_hash, 'reused', 2
-                    from memory_private.record_dependencies rd
-                   where rd.workspace_id = p_job.workspace_id and rd.record_id = any (v_reused)
-                  union all
-                  select r.message_id, r.content_hash, 'repeated', 3
-                    from memory_private.repeated_sources(p_job, p_output ->> 'summary', v_cited) r
-                 ) u
-           order by u.message_id, u.rank) d;
-
-  insert into memory_private.records
-    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-     bot_identity, origin_request_id, created_at)
-  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
-         p_output ->> 'summary',
-         -- Statements are attributed to the people whose messages the record rests on (V9);
-         -- grants follow every repository those messages drew on (V6).
-         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
-                    filter (where m.role = 'user'), '{}'),
-         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
-         coalesce(array(select distinct x from memory_private.messages mm,
-                                              unnest(mm.repositories) as x
-                         where mm.workspace_id = p_job.workspace_id
-                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
-         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
-    from memory_private.messages m
-    join memory_private.requests q
-      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
-   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
-  returning record_id into v_record_id;
-  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, c.id, c.n::integer
-    from unnest(v_cited) with ordinality as c(id, n);
-  insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via)
-  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
-    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
-  perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
-  return jsonb_build_object('record_id', v_record_id,
-                            'sources', cardinality(v_cited),
-                            'dependencies', cardinality(v_dep_ids),
-                            'repeated', (select count(*) from unnest(v_dep_via) v
-                                          where v = 'repeated'));
-end
-$$;
-comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
-  'Writes the record of a validated, non-empty extraction output: its sources (the cited '
-  'messages in the order given), its dependencies (cited, reused, repeated) with the hashes '
-  'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
-  'scope due for consolidation. Returns the record id and the counts.';
-
-create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
-  returns jsonb
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_ids bigint[] := array(select jsonb_array_elements_text(p_output -> 'record_ids')::bigint);
-  v_candidates bigint[] := array(select x::bigint
-                                   from jsonb_array_elements_text(p_job.input -> 'candidates') x);
-  v_still_due boolean;
-begin
-  -- A record made after the snapshot changes the candidates: the index is still written, and
-  -- the scope stays due for another consolidation.
-  v_still_due := array(select x from unnest(memory_private.recent_valid_records(
-                                p_job.workspace_id, p_job.scope_id, 48)) x order by x)
-                 <> array(select x from unnest(v_candidates) x order by x);
-  -- The index text may speak of any candidate the model saw: it depends on all of them.
-  update memory_private.scopes
-     set index_text = p_output ->> 'index', index_record_ids = v_ids,
-         index_candidate_ids = v_candidates, index_built_at = v_now,
-         consolidation_due_at = case when v_still_due
-                                     then coalesce(consolidation_due_at, v_now) end
-   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
-                            'index_candidates', cardinality(v_candidates),
-                            'consolidation_still_due', v_still_due);
-end
-$$;
-comment on function memory_private.write_index(memory_private.jobs, jsonb) is
-  'Writes a validated consolidation output as the scope index, with every candidate the model '
-  'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
-  'changed since the snapshot.';
-
-create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
-  returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-  v_output jsonb;
-  v_now timestamptz := memory_private.clock_now();
-  v_result jsonb;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  select config_version into v_config from memory_private.workspaces
-   where workspace_id = p_workspace_id;
-  if v_job.config_version <> v_config then
-    raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
-      p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
-      hint = 'Drop the work: maintenance stops the job.';
-  end if;
-  v_reason := memory_private.job_stale_reason(v_job);
-  if v_reason is not null then
-    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
-      hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
-  end if;
-  if v_job.checkpoint is null then
-    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
-      hint = 'Call memory.save_checkpoint with the model output first.';
-  end if;
-  v_output := memory_private.validate_output(v_job, v_job.checkpoint -> 'output');
-
-  if v_job.phase = 'extract' then
-    v_result := jsonb_build_object('record_id', null);
-    if v_output ->> 'title' <> '' then
-      v_result := memory_private.write_extraction(v_job, v_output);
-    end if;
-    -- The batch is handled at these hashes, also by an empty (no-op) output.
-    insert into memory_private.extracted_sources
-      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
-    select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
-      from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-    on conflict do nothing;
-    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
-                                               'noop', v_result ->> 'record_id' is null);
-  else
-    v_result := memory_private.write_index(v_job, v_output)
-                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
-  end if;
-
-  update memory_private.jobs
-     set status = 'succeeded', token = null, worker_id = null, lease_expires_at = null,
-         checkpoint = null, result = v_result, finished_at = v_now, updated_at = v_now
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-  return v_result || jsonb_build_object('job_id', p_job_id);
-end
-$$;
-comment on function memory.commit_job(text, bigint, text) is
-  'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
-  'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
-  '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
-  'are what it was made from (cited, reused, repeated), the batch marked extracted, the scope '
-  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
-  'depending on every candidate. All or nothing.';
-
-create function memory.fail_job(
-  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
-  p_usage jsonb default null
-) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_open boolean;
-  v_usage jsonb;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  if p_outcome is null or p_outcome not in ('failed', 'unknown') then
-    raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
-  end if;
-  -- A code, never text: what a worker would write here can carry the model's output.
-  if p_error is null
-     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
-    raise exception 'error must be a failure code (see docs/errors.md), not a message'
-      using errcode = 'MB001',
-      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
-  end if;
-  if p_usage is not null then
-    v_usage := memory_private.check_usage(p_usage, false);
-  end if;
-  v_open := exists (select 1 from memory_private.job_attempts
-                     where workspace_id = p_workspace_id and job_id = p_job_id
-                       and outcome = 'open');
-  if not v_open and p_outcome = 'unknown' then
-    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
-      using errcode = 'MB025', hint = 'Report failed instead.';
-  end if;
-  if not v_open and v_usage is not null then
-    raise exception 'job % has no open model call to charge the usage to', p_job_id
-      using errcode = 'MB025';
-  end if;
-
-  if p_outcome = 'unknown' then
-    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
-    perform memory_private.release_job(v_job, 'stopped',
-      'outcome unknown, not replayed: ' || p_error);
-    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
-                              'why', 'unknown_outcome');
-  end if;
-
-  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
-  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= 3 then
-    perform memory_private.release_job(v_job, 'stopped',
-      'failed on its third model call, not replayed: ' || p_error);
-    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
-  end if;
-  perform memory_private.release_job(v_job, 'pending', p_error, v_now + interval '1 hour');
-  return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
-                            'next_attempt_at', v_now + interval '1 hour');
-end
-$$;
-comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
-  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
-  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
-  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
-  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
-  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
-  'third model call; a job holding a checkpoint keeps it and stays pending. unknown: the '
-  'provider may have run, so the open attempt is charged at its reserve and the job stops '
-  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
-  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
-
-revoke all on function
-  memory.claim_job(text),
-  memory.extend_lease(text, bigint, text),
-  memory.start_attempt(text, bigint, text, numeric),
-  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
-  memory.commit_job(text, bigint, text),
-  memory.fail_job(text, bigint, text, text, text, jsonb)
-from public;
-grant execute on function
-  memory.claim_job(text),
-  memory.extend_lease(text, bigint, text),
-  memory.start_attempt(text, bigint, text, numeric),
-  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
-  memory.commit_job(text, bigint, text),
-  memory.fail_job(text, bigint, text, text, text, jsonb)
-to memory_worker;

@@ -13,228 +13,12 @@
 -- while that still holds, and says what changed when it does not (C9). The recogniser reads the
 -- first 300 characters and the end of a message, so it is linear in its length.
 
--- Recognising a direct request -----------------------------------------------------------------
-
-create function memory_private.request_has_content(p_rest text) returns boolean
-  language sql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select char_length(regexp_replace(
-           regexp_replace(coalesce(p_rest, ''),
-             '^([ ,.:;!\-，。：；！、…]|that\M|this\M|it\M|these\M|those\M|the following\M'
-             || '|following\M|things\M|stuff\M|something\M|anything\M|everything\M'
-             || '|下面|以下|这个|那个|这件事|这点|这些|它|一下|下来|下)*', ''),
-           '[[:space:][:punct:]，。！？、：；“”‘’「」『』…]', '', 'g')) >= 2
-$$;
-comment on function memory_private.request_has_content(text) is
-  'Whether what follows a remember phrase says something: not just "this", "that", "it", '
-  '"things" or punctuation ("remember it" has nothing to remember).';
-
-create function memory_private.request_clause_form(p_clause text, p_ends_as_question boolean)
-  returns text
-  language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  t text := p_clause;
-  v_prev text;
-  v_rest text;
-  v_polite boolean := false;
-  v_steps integer := 0;
-  c_remember constant text :=
-    '^(remember|memorize|memorise|keep in mind|keep (this|that|it) in mind|note down'
-    || '|make a note of|make a note|take note of|take note|note that|note:'
-    || '|save (this |that |it )?(to|in|into) (your )?memory'
-    || '|add (this |that |it )?to (your )?memory)';
-  c_forget constant text :=
-    '^(forget|(delete|remove|erase|wipe) (this |that |the |my |your )?(memory|memories|note|notes))'
-    || '([^a-z]|$)';
-  c_disable constant text :=
-    '^(((turn|switch|shut) off|disable|deactivate|pause) (the |your )?'
-    || '(memory|memories|remembering|recall)|stop (remembering|memorizing|using memory)'
-    || '|(turn|switch) (the |your )?(memory|recall)( feature)? off)([^a-z]|$)';
-  c_enable constant text :=
-    '^(((turn|switch) on|enable|activate|resume|reactivate) (the |your )?'
-    || '(memory|memories|remembering|recall)|start (remembering|using memory)'
-    || '|(turn|switch) (the |your )?(memory|recall)( feature)? (back )?on)([^a-z]|$)';
-  c_zh_remember constant text := '^(记住|记下来|记下|记一下|牢记|记得|要记住|帮我记)';
-  -- An explanation question right after the verb ("记住是什么意思"); after a separator it is
-  -- content ("记住：API 是什么协议").
-  c_zh_explain constant text :=
-    '^(是什么|什么意思|是啥|怎么用|如何用|如何使用|有什么用|怎么回事|干什么用|做什么用'
-    || '|什么作用|会怎么样|怎么样|是干嘛的|是干什么的)';
-begin
-  -- Politeness, addressing, thanks and framing in front of the request. The clause is at most
-  -- 300 characters (request_form cuts it) and at most 20 words are stripped, so this costs the
-  -- same whatever the length of the message.
-  loop
-    v_prev := t;
-    t := regexp_replace(t, (
-      '^(@[^ ]+|(hey|hi|hello|ok|okay) [^ ,，]+[,，]|hey\M|hi\M|hello\M|ok\M|okay\M|alright\M'
-      || '|so\M|also\M|and\M|now\M|then\M|oh\M|bot\M|please\M|pls\M|plz\M|kindly\M|just\M'
-      || '|thanks\M|thank you\M|thx\M|great\M|cool\M|nice\M|perfect\M|awesome\M|got it\M'
-      || '|sure\M|btw\M|by the way\M|one more thing\M'
-      || '|from now on\M|i want you to\M|i''d like you to\M|i would like you to\M|i need you to\M'
-      || '|go ahead and\M|be sure to\M|make sure to\M|you should\M|you must\M'
-      || '|请问|请你|请|麻烦你|麻烦|拜托你|拜托|帮我|帮忙|给我|你|好的|好|嗯|哦|噢|谢谢|多谢|对了'
-      || '|另外|还有|顺便说一下|顺便|那就|现在|以后|今后|从现在开始|从现在起)'
-      || '[ ,，、:：!！.。~～-]*'), '');
-    v_steps := v_steps + 1;
-    exit when t = v_prev or v_steps >= 20;
-  end loop;
-  if t ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
-    return 'quoted';
-  end if;
-
-  -- Negative requests ("don't remember this", "不要记住").
-  if t ~ ('^(do not|don''t|dont|never|not|no need to|there''s no need to|you don''t need to'
-          || '|you do not need to|i don''t want you to|i do not want you to)\M')
-     or t ~ '^(不要|别|不用|无需|不必|不需要|甭|千万别|勿|我不想|我不希望|我不要|我不需要)' then
-    return 'negative';
-  end if;
-
-  -- "Can you ..." is a polite request only when it says what to remember or forget ("Can you
-  -- remember that my deploy day is Friday?"); otherwise it asks about the capability ("can you
-  -- remember things", "could you turn off memory?").
-  if t ~ '^(can|could|would|will) you\M' then
-    t := regexp_replace(t, '^(can|could|would|will) you( please| kindly| also)*[ ,，]*', '');
-    if not (t ~ (c_remember || ' *(that\M|[:：])') or t ~ '^forget (that|about)\M') then
-      return 'question';
-    end if;
-    v_polite := true;
-  end if;
-  -- "你能帮我记住……吗？" asks for help: a request. "你能记住……吗" asks what it can do.
-  if t ~ '^(能不能|可不可以|能否|可以|能|会)' then
-    if not t ~ '^(能不能|可不可以|能否|可以|能)(帮我|替我)(记住|记下来|记下|记一下)' then
-      return 'question';
-    end if;
-    t := regexp_replace(t, '^(能不能|可不可以|能否|可以|能)(帮我|替我)', '');
-    v_polite := true;
-  end if;
-  if p_ends_as_question and not v_polite then
-    return 'question';
-  end if;
-
-  if t ~ c_disable
-     or t ~ '^(关闭|关掉|关上|停用|禁用|暂停|停止)(你的)?(长期)?(记忆|记忆功能)'
-     or t ~ '^把(你的)?(长期)?(记忆|记忆功能)(关闭|关掉|关了|关上|停用|禁用)' then
-    return 'disable-memory';
-  end if;
-  if t ~ c_enable
-     or t ~ '^(打开|开启|启用|恢复|重新开启|重新打开)(你的)?(长期)?(记忆|记忆功能)'
-     or t ~ '^把(你的)?(长期)?(记忆|记忆功能)(打开|开启|启用|恢复|开了)' then
-    return 'enable-memory';
-  end if;
-  if t ~ c_forget
-     or t ~ '^(忘记|忘掉|遗忘)'
-     or t ~ '^(删除|删掉|清除|抹去|抹掉).*(记忆|笔记|备忘)'
-     or t ~ '^把.+(忘记|忘掉|忘了|删掉|删除)' then
-    return 'forget';
-  end if;
-  if t ~ (c_remember || '([^a-z]|$)') then
-    v_rest := regexp_replace(t, c_remember, '');
-    return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
-  end if;
-  if t ~ c_zh_remember then
-    v_rest := regexp_replace(t, c_zh_remember, '');
-    if v_rest ~ c_zh_explain then
-      return 'question';
-    end if;
-    return case when memory_private.request_has_content(v_rest) then 'remember' else 'empty' end;
-  end if;
-  if t ~ '^把.{2,}(记住|记下来|记下)' then
-    return 'remember';
-  end if;
-  return 'none';
-end
-$$;
-comment on function memory_private.request_clause_form(text, boolean) is
-  'The request a normalized clause opens with, after politeness and thanks: remember, forget, '
-  'enable-memory, disable-memory, or quoted, question, negative, empty, none. A polite request '
-  'question ("can you remember that ...?", "你能帮我记住……吗？") is a request; a question '
-  'about the capability ("can you remember things") or an explanation ("记住是什么意思") is not. '
-  'p_ends_as_question: the whole message ends with a question mark or 吗.';
-
-create function memory_private.request_form(p_text text) returns text
-  language plpgsql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  t text;
-  v_head text;
-  v_question boolean;
-  v_form text;
-  v_preamble text;
-begin
-  if p_text is null then
-    return 'none';
-  end if;
-  -- One line of lower-case text: one pass over the message. Everything after is read from its
-  -- first 300 characters (a request opens the message, after at most a short preamble) and its
-  -- last few, so the cost is linear in the length of the message and small under the workspace
-  -- lock however long it is (64,000 bytes of "please please ..." included).
-  t := lower(btrim(regexp_replace(p_text, '[\s\u3000]+', ' ', 'g')));
-  if t = '' then
-    return 'none';
-  end if;
-  v_head := translate(left(t, 300), '’', '''');
-  v_question := right(t, 8) ~ '([?？]|(吗|嘛|么)[。.!！~～ ]*)$';
-
-  -- Quoted history, code or tool output: the request is not the user's own words.
-  if v_head ~ '^[>"''“”‘„«»「」『』`{\[<|]' then
-    return 'quoted';
-  end if;
-  -- Reported speech: someone else's words.
-  if v_head ~ '^(he|she|they|someone|somebody|people|[a-z]+|my [a-z]+) (said|says|told|wrote|asked|mentioned)\M'
-     or v_head ~ '^(他|她|他们|她们|有人|别人|老板|同事|经理|朋友|我)(刚才|之前|以前)?(说|说过|讲过|告诉我|让我|跟我说)' then
-    return 'quoted';
-  end if;
-  -- Questions about the feature or anything else.
-  if v_head ~ '^(what|how|why|when|where|who|which|explain|tell me (about|what|how|why))\M'
-     or v_head ~ '^(什么|怎么|如何|为什么|为啥|啥是)' then
-    return 'question';
-  end if;
-
-  v_form := memory_private.request_clause_form(v_head, v_question);
-  if v_form = 'none' then
-    -- A request may open the second sentence, after one short preamble ("Great meeting.
-    -- Remember that ..."), unless the preamble quotes something.
-    v_preamble := substring(v_head from '^[^"“”‘’「」『』`>]{1,60}?(?:[.!] |[。！])');
-    if v_preamble is not null then
-      v_form := memory_private.request_clause_form(substr(v_head, char_length(v_preamble) + 1),
-                                                   v_question);
-    end if;
-  end if;
-  return v_form;
-end
-$$;
-comment on function memory_private.request_form(text) is
-  'What a human message directly asks of the memory: remember, forget, enable-memory, '
-  'disable-memory; or why it does not: quoted (quoted history, code, tool output, reported '
-  'speech), question (about the feature or anything else; a polite request question is a '
-  'request), negative ("don''t remember"), empty (remember with nothing to remember) or none. '
-  'English and Chinese; the request phrase opens the message, after politeness and thanks '
-  '("please", "thanks!", "请", "对了", "@bot"), or opens its second sentence after one short '
-  'preamble. Linear in the length of the message: it reads the first 300 characters and the '
-  'last few.';
-
-create function memory_private.classify_request(p_text text) returns text
-  language sql immutable
-  set search_path = pg_catalog, pg_temp
-  as $$
-  select case when f in ('remember', 'forget', 'enable-memory', 'disable-memory') then f end
-    from memory_private.request_form(p_text) as f
-$$;
-comment on function memory_private.classify_request(text) is
-  'The manage_memory action a human message directly requests, or NULL when it requests none.';
-
 -- Standing and outcomes ------------------------------------------------------------------------
 
 create function memory_private.control_refusal(
   p_request memory_private.requests, p_scope memory_private.scopes, p_needed text
 ) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_member memory_private.members;
@@ -275,7 +59,6 @@ create function memory_private.control_outcome(
   p_extra jsonb default '{}'
 ) returns jsonb
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
   select jsonb_build_object('status', p_status, 'action', p_action, 'code', p_code,
                             'reason', p_reason, 'memory_id', p_memory_id) || p_extra
@@ -286,7 +69,6 @@ comment on function memory_private.control_outcome(text, text, text, text, bigin
 
 create function memory_private.note_redact(p_text text) returns text
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   -- memory_private.redact comes from sql/30_redaction.sql (resolved when called).
@@ -297,13 +79,25 @@ comment on function memory_private.note_redact(text) is
   'Credential redaction applied to a note''s title and text before they are stored: common '
   'credential patterns are replaced (defense in depth, T9).';
 
+create function memory_private.clip_bytes(p_text text, p_max_bytes integer) returns text
+  language sql immutable strict parallel safe
+  as $$
+  -- The longest prefix of whole characters within the byte limit, in one pass.
+  select coalesce(string_agg(x.c, '' order by x.n), '')
+    from (select c, n, sum(octet_length(c)) over (order by n) as bytes
+            from regexp_split_to_table(p_text, '') with ordinality as t(c, n)) x
+   where x.bytes <= p_max_bytes
+$$;
+comment on function memory_private.clip_bytes(text, integer) is
+  'The text cut to at most p_max_bytes UTF-8 bytes, never inside a character.';
+
 create function memory_private.note_title(p_text text) returns text
   language sql immutable
-  set search_path = pg_catalog, pg_temp
   as $$
-  select case when char_length(t) <= 60 then t
-              else coalesce(substring(left(t, 60) from '^(.*\S) '), left(t, 60)) || '…' end
-    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t
+  select case when char_length(t) <= p.note_title_chars then t
+              else coalesce(substring(left(t, p.note_title_chars) from '^(.*\S) '),
+                            left(t, p.note_title_chars)) || '…' end
+    from btrim(regexp_replace(p_text, '\s+', ' ', 'g')) as t, memory_private.policy() as p
 $$;
 comment on function memory_private.note_title(text) is
   'The default title of a note: the first words of the message (at most 60 characters).';
@@ -314,7 +108,6 @@ create function memory_private.with_dependencies(
   p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
 ) returns text[]
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select array(select x from unnest(p_kept) as x
                union
@@ -332,7 +125,6 @@ create function memory_private.delete_records(
   p_workspace_id text, p_record_ids bigint[]
 ) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_deleted integer;
@@ -382,9 +174,18 @@ begin
            index_candidate_ids = case when s.index_candidate_ids && t.ids then null
                                       else s.index_candidate_ids end,
            index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end
+                                 else s.index_built_at end,
+           index_bot_identity = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_bot_identity end,
+           index_repositories = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_repositories end
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning s.scope_id, s.index_text is null as dropped
+  ), unkept as (
+    delete from memory_private.index_dependencies d
+     using marked
+     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
     returning 1
   )
   select count(*) into v_deleted from gone;
@@ -402,7 +203,6 @@ create function memory_private.forget_set(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint
 ) returns bigint[]
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   -- The selected record and every record of the scope that shares a dependency with it (T7).
   -- One step only: a record that shares a message with such a neighbour but not with the
@@ -428,7 +228,6 @@ comment on function memory_private.forget_set(text, bigint, bigint) is
 create function memory_private.record_owners(p_workspace_id text, p_record_ids bigint[])
   returns table (record_id bigint, owner_id text)
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   -- Whose statements a record holds: the speaker of every user message it depends on, and for
   -- an assistant message the user whose request it answered (the bot's answer is part of that
@@ -450,7 +249,6 @@ create function memory_private.forget_records(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint, p_record_ids bigint[]
 ) returns bigint[]
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
@@ -491,7 +289,6 @@ create function memory_private.replay_outcome(
   p_scope memory_private.scopes
 ) returns jsonb
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_action text := p_call.outcome ->> 'action';
@@ -535,28 +332,16 @@ comment on function memory_private.replay_outcome(memory_private.tool_calls,
   'holds (the note exists and is recalled, memory is still off or on), otherwise '
   'code no_longer_holds saying what changed since (C9). holds says which.';
 
-create function memory_private.apply_control(
-  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
-  p_source_id text, p_memory_id bigint, p_title text,
-  out outcome jsonb, out authority text
-)
-  language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
+create function memory_private.source_refusal(
+  p_request memory_private.requests, p_action text, p_source_id text
+) returns jsonb
+  language plpgsql stable
   as $$
 declare
   v_ws text := p_request.workspace_id;
-  v_now timestamptz := memory_private.clock_now();
   v_current memory_private.messages;
   v_source memory_private.messages;
   v_form text;
-  v_refusal text;
-  v_record memory_private.records;
-  v_summary text;
-  v_title text;
-  v_ids bigint[];
-  v_owners jsonb;
-  v_own_only boolean;
-  v_changed boolean;
 begin
   -- The source must be the request's current human message ...
   select * into v_current from memory_private.messages
@@ -567,33 +352,30 @@ begin
   select * into v_source from memory_private.messages
    where workspace_id = v_ws and message_id = p_source_id;
   if not found or v_source.request_id <> p_request.request_id then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+    return memory_private.control_outcome('refused', p_action, 'not_current_message',
       format('Message %s is not a message of this request; only the user''s current message can '
              'ask for this.', p_source_id));
-    return;
   end if;
   if v_source.role <> 'user' then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_human_message',
+    return memory_private.control_outcome('refused', p_action, 'not_human_message',
       format('Message %s is assistant text; only the user''s own current message can ask for '
              'this.', p_source_id));
-    return;
   end if;
   if v_source.speaker_id <> p_request.user_id
      or v_current.message_id is distinct from v_source.message_id then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_current_message',
+    return memory_private.control_outcome('refused', p_action, 'not_current_message',
       format('Message %s is not the current message of the user of this request.',
              p_source_id));
-    return;
   end if;
-  if v_source.body is null or v_source.retain_until <= v_now then
-    outcome := memory_private.control_outcome('refused', p_action, 'source_gone',
+  if not memory_private.is_retained(v_source.body is not null, v_source.retain_until,
+                                    memory_private.clock_now()) then
+    return memory_private.control_outcome('refused', p_action, 'source_gone',
       format('Message %s was removed or is past its retention.', p_source_id));
-    return;
   end if;
   -- ... and that message must itself directly ask for this action (C1, C2).
   v_form := memory_private.request_form(v_source.body);
   if v_form is distinct from p_action then
-    outcome := memory_private.control_outcome('refused', p_action, 'not_direct_request',
+    return memory_private.control_outcome('refused', p_action, 'not_direct_request',
       case v_form
         when 'quoted' then 'The message quotes other text (history, code, tool output or '
                            'someone else''s words); only a direct request of the user counts.'
@@ -604,134 +386,190 @@ begin
         when 'none' then 'The message does not directly ask to ' || p_action || '.'
         else 'The message asks for ' || v_form || ', not ' || p_action || '.'
       end);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.source_refusal(memory_private.requests, text, text) is
+  'Why the message p_source_id cannot ask for p_action, as a refused manage_memory outcome, or '
+  'NULL when it can: it must be the request''s current human message (the newest user message '
+  'of the request''s user), still retained, and directly ask for the action (C1, C2).';
+
+create function memory_private.control_remember(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_source_id text,
+  p_title text, out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_now timestamptz := memory_private.clock_now();
+  v_source memory_private.messages;
+  v_refusal text;
+  v_record memory_private.records;
+  v_summary text;
+  v_title text;
+  c_action constant text := 'remember';
+begin
+  select * into strict v_source from memory_private.messages
+   where workspace_id = v_ws and message_id = p_source_id;
+  authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      'Not remembered: ' || v_refusal || '.');
     return;
   end if;
-
-  if p_action = 'remember' then
-    authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
-    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
-    if v_refusal is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        'Not remembered: ' || v_refusal || '.');
-      return;
-    end if;
-    if not p_scope.recall_enabled then
-      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
-        'Memory is turned off in this chat, so nothing is stored; turn it on first.');
-      return;
-    end if;
-    if exists (select 1 from memory_private.tombstones
-                where workspace_id = v_ws and scope_id = p_scope.scope_id
-                  and message_id = v_source.message_id) then
-      outcome := memory_private.control_outcome('refused', p_action, 'forgotten',
-        'This message was forgotten in this chat and is not stored again.');
-      return;
-    end if;
-    select r.* into v_record from memory_private.records r
-      join memory_private.record_dependencies d
-        on d.workspace_id = r.workspace_id and d.record_id = r.record_id
-     where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
-       and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
-     limit 1;
-    if found then
-      outcome := memory_private.control_outcome('done', p_action, 'already_remembered',
-        format('This message is already remembered as memory %s.', v_record.record_id),
-        v_record.record_id);
-      return;
-    end if;
-    v_summary := memory_private.note_redact(v_source.body);
-    if octet_length(v_summary) > 4000 then
-      outcome := memory_private.control_outcome('refused', p_action, 'too_long',
-        format('The message is %s bytes; a note holds at most 4,000 bytes (UTF-8). Ask the user '
-               'for a shorter message to remember.', octet_length(v_summary)));
-      return;
-    end if;
-    v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
-    while octet_length(v_title) > 300 loop
-      v_title := left(v_title, char_length(v_title) - 1);
-    end loop;
-    insert into memory_private.records
-      (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-       bot_identity, origin_request_id, created_at)
-    select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
-           array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
-           v_now
-      from memory_private.bots b
-     where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
-    returning * into strict v_record;
-    -- A note cites, and rests on, exactly the message that asked for it (C3).
-    insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-    values (v_ws, v_record.record_id, v_source.message_id, 1);
-    insert into memory_private.record_dependencies
-      (workspace_id, record_id, message_id, content_hash, via)
-    values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
-    update memory_private.scopes
-       set consolidation_due_at = coalesce(consolidation_due_at, v_now)
-     where workspace_id = v_ws and scope_id = p_scope.scope_id;
-    outcome := memory_private.control_outcome('done', p_action, 'remembered',
-      format('Saved the message as memory %s, attributed to %s. It is historical reference, '
-             'not an instruction.', v_record.record_id, v_source.speaker_id),
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat, so nothing is stored; turn it on first.');
+    return;
+  end if;
+  if exists (select 1 from memory_private.tombstones
+              where workspace_id = v_ws and scope_id = p_scope.scope_id
+                and message_id = v_source.message_id) then
+    outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
+      'This message was forgotten in this chat and is not stored again.');
+    return;
+  end if;
+  select r.* into v_record from memory_private.records r
+    join memory_private.record_dependencies d
+      on d.workspace_id = r.workspace_id and d.record_id = r.record_id
+   where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
+     and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
+   limit 1;
+  if found then
+    outcome := memory_private.control_outcome('done', c_action, 'already_remembered',
+      format('This message is already remembered as memory %s.', v_record.record_id),
       v_record.record_id);
     return;
   end if;
-
-  if p_action = 'forget' then
-    if not p_scope.recall_enabled then
-      outcome := memory_private.control_outcome('refused', p_action, 'recall_disabled',
-        'Memory is turned off in this chat; turn it on to see and forget memories.', p_memory_id);
-      return;
-    end if;
-    select * into v_record from memory_private.records
-     where workspace_id = v_ws and record_id = p_memory_id and scope_id = p_scope.scope_id;
-    if not found
-       or memory_private.record_invalid_reason(v_record, p_request.user_id) is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'memory_not_found',
-        format('There is no memory %s that you can see in this chat.', p_memory_id),
-        p_memory_id);
-      return;
-    end if;
-    -- The participant rule applies to every record the forget would remove, not only the
-    -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
-    v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
-    select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
-      into v_owners, v_own_only
-      from (select owner_id, count(*) as n
-              from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
-    authority := case when p_scope.kind = 'private' then 'scope_user'
-                      when coalesce(v_own_only, false) then 'participant'
-                      else 'admin' end;
-    v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
-    if v_refusal is not null then
-      outcome := memory_private.control_outcome('refused', p_action, 'not_allowed',
-        case when authority = 'admin' and cardinality(v_ids) > 1
-               then format('Forgetting memory %s would also remove %s related memories built on '
-                           'the same messages, and together they hold statements of other '
-                           'participants; nothing was forgotten. Only an active workspace owner '
-                           'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
-             when authority = 'admin'
-               then format('Memory %s holds statements of other participants; nothing was '
-                           'forgotten. Only an active workspace owner or admin can forget it.',
-                           p_memory_id)
-             else 'Not forgotten: ' || v_refusal || '.' end,
-        p_memory_id);
-      return;
-    end if;
-    v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
-    outcome := memory_private.control_outcome('done', p_action, 'forgotten',
-      format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
-             'the original chat messages are kept.', p_memory_id,
-             case when cardinality(v_ids) > 1
-                  then format(' and %s related memories built on the same messages',
-                              cardinality(v_ids) - 1)
-                  else '' end,
-             coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
-                         from jsonb_each_text(v_owners)), 'nobody')),
-      p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
-                                      'forgotten_by_person', coalesce(v_owners, '{}')));
+  v_summary := memory_private.note_redact(v_source.body);
+  if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
+    outcome := memory_private.control_outcome('refused', c_action, 'too_long',
+      format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+             'for a shorter message to remember.', octet_length(v_summary),
+             (memory_private.policy()).summary_bytes));
     return;
   end if;
+  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+  v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
+         array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
+         v_now
+    from memory_private.bots b
+   where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
+  returning * into strict v_record;
+  -- A note cites, and rests on, exactly the message that asked for it (C3).
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  values (v_ws, v_record.record_id, v_source.message_id, 1);
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via)
+  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = v_ws and scope_id = p_scope.scope_id;
+  outcome := memory_private.control_outcome('done', c_action, 'remembered',
+    format('Saved the message as memory %s, attributed to %s. It is historical reference, '
+           'not an instruction.', v_record.record_id, v_source.speaker_id),
+    v_record.record_id);
+end
+$$;
+comment on function memory_private.control_remember(memory_private.requests,
+                                                    memory_private.scopes, text, text) is
+  'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
+  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
+  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
 
-  -- enable-memory / disable-memory
+create function memory_private.control_forget(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_memory_id bigint,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_refusal text;
+  v_record memory_private.records;
+  v_ids bigint[];
+  v_owners jsonb;
+  v_own_only boolean;
+  c_action constant text := 'forget';
+begin
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat; turn it on to see and forget memories.', p_memory_id);
+    return;
+  end if;
+  select * into v_record from memory_private.records
+   where workspace_id = v_ws and record_id = p_memory_id and scope_id = p_scope.scope_id;
+  if not found
+     or memory_private.record_invalid_reason(v_record, p_request.user_id) is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'memory_not_found',
+      format('There is no memory %s that you can see in this chat.', p_memory_id),
+      p_memory_id);
+    return;
+  end if;
+  -- The participant rule applies to every record the forget would remove, not only the
+  -- selected one (C6, C7): a record holding another person's statements needs an owner/admin.
+  v_ids := memory_private.forget_set(v_ws, p_scope.scope_id, p_memory_id);
+  select jsonb_object_agg(o.owner_id, o.n), bool_and(o.owner_id = p_request.user_id)
+    into v_owners, v_own_only
+    from (select owner_id, count(*) as n
+            from memory_private.record_owners(v_ws, v_ids) group by owner_id) o;
+  authority := case when p_scope.kind = 'private' then 'scope_user'
+                    when coalesce(v_own_only, false) then 'participant'
+                    else 'admin' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      case when authority = 'admin' and cardinality(v_ids) > 1
+             then format('Forgetting memory %s would also remove %s related memories built on '
+                         'the same messages, and together they hold statements of other '
+                         'participants; nothing was forgotten. Only an active workspace owner '
+                         'or admin can forget them.', p_memory_id, cardinality(v_ids) - 1)
+           when authority = 'admin'
+             then format('Memory %s holds statements of other participants; nothing was '
+                         'forgotten. Only an active workspace owner or admin can forget it.',
+                         p_memory_id)
+           else 'Not forgotten: ' || v_refusal || '.' end,
+      p_memory_id);
+    return;
+  end if;
+  v_ids := memory_private.forget_records(v_ws, p_scope.scope_id, p_memory_id, v_ids);
+  outcome := memory_private.control_outcome('done', c_action, 'forgotten',
+    format('Forgot memory %s%s (statements of %s). Its messages will not be remembered again; '
+           'the original chat messages are kept.', p_memory_id,
+           case when cardinality(v_ids) > 1
+                then format(' and %s related memories built on the same messages',
+                            cardinality(v_ids) - 1)
+                else '' end,
+           coalesce((select string_agg(format('%s: %s', key, value), ', ' order by key)
+                       from jsonb_each_text(v_owners)), 'nobody')),
+    p_memory_id, jsonb_build_object('forgotten_ids', to_jsonb(v_ids),
+                                    'forgotten_by_person', coalesce(v_owners, '{}')));
+end
+$$;
+comment on function memory_private.control_forget(memory_private.requests,
+                                                  memory_private.scopes, bigint) is
+  'manage_memory forget, once the source asks for it: the record must be visible to the user in '
+  'the scope; the participant rule holds for every record the forget removes (C6, C7); then '
+  'memory_private.forget_records (T7, T8). Returns the outcome and the standing it needed.';
+
+create function memory_private.control_toggle(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_refusal text;
+  v_changed boolean;
+  v_ws text := p_request.workspace_id;
+begin
   authority := case when p_scope.kind = 'private' then 'scope_user' else 'admin' end;
   v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
   if v_refusal is not null then
@@ -758,11 +596,42 @@ begin
     null, jsonb_build_object('changed', v_changed));
 end
 $$;
+comment on function memory_private.control_toggle(memory_private.requests,
+                                                  memory_private.scopes, text) is
+  'manage_memory enable-memory / disable-memory, once the source asks for it: the scope''s user '
+  'in a private chat, an owner/admin in a group (C5, C7); recall of the scope is switched, '
+  'records kept (C8). Returns the outcome and the standing it needed.';
+
+create function memory_private.apply_control(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_action text,
+  p_source_id text, p_memory_id bigint, p_title text,
+  out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+begin
+  outcome := memory_private.source_refusal(p_request, p_action, p_source_id);
+  if outcome is not null then
+    return;
+  end if;
+  if p_action = 'remember' then
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_remember(p_request, p_scope, p_source_id, p_title) c;
+  elsif p_action = 'forget' then
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_forget(p_request, p_scope, p_memory_id) c;
+  else
+    select c.outcome, c.authority into outcome, authority
+      from memory_private.control_toggle(p_request, p_scope, p_action) c;
+  end if;
+end
+$$;
 comment on function memory_private.apply_control(memory_private.requests, memory_private.scopes,
                                                  text, text, bigint, text) is
   'Checks and applies one manage_memory action (the caller holds the workspace lock): the source '
-  'is the current human message and directly asks for the action, the user has the standing, '
-  'the state allows it. Returns the outcome and the standing it needed.';
+  'asks for it (memory_private.source_refusal), then the action''s own function decides the '
+  'standing and the state (control_remember, control_forget, control_toggle). Returns the '
+  'outcome and the standing it needed.';
 
 create function memory.manage_memory(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
@@ -777,26 +646,30 @@ declare
   v_source_id text;
   v_memory_id bigint;
   v_title text;
-  v_hash text;
   v_call memory_private.tool_calls;
+  v_start record;
   v_outcome jsonb;
   v_authority text;
   v_refusal text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_id('tool_call_id', p_tool_call_id);
-  perform memory_private.check_tool_args(p_args, array['action', 'sourceId', 'memoryId', 'title']);
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'manage_memory', p_args,
+                                        array['action', 'sourceId', 'memoryId', 'title']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
     raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
       using errcode = 'MB001';
   end if;
-  v_source_id := memory_private.arg_text(p_args, 'sourceId', 200);
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
   perform memory_private.check_id('args.sourceId', v_source_id);
   v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
-  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title', 300)), '');
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title',
+                                                  (memory_private.policy()).title_bytes)), '');
   if v_action = 'forget' and v_memory_id is null then
     raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
   end if;
@@ -806,24 +679,8 @@ begin
   if v_action <> 'remember' and v_title is not null then
     raise exception 'args.title is only for remember' using errcode = 'MB001';
   end if;
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
 
-  perform memory_private.lock_workspace(p_workspace_id);
-  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
-  v_hash := memory_private.args_hash(p_args);
-
-  select * into v_call from memory_private.tool_calls
-   where workspace_id = p_workspace_id and request_id = p_request_id
-     and tool_call_id = p_tool_call_id;
-  if found then
-    if v_call.tool <> 'manage_memory' or v_call.args_hash <> v_hash then
-      raise exception 'tool call % of request % was already made with other arguments',
-        p_tool_call_id, p_request_id using errcode = 'MB003',
-        hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
-    end if;
+  if v_call.tool_call_id is not null then
     if v_call.outcome ->> 'status' = 'done' then
       -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
       v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
@@ -845,7 +702,7 @@ begin
     (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
      record_ids, created_at, updated_at)
   values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
-          v_hash, v_authority, v_outcome,
+          memory_private.args_hash(p_args), v_authority, v_outcome,
           array(select (v_outcome ->> 'memory_id')::bigint
                  where v_outcome ->> 'memory_id' is not null), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update

@@ -1,6 +1,6 @@
 -- 60_retention.sql: what makes memories go away and stay away (T1-T9).
 --
--- Reads already refuse a record whose dependencies changed (record_invalid_reason). The sweep
+-- Reads already refuse a record whose dependencies changed (invalid_records). The sweep
 -- here makes that permanent and erases what must not outlive its sources:
 --   1. message text past its retention is erased (memory limits never extend retention, T6);
 --   2. answers derived from recalled records that rest on an erased message are erased too,
@@ -15,7 +15,6 @@
 
 create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   with erased as (
     update memory_private.messages
@@ -33,7 +32,6 @@ comment on function memory_private.erase_expired_messages(text) is
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
   language sql stable
-  set search_path = pg_catalog, pg_temp
   as $$
   select unnest(f.dependency_ids)
     from memory_private.request_recall f
@@ -63,7 +61,6 @@ comment on function memory_private.request_provenance(text, text) is
 
 create function memory_private.erase_derived_answers(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_total integer := 0;
@@ -114,35 +111,23 @@ comment on function memory_private.erase_derived_answers(text) is
 
 create function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
-  v_now timestamptz := memory_private.clock_now();
   v_ids bigint[];
 begin
-  -- A dependency removed, expired, edited or forgotten, or the bot replaced, never comes back,
-  -- whatever else holds now (recall off, a lost grant): such a record is deleted, so neither it
-  -- nor the hashes it kept outlive what it was made from.
+  -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
+  -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
+  -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
+  -- it was made from.
   v_ids := array(
-    select r.record_id
-      from memory_private.records r
-      join memory_private.scopes s
-        on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-      left join memory_private.bots b
-        on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-     where r.workspace_id = p_workspace_id
-       and (b.identity <> r.bot_identity
-            or exists (select 1
-                         from memory_private.record_dependencies d
-                         join memory_private.messages m
-                           on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-                        where d.workspace_id = r.workspace_id and d.record_id = r.record_id
-                          and (m.body is null or m.retain_until <= v_now
-                               or m.content_hash <> d.content_hash
-                               or exists (select 1 from memory_private.tombstones t
-                                           where t.workspace_id = d.workspace_id
-                                             and t.scope_id = r.scope_id
-                                             and t.message_id = d.message_id)))));
+    select distinct x.record_id
+      from memory_private.scopes s
+     cross join lateral memory_private.record_reasons(
+             s.workspace_id, s.scope_id,
+             array(select r.record_id from memory_private.records r
+                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
+      join memory_private.invalid_reasons ir on ir.reason = x.reason
+     where s.workspace_id = p_workspace_id and ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -153,7 +138,6 @@ comment on function memory_private.purge_permanently_invalid(text) is
 
 create function memory_private.scrub_erased(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_gone text[];
@@ -180,8 +164,11 @@ begin
    where j.workspace_id = p_workspace_id and j.input ? 'sources'
      and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                   where e ->> 'id' = any (v_gone) and e ? 'hash');
-  -- Extraction markers record the hash the message had.
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
    where workspace_id = p_workspace_id and message_id = any (v_gone);
   update memory_private.messages set scrub_pending = false
    where workspace_id = p_workspace_id and message_id = any (v_gone);
@@ -195,7 +182,6 @@ comment on function memory_private.scrub_erased(text) is
 
 create function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language sql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
   with dropped as (
     delete from memory_private.tombstones t
@@ -211,7 +197,6 @@ comment on function memory_private.drop_stale_tombstones(text) is
 
 create function memory_private.prune_records(p_workspace_id text) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_ids bigint[];
@@ -223,7 +208,8 @@ begin
                                              record_id desc) as rank
             from memory_private.records
            where workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - interval '30 days' or r.rank > 256;
+   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+      or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -233,7 +219,6 @@ comment on function memory_private.prune_records(text) is
 
 create function memory_private.sweep_retention(p_workspace_id text) returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_expired integer;
@@ -317,9 +302,3 @@ comment on function memory.answer_retention_boundary(text, text) is
 
 revoke all on function memory.answer_retention_boundary(text, text) from public;
 grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
-
--- The sweep runs in every maintenance tick, before stale jobs are retired (20) so that a job or
--- checkpoint built on a source erased here is superseded in the same tick (T3), and before
--- scheduling (90) so that the consolidation its deletions call for is scheduled at once.
-insert into memory_private.maintenance_steps (position, name, step)
-values (15, 'sweep_retention', 'memory_private.sweep_retention(text)');

@@ -11,7 +11,7 @@
 --   memory.request_memory_charges  per request: what memory work charged to it (P18)
 -- No view shows message text, a title, a summary or an index text: only ids, hashes, sizes,
 -- dates, counts and the coded reasons. Validity is decided by the same read-time rule recall
--- uses (memory_private.record_invalid_reason), without a requester: a private scope is checked
+-- uses (memory_private.invalid_records, a scope at a time), without a requester: a private scope is checked
 -- for its own user; a shared scope's per-requester checks (membership, grants) need
 -- memory.explain_record with a requester.
 --
@@ -35,14 +35,20 @@ create function memory_private.operator_now() returns timestamptz
 comment on function memory_private.operator_now() is
   'memory_private.clock_now() for the operator views (security definer).';
 
-create function memory_private.operator_record_invalid_reason(p_record memory_private.records)
-  returns text
+create function memory_private.operator_invalid_records(p_workspace_id text, p_scope_id bigint)
+  returns table (record_id bigint, reason text)
   language sql stable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select memory_private.record_invalid_reason(p_record, null) $$;
-comment on function memory_private.operator_record_invalid_reason(memory_private.records) is
-  'memory_private.record_invalid_reason without a requester, for the operator views (security '
-  'definer).';
+  as $$
+  select v.record_id, v.reason
+    from memory_private.invalid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id), null) v
+$$;
+comment on function memory_private.operator_invalid_records(text, bigint) is
+  'The validity rule (memory_private.invalid_records, without a requester) for every record of '
+  'one scope, in one set: what the operator views show (security definer).';
 
 create function memory_private.operator_job_stale_reason(p_job memory_private.jobs)
   returns text
@@ -65,9 +71,9 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
        v.reason is null as valid,
        v.reason as invalid_reason
-  from memory_private.records r
-  join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-  cross join lateral (select memory_private.operator_record_invalid_reason(r) as reason) v;
+  from memory_private.scopes s
+ cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id;
 comment on view memory.record_status is
   'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
   '(messages it cites) and dependencies (messages it was made from), '
@@ -99,9 +105,8 @@ select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.top
            sum(g.n) filter (where g.reason is not null) as records_invalid,
            jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
              as invalid_by_reason
-      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
-              from memory_private.records r
-             where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id
+      from (select v.reason, count(*) as n
+              from memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
              group by 1) g
   ) rc on true
   left join memory_private.jobs ej
@@ -145,9 +150,11 @@ select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_
            sum(g.n) filter (where g.reason is not null) as records_invalid,
            jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
              as invalid_by_reason
-      from (select memory_private.operator_record_invalid_reason(r) as reason, count(*) as n
-              from memory_private.records r
-             where r.workspace_id = w.workspace_id
+      from (select v.reason, count(*) as n
+              from memory_private.scopes s
+             cross join lateral memory_private.operator_invalid_records(s.workspace_id,
+                                                                        s.scope_id) v
+             where s.workspace_id = w.workspace_id
              group by 1) g
   ) rc on true
   left join lateral (
@@ -173,7 +180,6 @@ comment on view memory.workspace_status is
 -- Retry rules: one place, read by the job view and by memory.retry_job.
 create function memory_private.job_retry_refusal(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_config integer;
@@ -252,7 +258,7 @@ comment on function memory_private.operator_job_retry_refusal(memory_private.job
 create view memory.job_status as
 select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
        memory_private.operator_now() - j.created_at as age,
-       j.claims, 3 - j.claims as claims_left,
+       j.claims, (memory_private.policy()).max_claims - j.claims as claims_left,
        case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
        j.worker_id, j.lease_expires_at,
        j.checkpoint is not null as has_checkpoint,
@@ -362,7 +368,7 @@ begin
           v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
           v_now,
           left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), 2000),
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_bytes),
           v_now, v_now)
   returning job_id into v_new;
   update memory_private.jobs
@@ -440,16 +446,8 @@ create function memory.explain_record(
 declare
   v_record memory_private.records;
   v_scope memory_private.scopes;
-  v_chat memory_private.chats;
-  v_bot memory_private.bots;
-  v_member memory_private.members;
-  v_user text;
   v_now timestamptz := memory_private.clock_now();
-  v_sources jsonb;
-  v_dependencies jsonb;
-  v_bad jsonb;
-  v_missing text[];
-  v_checks jsonb := '[]';
+  v_checks jsonb;
   v_reason text;
 begin
   perform memory_private.require_workspace(p_workspace_id);
@@ -468,119 +466,11 @@ begin
   end if;
   select * into v_scope from memory_private.scopes
    where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
-  select * into v_chat from memory_private.chats
-   where workspace_id = p_workspace_id and chat_id = v_scope.chat_id;
-  select * into v_bot from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
-  v_user := coalesce(v_scope.user_id, p_requester);
-  if v_user is not null then
-    select * into v_member from memory_private.members
-     where workspace_id = p_workspace_id and user_id = v_user;
-  end if;
-
-  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
-  -- state, decided in the order memory_private.record_invalid_reason decides it.
-  select coalesce(jsonb_agg(x.dep order by x.message_id), '[]')
-    into v_dependencies
-    from (select d.message_id, jsonb_build_object(
-                   'message_id', d.message_id, 'via', d.via, 'role', m.role,
-                   'speaker_id', m.speaker_id,
-                   'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
-                   'retain_until', m.retain_until, 'removed_at', m.removed_at,
-                   'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-                   'tombstoned', t.message_id is not null,
-                   'state', case
-                              when m.removed_at is not null then 'source_removed'
-                              when m.body is null or m.retain_until <= v_now
-                                then 'source_expired'
-                              when m.content_hash <> d.content_hash then 'source_edited'
-                              when t.message_id is not null then 'forgotten'
-                              else 'current' end) as dep
-            from memory_private.record_dependencies d
-            join memory_private.messages m
-              on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-            left join memory_private.tombstones t
-              on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
-             and t.message_id = d.message_id
-           where d.workspace_id = p_workspace_id and d.record_id = p_record_id) x;
-  select coalesce(jsonb_agg(s), '[]') into v_bad
-    from jsonb_array_elements(v_dependencies) s where s ->> 'state' <> 'current';
-  -- The sources: what the summary cites, in the order it uses them.
-  v_sources := to_jsonb(array(select rs.message_id from memory_private.record_sources rs
-                               where rs.workspace_id = p_workspace_id
-                                 and rs.record_id = p_record_id
-                               order by rs.position));
-
-  select array_agg(repo order by repo) into v_missing
-    from unnest(v_record.repositories) repo
-   where v_user is not null
-     and not exists (select 1 from memory_private.repository_grants g
-                      where g.workspace_id = p_workspace_id and g.user_id = v_user
-                        and g.repository_id = repo);
-
-  -- The checks, in the order the read-time rule applies them; the first that fails is the
-  -- reason recall gives.
-  v_checks := jsonb_build_array(
-    jsonb_build_object('check', 'recall_enabled', 'reason', 'recall_disabled',
-      'ok', v_scope.recall_enabled,
-      'detail', case when v_scope.recall_enabled then 'recall is on in the scope'
-                     else 'recall is off in the scope (records kept, not read)' end),
-    jsonb_build_object('check', 'bot_active', 'reason', 'bot_inactive',
-      'ok', coalesce(v_bot.active, false),
-      'detail', case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
-                     when v_bot.active then format('bot %s is active', v_bot.bot_id)
-                     else format('bot %s is inactive', v_bot.bot_id) end),
-    jsonb_build_object('check', 'bot_identity', 'reason', 'bot_replaced',
-      'ok', v_bot.bot_id is null or v_bot.identity = v_record.bot_identity,
-      'detail', case when v_bot.bot_id is null then 'no bot to compare with'
-                     when v_bot.identity = v_record.bot_identity
-                       then 'made under the bot''s current identity'
-                     else format('made under identity %s; the bot is now %s',
-                                 v_record.bot_identity, v_bot.identity) end),
-    jsonb_build_object('check', 'group_linked', 'reason', 'group_unlinked',
-      'ok', v_scope.kind = 'private' or v_chat.linked,
-      'detail', case when v_scope.kind = 'private' then 'private scope: no group link needed'
-                     when v_chat.linked then format('group %s is linked', v_chat.chat_id)
-                     else format('group %s is not linked', v_chat.chat_id) end),
-    jsonb_build_object('check', 'membership', 'reason', 'membership',
-      'ok', v_user is null or coalesce(v_member.active, false),
-      'detail', case when v_user is null
-                       then 'shared scope and no requester: per-requester membership not checked'
-                     when v_member.user_id is null
-                       then format('user %s is not a member of the workspace', v_user)
-                     when v_member.active then format('user %s is an active %s', v_user,
-                                                      v_member.role)
-                     else format('user %s is an inactive member', v_user) end),
-    jsonb_build_object('check', 'requester_is_scope_user', 'reason', 'membership',
-      'ok', p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
-      'detail', case when p_requester is null then 'no requester given'
-                     when v_scope.kind <> 'private' then 'shared scope: any active member'
-                     when p_requester = v_scope.user_id
-                       then 'the requester owns the private scope'
-                     else format('the private scope belongs to %s, not %s', v_scope.user_id,
-                                 p_requester) end),
-    jsonb_build_object('check', 'dependencies_current',
-      'reason', v_bad -> 0 ->> 'state',
-      'ok', jsonb_array_length(v_bad) = 0,
-      'detail', case when jsonb_array_length(v_bad) = 0
-                     then format('all %s messages it was made from are retained and unchanged',
-                                 jsonb_array_length(v_dependencies))
-                     else format('%s of the %s messages it was made from are not current: %s',
-                                 jsonb_array_length(v_bad), jsonb_array_length(v_dependencies),
-                                 (select string_agg((s ->> 'message_id') || ' '
-                                                    || (s ->> 'state'), ', ')
-                                    from jsonb_array_elements(v_bad) s)) end),
-    jsonb_build_object('check', 'repository_grants', 'reason', 'grant_revoked',
-      'ok', coalesce(cardinality(v_missing), 0) = 0,
-      'detail', case when cardinality(v_record.repositories) = 0
-                       then 'drew on no repository'
-                     when v_user is null
-                       then 'shared scope and no requester: per-requester grants not checked'
-                     when coalesce(cardinality(v_missing), 0) = 0
-                       then format('%s can read every repository it drew on', v_user)
-                     else format('%s can no longer read %s', v_user,
-                                 array_to_string(v_missing, ', ')) end));
-
+  -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
+  select jsonb_agg(jsonb_build_object('check', c.check_name, 'reason', c.reason, 'ok', c.ok,
+                                      'detail', c.detail) order by c.rank, c.check_name <> 'membership')
+    into v_checks
+    from memory_private.record_checks(p_workspace_id, p_record_id, p_requester) c;
   v_reason := memory_private.record_invalid_reason(v_record, p_requester);
   return jsonb_build_object(
     'workspace_id', p_workspace_id,
@@ -602,17 +492,51 @@ begin
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
       'recall_enabled', v_scope.recall_enabled),
     'checks', v_checks,
-    'sources', v_sources,
-    'dependencies', v_dependencies);
+    -- The sources: what the summary cites, in the order it uses them.
+    'sources', to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.record_line_sources l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                 and rs.message_id = l.message_id
+               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
+               group by l.line_no) x), '[]'),
+    -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+    -- state by the rule (memory_private.dependency_state).
+    'dependencies', coalesce((
+      select jsonb_agg(jsonb_build_object(
+               'message_id', d.message_id, 'via', d.via, 'role', m.role,
+               'speaker_id', m.speaker_id,
+               'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+               'retain_until', m.retain_until, 'removed_at', m.removed_at,
+               'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+               'tombstoned', t.message_id is not null,
+               'state', coalesce(memory_private.dependency_state(
+                          m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                          d.content_hash, t.message_id is not null, v_now), 'current'))
+             order by d.message_id)
+        from memory_private.record_dependencies d
+        join memory_private.messages m
+          on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+        left join memory_private.tombstones t
+          on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
+         and t.message_id = d.message_id
+       where d.workspace_id = p_workspace_id and d.record_id = p_record_id), '[]'));
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
   'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
   'recall decides them (for the given requester, or for the scope''s own user when NULL), '
   'every check in the order the rule applies them (recall on, bot '
-  'active, bot identity, group linked, membership, requester owns the private scope, '
+  'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';
@@ -626,16 +550,18 @@ grant select on memory.record_status, memory.scope_status, memory.workspace_stat
 
 revoke all on function
   memory_private.operator_now(),
-  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_invalid_records(text, bigint),
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 from public;
 grant execute on function
   memory_private.operator_now(),
-  memory_private.operator_record_invalid_reason(memory_private.records),
+  memory_private.operator_invalid_records(text, bigint),
   memory_private.operator_job_stale_reason(memory_private.jobs),
   memory_private.operator_job_retry_refusal(memory_private.jobs)
 to memory_operator;
+-- The views read the policy numbers too (claims left of the maximum): constants, no data.
+grant execute on function memory_private.policy() to memory_operator;
 
 revoke all on function
   memory.retry_job(text, bigint),

@@ -164,10 +164,12 @@ def test_an_unreachable_database_is_database_unavailable() -> None:
         memory.recall("acme", "r1")
 
 
-def test_the_tool_definitions_are_the_two_memory_tools(memory: MemoryClient) -> None:
-    names = [t["name"] for t in memory.tool_definitions()]
-    assert names == ["query_memories", "manage_memory"]
-    assert all(t["parameters"]["type"] == "object" for t in memory.tool_definitions())
+def test_the_tool_definitions_are_the_ones_the_database_serves(
+        memory: MemoryClient, conn: psycopg.Connection) -> None:
+    served = conn.execute("select memory.tool_definitions()").fetchone()
+    assert served is not None
+    assert memory.tool_definitions() == served[0]
+    assert [t["name"] for t in served[0]] == ["query_memories", "manage_memory"]
 
 
 def test_the_client_has_a_method_for_every_backend_function(conn: psycopg.Connection) -> None:

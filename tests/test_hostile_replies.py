@@ -38,21 +38,21 @@ HOSTILE_REPLIES = int(os.environ.get("PIMEM_HOSTILE_REPLIES", "1000"))
 # (the provider answered with an error and no usage), "other" a smaller reported cost.
 EXPECTED: dict[str, tuple[str, str | None, str]] = {
     "deep_nesting": ("failed", "reply_not_json", "reported"),
-    "huge_integer": ("failed", "reply_not_json", "reported"),
-    "big_id": ("failed", "reply_invalid", "reported"),
+    "huge_integer": ("failed", "output_refused", "reported"),
+    "big_id": ("failed", "output_refused", "reported"),
     "nul_title": ("failed", "output_refused", "reported"),
-    "lone_surrogate": ("failed", "reply_invalid", "reported"),
-    "float_ids": ("failed", "reply_invalid", "reported"),
-    "wrong_types": ("failed", "reply_invalid", "reported"),
-    "token_ids": ("failed", "reply_invalid", "reported"),
+    "lone_surrogate": ("failed", "output_refused", "reported"),
+    "float_ids": ("failed", "output_refused", "reported"),
+    "wrong_types": ("failed", "output_refused", "reported"),
+    "token_ids": ("failed", "output_refused", "reported"),
     "escape_sequences": ("ok", None, "reported"),
-    "oversize": ("failed", "reply_invalid", "reported"),
+    "oversize": ("failed", "output_refused", "reported"),
     "huge_content": ("failed", "reply_not_json", "reported"),
     "not_object": ("failed", "reply_not_json", "reported"),
     "nan_literal": ("failed", "reply_not_json", "reported"),
-    "infinity_id": ("failed", "reply_invalid", "reported"),
+    "infinity_id": ("failed", "output_refused", "reported"),
     "empty": ("failed", "reply_not_json", "reported"),
-    "extra_key_escape": ("failed", "reply_invalid", "reported"),
+    "extra_key_escape": ("failed", "output_refused", "reported"),
     "double_encoded": ("failed", "reply_not_json", "reported"),
     "usage_negative": ("failed", "reply_unreadable", "reserve"),
     "usage_nan": ("failed", "reply_unreadable", "reserve"),
@@ -205,12 +205,12 @@ def test_an_invalid_reply_stores_no_model_text_in_job_status(
     worker = Worker(WorkerConfig(dsn=db_dsn, interval=0.01, worker_id="w"),
                     openai_adapter(model))
     try:
-        assert worker.tick().detail == "reply_invalid"
+        assert worker.tick().detail == "output_refused"
     finally:
         worker.adapter.close()
         worker.db.close()
     [job] = rows(conn, "select last_error, last_attempt_error from memory.job_status")
-    assert job == {"last_error": "reply_invalid", "last_attempt_error": "reply_invalid"}
+    assert job == {"last_error": "output_refused", "last_attempt_error": "output_refused"}
 
 
 class Feeding(Worker):
@@ -337,18 +337,43 @@ def test_an_unexpected_adapter_error_closes_the_attempt_and_the_loop_goes_on(
     worker.db.close()
 
 
-def test_a_reply_with_usage_the_database_refuses_is_still_closed_at_the_reserve(
-        conn: psycopg.Connection, db_dsn: str) -> None:
-    """Usage the worker did not sanitize (a bug, or another worker) is refused by fail_job
-    with MB001; the worker then reports the attempt with its usage unknown."""
-    bad = Usage.model_construct(input_tokens=-5, output_tokens=1, cost_usd=Decimal("0.001"))
-    worker = one_job_worker(conn, db_dsn, Replying("not json", bad))
-    assert worker.tick().detail == "reply_not_json"
+def assert_closed_at_the_reserve_with_usage_unknown(conn: psycopg.Connection, code: str) -> None:
     [att] = rows(conn, "select outcome, error, cost_usd, reserved_usd, input_tokens "
                        "from memory_private.job_attempts")
-    assert (att["outcome"], att["error"], att["input_tokens"]) == (
-        "failed", "reply_not_json", None)
+    assert (att["outcome"], att["error"], att["input_tokens"]) == ("failed", code, None)
     assert att["cost_usd"] == att["reserved_usd"] == Decimal("0.01")
+
+
+def test_a_failed_reply_whose_usage_the_database_refuses_is_still_closed_at_the_reserve(
+        conn: psycopg.Connection, db_dsn: str) -> None:
+    """The provider's usage goes to the database as reported; when fail_job refuses it with
+    MB001, the worker reports the attempt again with its usage unknown."""
+    bad = Usage(input_tokens=-5, output_tokens=1, cost_usd=Decimal("0.001"))
+    worker = one_job_worker(conn, db_dsn, Replying("not json", bad))
+    assert worker.tick().detail == "reply_not_json"
+    assert_closed_at_the_reserve_with_usage_unknown(conn, "reply_not_json")
+    worker.db.close()
+
+
+@pytest.mark.parametrize("usage", [
+    Usage(input_tokens=-5, output_tokens=1, cost_usd=Decimal("0.001")),
+    Usage(input_tokens=2**31, output_tokens=1, cost_usd=Decimal("0.001")),
+    Usage(input_tokens=12.5, output_tokens=1, cost_usd=Decimal("0.001")),
+    Usage(input_tokens=1, output_tokens=1, cost_usd=Decimal("1000000.01"))],
+    ids=["negative", "past_integer", "fractional", "cost_past_a_million"])
+def test_a_valid_reply_whose_usage_the_database_refuses_is_unreadable_at_the_reserve(
+        conn: psycopg.Connection, db_dsn: str, usage: Usage,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The worker hands the provider's numbers on; the database's MB001 at the checkpoint is the
+    verdict on them, and nothing of the output is stored."""
+    caplog.set_level(logging.INFO, logger="pimem")
+    valid = '{"title": "Tea", "summary": "alice prefers tea.", "source_ids": ["r1-u"]}'
+    worker = one_job_worker(conn, db_dsn, Replying(valid, usage))
+    assert worker.tick().detail == "reply_unreadable"
+    assert_closed_at_the_reserve_with_usage_unknown(conn, "reply_unreadable")
+    assert rows(conn, "select checkpoint from memory_private.jobs") == [{"checkpoint": None}]
+    assert rows(conn, "select 1 from memory_private.records") == []
+    assert "usage_refused" in {r.getMessage() for r in caplog.records}
     worker.db.close()
 
 

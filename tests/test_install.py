@@ -177,7 +177,7 @@ def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_
 
     status = json.loads(run([pimem, "status", "--json", "--dsn", dsn], cwd=cwd, env=env).stdout)
     assert "inst" in [w["workspace_id"] for w in status["workspaces"]], status["workspaces"]
-    tools = json.loads(run([str(venv_bin / "python"), "-m", "pyworker.tools"], cwd=cwd,
-                           env=env).stdout)
+    tools = json.loads(run([str(venv_bin / "python"), "-m", "pyworker.tools", "--dsn", dsn],
+                           cwd=cwd, env=env).stdout)
     assert [t["name"] for t in tools] == ["query_memories", "manage_memory"]
     assert list(installed["home"].iterdir()) == [], "nothing needed a local data directory"

@@ -156,9 +156,8 @@ def test_scope_and_workspace_status_count_records_by_reason_index_age_and_tombst
     w.message("ws1", "r2-u", "r2", "user", "alice", "note 2, edited")
     w.remove("ws1", "r3-u")
     scope = value(conn, "select scope_id from memory_private.records where record_id = %s", ok)
-    conn.execute("update memory_private.scopes set index_text = '- x', index_record_ids = %s, "
-                 "index_candidate_ids = %s, index_built_at = memory_private.clock_now() "
-                 "where scope_id = %s", ([ok], [ok], scope))
+    conn.execute("select memory_private.install_index('ws1', %s, '- x', %s, %s, 'bot1-identity')",
+                 (scope, [ok], [ok]))
     conn.execute("insert into memory_private.tombstones values ('ws1', %s, 'r3-a', now())",
                  (scope,))
     advance(conn, "2 hours")
@@ -423,8 +422,8 @@ def test_explain_record_of_a_valid_record_lists_sources_with_hashes_and_passing_
     assert e["record"]["title_bytes"] > 0 and "title" not in e["record"]
     assert all(c["ok"] for c in e["checks"]), e["checks"]
     assert [c["check"] for c in e["checks"]] == [
-        "recall_enabled", "bot_active", "bot_identity", "group_linked",
-        "membership", "requester_is_scope_user", "dependencies_current", "repository_grants"]
+        "recall_enabled", "bot_active", "group_linked", "membership",
+        "requester_is_scope_user", "bot_identity", "dependencies_current", "repository_grants"]
     hashes: dict[str, str] = dict(conn.execute("select message_id, content_hash from memory_private.messages"
                                ).fetchall())
     assert e["sources"] == ["r1-u", "r1-a"], "the cited messages, in summary order"

@@ -68,7 +68,7 @@ def test_pi_call_returns_the_reply_with_pis_own_cost_and_offers_no_tools(
     assert "tools" not in sent and sent["model"] == "m" and sent["stream"] is True
     system = sent["messages"][0]["content"]
     assert system.startswith("You are the background memory writer")
-    assert "ghp_" not in str(sent)  # inputs were redacted before serialization
+    assert "My token is [REDACTED]." in str(sent)  # the claim's input, as the database gave it
     # A second call starts a fresh session: one system and one user message, no history.
     call(pi)
     assert len(fake.requests[1]["messages"]) == 2

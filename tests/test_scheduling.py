@@ -402,16 +402,3 @@ def test_maintenance_of_all_workspaces_sums_counts(conn: psycopg.Connection) -> 
     counts = maintenance(conn)
     assert counts["extract_jobs_created"] == 2 and counts["workspaces"] == 2
     assert {"leases_expired", "consolidate_jobs_created"} <= set(counts)
-
-
-def test_maintenance_steps_are_a_registry_other_areas_can_extend(
-        fresh_conn: psycopg.Connection) -> None:
-    conn = fresh_conn  # a database of its own: the test adds a function
-    conn.execute("create function memory_private.test_step(p text) returns jsonb "
-                 "language sql as $$ select jsonb_build_object('test_step_runs', 1) $$")
-    conn.execute("insert into memory_private.maintenance_steps values "
-                 "(50, 'test', 'memory_private.test_step(text)')")
-    w = World(conn)
-    w.basic("ws1")
-    w.basic("ws2")
-    assert maintenance(conn)["test_step_runs"] == 2

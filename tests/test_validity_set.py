@@ -1,7 +1,9 @@
-"""The set form of the validity rule (memory_private.invalid_records) agrees with the rule for
-one record (memory_private.record_invalid_reason) on a world with every kind of invalidity, for
-every requester, including records with several bad sources (the first reason in the rule's
-order wins in both)."""
+"""The validity rule has one verdict (memory_private.invalid_records, the set form every reader
+uses) and one explanation (memory_private.record_checks, what explain_record shows). On a world
+with every kind of invalidity, for every requester, including records with several bad sources
+(the first reason in rank order wins): the explanation gives the verdict's reason, a record's
+verdict does not depend on the set it is validated with, and the retention sweep deletes
+exactly the records with a permanent reason."""
 
 from __future__ import annotations
 
@@ -104,8 +106,10 @@ def test_set_validity_agrees_with_the_rule_for_every_reason_and_requester(
             "select record_id from memory_private.records where workspace_id = 'ws1' "
             "and scope_id = %s order by record_id", (scope,)).fetchall()]
         for requester in REQUESTERS:
+            # The explanation: the first failing check of each record, one record at a time.
             one = dict(conn.execute(
-                "select record_id, memory_private.record_invalid_reason(r, %s) "
+                "select r.record_id, (select c.reason from memory_private.record_checks("
+                "'ws1', r.record_id, %s) c where not c.ok order by c.rank limit 1) "
                 "from memory_private.records r where workspace_id = 'ws1' and scope_id = %s",
                 (requester, scope)).fetchall())
             # A foreign id (another scope's record, an unknown id) is not returned.
@@ -117,6 +121,24 @@ def test_set_validity_agrees_with_the_rule_for_every_reason_and_requester(
             assert many == one, (scope, requester)
             seen.update(one.values())
     assert REASONS | {None} <= seen, sorted(REASONS - seen)
+
+
+def test_the_sweep_deletes_exactly_the_records_with_a_permanent_reason(
+        conn: psycopg.Connection) -> None:
+    _world(conn)
+    permanent = {r[0] for r in conn.execute(
+        "select reason from memory_private.invalid_reasons where permanent")}
+    assert permanent == {"bot_replaced", "source_removed", "source_expired", "source_edited",
+                         "forgotten"}
+    reasons = dict(conn.execute(
+        "select v.record_id, v.reason from memory_private.scopes s cross join lateral "
+        "memory_private.invalid_records(s.workspace_id, s.scope_id, array(select record_id "
+        "from memory_private.records r where r.scope_id = s.scope_id), null) v").fetchall())
+    doomed = {k for k, v in reasons.items() if v in permanent}
+    assert doomed and len(doomed) < len(reasons)
+    conn.execute("select memory_private.purge_permanently_invalid('ws1')")
+    left = {r[0] for r in conn.execute("select record_id from memory_private.records")}
+    assert left == set(reasons) - doomed
 
 
 def test_first_valid_records_keeps_the_order_and_the_limit(conn: psycopg.Connection) -> None:

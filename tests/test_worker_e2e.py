@@ -187,7 +187,7 @@ def test_oversize_reply_fails_before_anything_is_stored(
     finished_conversation(conn)
     model.mode = "oversize"  # 2,100 characters but 4,200 UTF-8 bytes
     result = make_worker(db_dsn, openai_adapter(model)).tick()
-    assert result.status == "failed" and result.detail == "reply_invalid"
+    assert result.status == "failed" and result.detail == "output_refused"
     assert_nothing_written(conn)
     assert [a["outcome"] for a in attempts(conn)] == ["failed"]
 

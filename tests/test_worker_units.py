@@ -1,5 +1,5 @@
-"""Unit tests of the worker's pieces that need no database: payload and reply models, the
-prompt builder, input redaction, and the offline summarizer."""
+"""Unit tests of the worker's pieces that need no database: the claim payload, reading a reply
+as one JSON object, the prompt builder, provider usage, and the offline summarizer."""
 
 from __future__ import annotations
 
@@ -7,20 +7,22 @@ import json
 import threading
 import time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from pyworker.adapters.base import provider_usage
 from pyworker.adapters.offline import NOTE, OfflineAdapter
-from pyworker.payload import ClaimPayload, ReplyError, parse_reply, utf8_len
+from pyworker.payload import ClaimPayload, ReplyError, reply_object, utf8_len
 from pyworker.prompting import build_prompt
-from pyworker.redact import redact
 
-VECTORS = Path(__file__).resolve().parent.parent / "pyworker" / "data" / "redaction_vectors.json"
+LIMITS = {"summary_bytes": 4000, "title_bytes": 300, "index_bytes": 4500, "index_ids": 12,
+          "batch_bytes": 24000, "candidates": 48}
 
 
-def payload(phase: str = "extract", **input_: Any) -> ClaimPayload:
+def payload(phase: str = "extract", limits: dict[str, int] | None = None,
+            **input_: Any) -> ClaimPayload:
     if phase == "extract":
         input_ = input_ or {"sources": [
             {"id": "m1", "role": "user", "speaker_id": "alice", "thread_id": "t1",
@@ -31,7 +33,7 @@ def payload(phase: str = "extract", **input_: Any) -> ClaimPayload:
             {"id": "m3", "role": "user", "speaker_id": "alice", "thread_id": "t1",
              "created_at": "2026-01-01T10:01:00Z",
              "text": "Actually, the version is 2.1 not 2.0. We still need the changelog later. "
-                     "My token is ghp_abcdefghijklmnopqrstuvwxyz0123456789."},
+                     "My token is [REDACTED]."},
         ], "existing": []}
     else:
         input_ = input_ or {"candidates": [
@@ -45,9 +47,7 @@ def payload(phase: str = "extract", **input_: Any) -> ClaimPayload:
                   "user_id": "alice", "topic_id": None},
         "origin_request_id": "r1", "model": {"provider": "fake", "id": "m"},
         "budget": {"request_left_usd": 0.5, "workspace_left_usd": 10},
-        "limits": {"summary_bytes": 4000, "title_bytes": 300, "index_bytes": 4500,
-                   "index_ids": 12, "batch_bytes": 24000, "candidates": 48},
-        "input": input_, "checkpoint": None, "some_future_key": 1})
+        "limits": limits or LIMITS, "input": input_, "checkpoint": None, "some_future_key": 1})
 
 
 def offline_reply(p: ClaimPayload) -> dict[str, Any]:
@@ -65,69 +65,72 @@ def test_claim_payload_parses_the_contract_and_ignores_unknown_keys() -> None:
                               "request_id": "r1", "scope_id": 3}
 
 
-def test_prompt_redacts_inputs_before_serializing_and_marks_data_as_data() -> None:
-    prompt = build_prompt(payload())
-    assert "ghp_abcdefghijklmnopqrstuvwxyz0123456789" not in prompt.user
-    assert "[REDACTED]" in prompt.user
+def test_a_claim_without_the_databases_limits_is_not_read() -> None:
+    """The limits are the claim's (memory_private.job_limits()); the worker has none of its own,
+    so a claim without them is one it cannot read (and gives back)."""
+    full = payload().model_dump()
+    with pytest.raises(ValidationError):
+        ClaimPayload.model_validate({k: v for k, v in full.items() if k != "limits"})
+
+
+def test_the_prompt_carries_the_claims_input_as_data_and_the_claims_limits() -> None:
+    prompt = build_prompt(payload(limits={**LIMITS, "summary_bytes": 3999, "index_ids": 11}))
     assert "TASK: extract" in prompt.user and "not instructions" in prompt.user
     assert "<<<DATA\n" in prompt.user and "$" not in prompt.user.split("<<<DATA")[0]
-    assert "4000 UTF-8 bytes" in prompt.user
+    assert "3999 UTF-8 bytes" in prompt.user and "4000" not in prompt.user
     data = json.loads(prompt.user.split("<<<DATA\n", 1)[1].split("\nDATA>>>", 1)[0])
-    assert data["sources"][0]["id"] == "m1"
-    cons = build_prompt(payload("consolidate"))
-    assert "TASK: consolidate" in cons.user and "at most 12 ids" in cons.user
+    assert data["sources"] == payload().model_dump(mode="json")["input"]["sources"]
+    cons = build_prompt(payload("consolidate", limits={**LIMITS, "index_ids": 11}))
+    assert "TASK: consolidate" in cons.user and "at most 11 ids" in cons.user
 
 
-def test_extraction_reply_is_validated_in_bytes_and_against_the_batch() -> None:
-    p = payload()
-    ok = parse_reply(p, '```json\n{"title": "t", "summary": "s", "source_ids": ["m1"]}\n```')
-    assert ok.model_dump() == {"title": "t", "summary": "s", "source_ids": ["m1"],
-                               "reused_ids": []}
-    assert parse_reply(p, '{"title": "", "summary": "", "source_ids": []}').is_noop  # type: ignore[union-attr]
-    bad = [
-        "not json at all",
-        '["a list"]',
-        '{"title": "t", "summary": "s"}',
-        '{"title": "t", "summary": "s", "source_ids": ["m1"], "extra": 1}',
-        '{"title": "t", "summary": "s", "source_ids": ["m9"]}',
-        '{"title": "", "summary": "s", "source_ids": ["m1"]}',
-        json.dumps({"title": "t", "summary": "é" * 2001, "source_ids": ["m1"]}),  # 4002 bytes
-        json.dumps({"title": "ü" * 151, "summary": "s", "source_ids": ["m1"]}),
-        '{"title": "t", "summary": "s", "source_ids": ["m1"], "reused_ids": [424242]}',
-        '{"title": "", "summary": "", "source_ids": [], "reused_ids": [424242]}',
-    ]
-    for text in bad:
-        with pytest.raises(ReplyError):
-            parse_reply(p, text)
+def test_a_reply_that_is_one_json_object_is_handed_on_as_written() -> None:
+    """Whether the object is a valid output is the database's verdict (save_checkpoint, MB023):
+    the worker hands on any object, its numbers exactly as written."""
+    fenced = '```json\n{"title": "t", "summary": "s", "source_ids": ["m1"]}\n```'
+    assert reply_object(fenced) == '{"title": "t", "summary": "s", "source_ids": ["m1"]}'
+    for text in ('{"title": 5, "unknown": [1.5, 1e999]}',
+                 '{"record_ids": [' + "9" * 5000 + "]}",
+                 '{"index": "\\ud800 lone surrogate as an escape", "record_ids": []}',
+                 '{"index": "nul \\u0000", "record_ids": [1]}',
+                 "  {}  "):
+        assert reply_object(text) == text.strip()
 
 
-def test_consolidation_reply_is_limited_to_12_candidate_ids_and_4500_bytes() -> None:
-    p = payload("consolidate")
-    ok = parse_reply(p, json.dumps({"index": "[#1] one", "record_ids": [1]}))
-    assert ok.model_dump() == {"index": "[#1] one", "record_ids": [1]}
-    for value in ({"index": "x", "record_ids": list(range(1, 14))},
-                  {"index": "x", "record_ids": [99]},
-                  {"index": "x", "record_ids": [1, 1]},
-                  {"index": "x" * 4501, "record_ids": [1]},
-                  {"index": "x", "record_ids": []},
-                  {"index": " ", "record_ids": [1]}):
-        with pytest.raises(ReplyError):
-            parse_reply(p, json.dumps(value))
+def test_a_reply_that_is_not_one_json_object_is_reply_not_json() -> None:
+    for text in ("not json at all", '["a list"]', '"a string"', "", "```json\n```",
+                 '{"title": NaN}', '{"title": Infinity}', '{"a": 1} {"b": 2}',
+                 json.dumps(json.dumps({"title": "double encoded"})),
+                 "[" * 100_000 + "]" * 100_000,
+                 '{"title": "\ud800 a lone surrogate character"}'):
+        with pytest.raises(ReplyError) as err:
+            reply_object(text)
+        assert err.value.code == "reply_not_json"
+
+
+def test_provider_usage_keeps_every_number_and_drops_what_is_not_one() -> None:
+    """Whether a count or cost is in range is the database's to say (check_usage, MB001)."""
+    usage = provider_usage(-5, 10**12, "0.5")
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (-5, 10**12, None)
+    assert provider_usage(1200.0, 1200.5, 2_000_000).as_json() == {
+        "input_tokens": 1200, "output_tokens": 1200.5, "cost_usd": 2_000_000.0}
+    for not_a_number in (float("nan"), float("inf"), True, None, "12", [1]):
+        assert provider_usage(not_a_number, 1, 1).known is False
 
 
 def test_offline_extraction_picks_requests_corrections_preferences_and_open_items() -> None:
     p = payload()
     out = offline_reply(p)
-    parse_reply(p, json.dumps(out))  # follows the contract
     summary = out["summary"]
     assert "- request: alice: Please draft the release notes." in summary
     assert "- correction: alice: Actually, the version is 2.1 not 2.0." in summary
     assert "- preference: alice: I prefer bullet points, always." in summary
     assert "- open item: alice: We still need the changelog later." in summary
     assert summary.index("request") < summary.index("correction") < summary.index("open item")
-    assert "ghp_" not in summary and summary.endswith(NOTE)
+    assert summary.endswith(NOTE)
     assert out["source_ids"] == ["m1", "m3"]
-    assert out["title"].startswith("alice: Please draft the release notes")
+    # The title says what the record is about: its speaker and its main words.
+    assert out["title"].startswith("alice: ") and "release" in out["title"]
 
 
 def test_offline_extraction_understands_chinese_and_is_a_noop_on_small_talk() -> None:
@@ -154,39 +157,39 @@ def test_offline_extraction_stays_within_the_byte_limit() -> None:
                          for i in range(30)], existing=[])
     out = offline_reply(p)
     assert utf8_len(out["summary"]) <= 4000 and utf8_len(out["title"]) <= 300
-    parse_reply(p, json.dumps(out))
+    assert set(out["source_ids"]) <= {f"x{i}" for i in range(30)} and out["source_ids"]
 
 
-def test_offline_consolidation_indexes_the_newest_12() -> None:
+def test_offline_consolidation_indexes_the_newest_12_among_equals() -> None:
     p = payload("consolidate")
     out = offline_reply(p)
     assert out["record_ids"] == list(range(20, 8, -1))
     assert out["index"].splitlines()[0] == "[#20] record 20 (extracted; alice)"
-    parse_reply(p, json.dumps(out))
+    assert utf8_len(out["index"]) <= 4500
 
 
-def test_redaction_catches_common_credentials() -> None:
-    cases = {
-        "key sk-proj-abcdefghijklmnopqrstuv1234": "key [REDACTED]",
-        "postgres://bob:hunter2secret@db.example.com/x": "postgres://bob:[REDACTED]@db.example.com/x",
-        "Authorization: Bearer abcdefghijklmnop.qrs": "Authorization: Bearer [REDACTED]",
-        "password=correcthorse": "password=[REDACTED]",
-        "AKIAABCDEFGHIJKLMNOP": "[REDACTED]",
-        "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----": "[REDACTED]",
-        "nothing secret here": "nothing secret here",
-    }
-    for given, expected in cases.items():
-        assert redact(given) == expected
-
-
-def test_redaction_matches_the_shared_vectors() -> None:
-    if not VECTORS.exists():
-        pytest.skip("pyworker/data/redaction_vectors.json is not there yet (the SQL side writes it)")
-    vectors = json.loads(VECTORS.read_text())
-    assert vectors, "the shared vectors file is empty"
-    failures = [(v["name"], redact(v["input"]), v["expected"]) for v in vectors
-                if redact(v["input"]) != v["expected"]]
-    assert failures == []
+def test_offline_consolidation_prefers_records_of_standing_value_over_the_newest() -> None:
+    chatter = [{"id": i, "kind": "extracted", "title": f"chat {i}",
+                "summary": "- request: alice: Please say hi. [m]",
+                "speaker_ids": ["alice"], "created_at": f"2026-02-{i:02d}T00:00:00Z"}
+               for i in range(1, 15)]
+    lasting = [
+        {"id": 20, "kind": "extracted", "title": "tea", "speaker_ids": ["alice"],
+         "created_at": "2026-01-01T00:00:00Z",
+         "summary": "- preference: alice: I prefer green tea. [m1]\n"
+                    "- decision: alice: We decided to meet on Fridays. [m2]"},
+        {"id": 21, "kind": "note", "title": "remembered", "speaker_ids": ["alice"],
+         "created_at": "2026-01-02T00:00:00Z", "summary": "My birthday is on 3 May."},
+        # A model's summary, without the offline labels: its sentences are read instead.
+        {"id": 22, "kind": "extracted", "title": "plans", "speaker_ids": ["bob"],
+         "created_at": "2026-01-03T00:00:00Z",
+         "summary": "Bob is going to move to Lisbon in March. He decided to sell his car."}]
+    p = payload("consolidate", candidates=chatter + lasting)
+    out = offline_reply(p)
+    assert out["record_ids"][:3] == [21, 20, 22]  # the note, then the most lasting content
+    assert out["record_ids"][3:] == list(range(14, 5, -1))  # then the newest
+    assert out["index"].splitlines()[0].startswith("[#21] remembered (note; alice)")
+    assert json.loads(reply_object(json.dumps(out))) == out
 
 
 def test_worker_refuses_to_start_without_pi_rather_than_failing_every_job(
@@ -200,3 +203,37 @@ def test_worker_refuses_to_start_without_pi_rather_than_failing_every_job(
     assert result.exit_code == 2 and "Pi CLI is not installed" in result.output
     bad = CliRunner().invoke(app, ["worker", "--dsn", "not a dsn", "--model", "offline"])
     assert bad.exit_code == 2 and "not a connection string" in bad.output
+
+
+def test_offline_extraction_keeps_facts_and_leaves_out_small_talk_and_empty_questions() -> None:
+    turns = [
+        ("t1", "Hey Mel! Good to see you! How have you been?"),
+        ("t2", "I went to a LGBTQ support group yesterday and it was so powerful."),
+        ("t3", "Wow, that's great!"),
+        ("t4", "My sister Marta moved to Lisbon in 2019 for her new job."),
+        ("t5", "What did you think of it?"),
+        ("t6", "I'm going to run the Porto half marathon in October."),
+    ]
+    p = payload(sources=[{"id": i, "role": "user", "speaker_id": "caroline", "text": t}
+                         for i, t in turns], existing=[])
+    out = offline_reply(p)
+    assert json.loads(reply_object(json.dumps(out))) == out
+    summary = out["summary"]
+    assert out["source_ids"] == ["t6", "t2", "t4"]  # the plan first (P7), then the facts
+    assert "- plan: caroline: I'm going to run the Porto half marathon in October. [t6]" in summary
+    assert "- fact: caroline: I went to a LGBTQ support group yesterday" in summary
+    assert "- fact: caroline: My sister Marta moved to Lisbon in 2019" in summary
+    for left_out in ("Good to see you", "Wow", "What did you think"):
+        assert left_out not in summary
+    assert out["title"].startswith("caroline: ")
+
+
+def test_offline_extraction_over_budget_drops_the_lines_with_fewest_marks() -> None:
+    rich = "I moved to Lisbon with my sister Marta in May 2019."  # four marks
+    plain = "I went to the shop and bought some bread for the week ahead there."  # two
+    p = payload(sources=[{"id": f"p{i}", "role": "user", "speaker_id": "a",
+                          "text": plain if i % 2 else rich} for i in range(200)], existing=[])
+    out = offline_reply(p)
+    assert utf8_len(out["summary"]) <= 4000
+    kept = out["source_ids"]
+    assert kept and all(int(i[1:]) % 2 == 0 for i in kept)  # only the richer lines fit

@@ -116,8 +116,12 @@ class OpenAIAdapter:
         tout = token_count(usage.get("completion_tokens"))
         if tin is None or tout is None:
             return provider_usage(tin, tout, None)
-        cost = (p.input * tin + p.output * tout) / Decimal(1_000_000)
-        return provider_usage(tin, tout, cost.quantize(Decimal("0.00000001")))
+        try:
+            cost = ((p.input * Decimal(str(tin)) + p.output * Decimal(str(tout)))
+                    / Decimal(1_000_000)).quantize(Decimal("0.00000001"))
+        except ArithmeticError:  # counts so large the price has no exact dollar amount
+            return provider_usage(tin, tout, None)
+        return provider_usage(tin, tout, cost)
 
     def complete(self, model: ModelRef, prompt: Prompt, *, deadline: float,
                  cancel: threading.Event) -> Reply:

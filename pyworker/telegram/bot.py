@@ -116,7 +116,7 @@ class MemoryBot:
         router.my_chat_member.register(self.on_my_chat_member)
         router.chat_member.register(self.on_chat_member)
         self.dispatcher.include_router(router)
-        self.tools = function_tools(self.memory.tool_definitions())
+        self.tools: list[dict[str, Any]] = []  # the database's tool definitions, at run()
         self.system_template = resources.files("pyworker").joinpath(
             "prompts", "telegram.txt").read_text()
         self.on_update_handled: Callable[[Update], None] | None = None  # tests, metrics
@@ -137,6 +137,7 @@ class MemoryBot:
         try:
             self.me = me = await self.bot.me()
             await self._db(self.memory.schema_version)
+            self.tools = function_tools(await self._db(self.memory.tool_definitions))
             event("telegram_started", bot=me.username, bot_user_id=me.id,
                   mode=self.settings.mode, model=self.settings.model.qualified)
             if self.settings.mode == "webhook":
