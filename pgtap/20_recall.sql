@@ -70,10 +70,11 @@ select is(memory.query_memories('wa', 'new-topic7', 'c1', '{"query": "zero"}') -
 -- Directory fallback while consolidation is pending; index when consolidated.
 select is(memory.recall('wa', 'new-alice') ->> 'mode', 'directory',
   'no consolidated index: a directory');
-update memory_private.scopes s set index_text = 'tea', index_record_ids = array[m.record_id],
-       index_candidate_ids = array[m.record_id], index_built_at = memory_private.clock_now(), consolidation_due_at = null
-  from made m where m.name = 'alice' and s.workspace_id = 'wa'
-   and s.scope_id = (select scope_id from memory.resolve_scope('wa', 'h-alice'));
+select memory_private.install_index('wa', s.scope_id, 'tea', array[m.record_id],
+                                    array[m.record_id], 'bot-id')
+  from made m, memory.resolve_scope('wa', 'h-alice') s where m.name = 'alice';
+update memory_private.scopes set consolidation_due_at = null
+ where workspace_id = 'wa' and scope_id = (select scope_id from memory.resolve_scope('wa', 'h-alice'));
 select memory.upsert_request('wa', 'new2-alice', 'bot', 'dm-alice', 0, 'alice', 'interactive',
                              'running', 'p', 'm', 1, 0, null);
 select is(memory.recall('wa', 'new2-alice') ->> 'index', 'tea', 'a consolidated index');

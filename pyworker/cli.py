@@ -228,6 +228,67 @@ def bench(
                   f"{len(missed)} target(s) missed", markup=False)
 
 
+@app.command("eval")
+def eval_(
+    paths: Annotated[list[Path], typer.Argument(
+        help="LoCoMo conversation files (JSON), or directories of them")],
+    model: Annotated[str, typer.Option(
+        "--model", help="offline (heuristic), replay (the dataset's session facts), pi or "
+        "openai")] = "offline",
+    variant: Annotated[str, typer.Option(
+        help="group (a group topic), private (a private chat) or both")] = "group",
+    dsn: Annotated[str | None, typer.Option(
+        "--dsn", help="a scratch database (superuser: the eval moves the memory clock); "
+        "default: a fresh pimem_eval database in the embedded PostgreSQL")] = None,
+    server: Annotated[str, typer.Option(
+        help="without --dsn: 'embedded' (.pimem/eval-pg) or 'local' (a throwaway cluster of "
+        "the machine's PostgreSQL binaries)")] = "embedded",
+    out: Annotated[Path, typer.Option(
+        help="where eval.json and eval.png go")] = Path("eval-results"),
+    model_ref: Annotated[str, typer.Option(
+        help="the provider/model the requests pin (for pi/openai)")] = "offline/heuristic",
+    questions: Annotated[int | None, typer.Option(
+        help="ask at most this many questions per conversation (default: all)")] = None,
+    pi_models: Annotated[Path | None, typer.Option(
+        help="models.json with custom Pi providers")] = None,
+    openai_base_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible base URL (openai adapter)")] = None,
+    plot: Annotated[bool, typer.Option(help="draw eval.png (needs matplotlib)")] = True,
+    judge: Annotated[str, typer.Option(
+        help="what a record's sources are: api (as query_memories and explain_record show "
+        "them) or citations (the ids its summary cites inline)")] = "api",
+) -> None:
+    """Measure whether recall finds what was said, on LoCoMo conversations (docs/quality.md)."""
+    from pyworker import evaluate, locomo, schema
+    from pyworker.adapters import AdapterUnavailable
+    from pyworker.payload import ModelRef
+
+    variants: list[locomo.Variant]
+    if variant == "both":
+        variants = list(locomo.VARIANTS)
+    elif variant in locomo.VARIANTS:
+        variants = [variant]  # type: ignore[list-item]
+    else:
+        raise typer.BadParameter("--variant is group, private or both")
+    if model not in evaluate.ADAPTERS:
+        raise typer.BadParameter(f"--model is one of {', '.join(evaluate.ADAPTERS)}")
+    provider, _, model_id = model_ref.partition("/")
+    if not provider or not model_id:
+        raise typer.BadParameter("--model-ref is provider/model")
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise typer.BadParameter(f"no such file or directory: {', '.join(missing)}")
+    try:
+        evaluate.run(paths, model, variants, dsn=dsn, server=server,
+                     data_dir=schema.ROOT / ".pimem" / "eval-pg",
+                     model=ModelRef(provider=provider, id=model_id), out_dir=out,
+                     console=console, max_questions=questions, pi_models=pi_models,
+                     openai_base_url=openai_base_url, plot=plot, judge=judge)
+    except (AdapterUnavailable, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def demo(
     dsn: Annotated[str | None, typer.Option(

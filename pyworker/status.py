@@ -223,3 +223,10 @@ def render_explain(data: dict[str, Any], console: Console) -> None:
                      str(s["retain_until"] or "-"), str(s["removed_at"] or "-"),
                      "yes" if s["tombstoned"] else "no")
     console.print(deps)
+    if data.get("lines"):
+        lines = Table(title="Which line of the summary cites which source", title_justify="left")
+        for col in ("line", "sources"):
+            lines.add_column(col)
+        for line in data["lines"]:
+            lines.add_row(str(line["line"]), ", ".join(str(i) for i in line["sources"]))
+        console.print(lines)

@@ -25,6 +25,8 @@ create table memory_private.scopes (
   index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
   index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
   index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
+  index_bot_identity text,
+  index_repositories text[],
   index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
@@ -35,6 +37,8 @@ create table memory_private.scopes (
       or (kind = 'shared' and user_id is null and topic_id is not null)),
   check ((index_text is null) = (index_record_ids is null)),
   check ((index_text is null) = (index_candidate_ids is null)),
+  check ((index_text is null) = (index_bot_identity is null)),
+  check ((index_text is null) = (index_repositories is null)),
   check (index_record_ids <@ index_candidate_ids)
 );
 comment on table memory_private.scopes is
@@ -45,6 +49,10 @@ comment on column memory_private.scopes.index_candidate_ids is
   'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
   'of them, so the index depends on all of them: a reader gets it only while every candidate is '
   'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scopes.index_bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scopes.index_repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
@@ -101,6 +109,20 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
+create table memory_private.record_line_sources (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  message_id text not null,
+  primary key (workspace_id, record_id, line_no, message_id),
+  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
+    on delete cascade
+);
+comment on table memory_private.record_line_sources is
+  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
+  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
+  'foreign key). query_memories shows first the sources of the lines a search found.';
+
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -132,6 +154,36 @@ create table memory_private.tombstones (
 comment on table memory_private.tombstones is
   'Content-free marks of forgotten sources. While the original message is retained, no record '
   'of the scope may depend on it and extraction never takes it again (T8).';
+
+create table memory_private.index_dependencies (
+  workspace_id text not null,
+  scope_id bigint not null,
+  message_id text not null,
+  content_hash text not null,
+  primary key (workspace_id, scope_id, message_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
+);
+comment on table memory_private.index_dependencies is
+  'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
+  'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
+  'with one look at each message. Written with the index, dropped with it.';
+
+create function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
+  select distinct l.n::integer, t.token
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
 
 -- Scope resolution -------------------------------------------------------------------------
 
@@ -378,38 +430,41 @@ $$;
 comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
 
-create function memory_private.record_reasons(p_workspace_id text, p_record_ids bigint[])
-  returns table (record_id bigint, reason text, message_id text)
+create function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
+) returns table (record_id bigint, reason text, message_id text)
   language sql stable
   as $$
   -- The bot replaced since the record was made ...
   select r.record_id, 'bot_replaced', null::text
     from memory_private.records r
-    join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = r.scope_id
-    join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and b.identity <> r.bot_identity
+     and r.bot_identity <> (select b.identity
+                              from memory_private.scopes s
+                              join memory_private.bots b
+                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
   union all
   -- ... and every dependency that is not current.
   select d.record_id, x.state, d.message_id
     from memory_private.record_dependencies d
-    join memory_private.records r on r.workspace_id = d.workspace_id and r.record_id = d.record_id
     join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
    cross join lateral (
      select memory_private.dependency_state(
               m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
-              exists (select 1 from memory_private.tombstones t
-                       where t.workspace_id = d.workspace_id and t.scope_id = r.scope_id
-                         and t.message_id = d.message_id),
-              memory_private.clock_now()) as state) x
+              t.message_id is not null, p_now) as state) x
    where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
      and x.state is not null
 $$;
-comment on function memory_private.record_reasons(text, bigint[]) is
-  'Every reason each given record fails whatever the reader: bot_replaced, and the state of each '
-  'dependency that is not current (removed, expired, edited, forgotten) with the message. A '
-  'record that fails none has no row. The retention sweep deletes the records with a permanent '
-  'one.';
+comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
+  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
+  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
+  'message. A record that fails none has no row. The retention sweep deletes the records with a '
+  'permanent one.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
@@ -419,10 +474,13 @@ create function memory_private.invalid_records(
 declare
   v_scope_reason text;
   v_reader text;
+  v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The scope's facts are read once; then one query decides every record of the set: the first
   -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
-  -- plans are cached for the session. Ids that are not records of the scope are not returned.
+  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
+  -- into that plan. Ids that are not records of the scope are not returned.
   select s.user_id into v_reader from memory_private.scopes s
    where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
   if not found then
@@ -430,33 +488,33 @@ begin
   end if;
   v_reader := coalesce(v_reader, p_requester);
   v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  v_ids := array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+                    and r.scope_id = p_scope_id);
   return query
-    with recs as materialized (
-      select r.record_id, r.repositories
-        from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-         and r.scope_id = p_scope_id
-    ), failing as (
+    with failing as materialized (
+      -- One pass over every record of the set (not one per record).
       select x.record_id, x.reason
-        from memory_private.record_reasons(p_workspace_id,
-               array(select recs.record_id from recs)) x
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
       union all
-      select recs.record_id, 'grant_revoked'
-        from recs
+      select r.record_id, 'grant_revoked'
+        from memory_private.records r
        where v_reader is not null
-         and exists (select 1 from unnest(recs.repositories) as repo(repository_id)
+         and r.workspace_id = p_workspace_id and r.record_id = any(v_ids)
+         and exists (select 1 from unnest(r.repositories) as repo(repository_id)
                       where not exists (select 1 from memory_private.repository_grants g
                                          where g.workspace_id = p_workspace_id
                                            and g.user_id = v_reader
                                            and g.repository_id = repo.repository_id))
     )
-    select recs.record_id,
-           coalesce(v_scope_reason,
-                    (select f.reason from failing f
-                       join memory_private.invalid_reasons ir on ir.reason = f.reason
-                      where f.record_id = recs.record_id
-                      order by ir.rank limit 1))
-      from recs;
+    , first as (
+      select distinct on (f.record_id) f.record_id, f.reason
+        from failing f join memory_private.invalid_reasons ir on ir.reason = f.reason
+       order by f.record_id, ir.rank
+    )
+    select i.id, coalesce(v_scope_reason, first.reason)
+      from unnest(v_ids) as i(id)
+      left join first on first.record_id = i.id;
 end
 $$;
 comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
@@ -467,6 +525,55 @@ comment on function memory_private.invalid_records(text, bigint, bigint[], text)
   'repository grant the reader lacks. One query for the whole set; every reader of records uses '
   'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
   'membership and grants are not checked.';
+
+create function memory_private.index_holds(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns boolean
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_reader text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The validity rule for every candidate of the scope's index at once, in the form the index
+  -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
+  -- what invalid_records would say of each candidate, without reading them one by one. A test
+  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found or v_scope.index_text is null then
+    return false;
+  end if;
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
+     and (select b.identity from memory_private.bots b
+           where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
+         = v_scope.index_bot_identity
+     and (v_reader is null
+          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.tombstones t
+                      join memory_private.index_dependencies d
+                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
+                       and d.message_id = t.message_id
+                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+     and not exists (select 1 from memory_private.index_dependencies d
+                      join memory_private.messages m
+                        on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                       and memory_private.dependency_state(m.removed_at, m.body is not null,
+                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                           is not null);
+end
+$$;
+comment on function memory_private.index_holds(text, bigint, text) is
+  'Whether the scope''s index may be given to the requester now: every record it was built from '
+  'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
+  'dependency current and not forgotten), checked from what the index kept when it was built.';
 
 create function memory_private.record_invalid_reason(
   p_record memory_private.records, p_requester text
@@ -519,7 +626,7 @@ begin
   select array_agg(x.reason order by ir.rank, x.message_id),
          array_agg(x.message_id || ' ' || x.reason order by ir.rank, x.message_id)
     into v_states, v_bad
-    from memory_private.record_reasons(p_workspace_id, array[p_record_id]) x
+    from memory_private.record_reasons(p_workspace_id, v_record.scope_id, array[p_record_id]) x
     join memory_private.invalid_reasons ir on ir.reason = x.reason
    where x.reason <> 'bot_replaced';
   return query select coalesce((select ir.rank from memory_private.invalid_reasons ir

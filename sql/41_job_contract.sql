@@ -239,6 +239,17 @@ begin
     raise exception 'title or summary is over its byte limit once credentials are redacted'
       using errcode = 'MB023';
   end if;
+  -- A line cites the sources it rests on ([m1] or [m1, m2]): a message of the batch cited on a
+  -- line must be one of source_ids.
+  select count(distinct c.message_id)::text into v_bad
+    from memory_private.line_citations(
+           v_summary, array(select s ->> 'id'
+                              from jsonb_array_elements(p_job.input -> 'sources') s)) c
+   where c.message_id <> all (v_ids);
+  if v_bad <> '0' then
+    raise exception '% message id(s) cited in the summary are not among source_ids', v_bad
+      using errcode = 'MB023';
+  end if;
   return jsonb_build_object('title', v_title, 'summary', v_summary,
                             'source_ids', to_jsonb(v_ids), 'reused_ids', to_jsonb(v_reused));
 end
@@ -247,7 +258,8 @@ comment on function memory_private.validate_extraction(memory_private.jobs, json
   'Validates an extraction output and returns it redacted and normalized; raises MB023. '
   '{"title", "summary", "source_ids", "reused_ids"?}: all empty = no-op; title and summary '
   'within their byte limits (also after redaction); source ids within the batch, kept in the '
-  'order given, each once; reused ids among the memories shown with the batch (P6, P8).';
+  'order given, each once; every batch message a summary line cites ([m1]) among them; reused '
+  'ids among the memories shown with the batch (P6, P8).';
 
 create function memory_private.validate_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb

@@ -334,9 +334,19 @@ begin
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
    where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
   returning record_id into v_record_id;
+  -- The sources in the order the summary uses them: by the first line that cites each, then
+  -- those no line cites, in the order the output listed them.
   insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, c.id, c.n::integer
-    from unnest(v_cited) with ordinality as c(id, n);
+  select p_job.workspace_id, v_record_id, o.id,
+         row_number() over (order by o.first_line nulls last, o.n)
+    from (select c.id, c.n,
+                 (select min(l.line_no)
+                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
+                   where l.message_id = c.id) as first_line
+            from unnest(v_cited) with ordinality as c(id, n)) o;
+  insert into memory_private.record_line_sources (workspace_id, record_id, line_no, message_id)
+  select p_job.workspace_id, v_record_id, l.line_no, l.message_id
+    from memory_private.line_citations(p_output ->> 'summary', v_cited) l;
   insert into memory_private.record_dependencies
     (workspace_id, record_id, message_id, content_hash, via)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
@@ -355,6 +365,40 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
   'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
   'scope due for consolidation. Returns the record id and the counts.';
 
+create function memory_private.install_index(
+  p_workspace_id text, p_scope_id bigint, p_text text, p_record_ids bigint[],
+  p_candidate_ids bigint[], p_bot_identity text
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- The index text may speak of any candidate the model saw: it depends on all of them, and
+  -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
+  -- checks it in one pass (memory_private.index_holds).
+  update memory_private.scopes
+     set index_text = p_text, index_record_ids = p_record_ids,
+         index_candidate_ids = p_candidate_ids, index_built_at = memory_private.clock_now(),
+         index_bot_identity = p_bot_identity,
+         index_repositories = array(select distinct x from memory_private.records r,
+                                                          unnest(r.repositories) as x
+                                     where r.workspace_id = p_workspace_id
+                                       and r.record_id = any(p_candidate_ids) order by 1)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  delete from memory_private.index_dependencies
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  insert into memory_private.index_dependencies
+    (workspace_id, scope_id, message_id, content_hash)
+  select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash
+    from memory_private.record_dependencies d
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_candidate_ids)
+   order by d.message_id;
+end
+$$;
+comment on function memory_private.install_index(text, bigint, text, bigint[], bigint[], text) is
+  'Makes p_text the scope''s index, naming p_record_ids and built from p_candidate_ids under '
+  'the bot identity p_bot_identity: the candidates, their repositories and their dependencies '
+  '(memory_private.index_dependencies) are kept with it.';
+
 create function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
   language plpgsql volatile
@@ -372,11 +416,11 @@ begin
                                 p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
                       order by x)
                  <> array(select x from unnest(v_candidates) x order by x);
-  -- The index text may speak of any candidate the model saw: it depends on all of them.
+  perform memory_private.install_index(p_job.workspace_id, p_job.scope_id,
+                                       p_output ->> 'index', v_ids, v_candidates,
+                                       p_job.input ->> 'bot_identity');
   update memory_private.scopes
-     set index_text = p_output ->> 'index', index_record_ids = v_ids,
-         index_candidate_ids = v_candidates, index_built_at = v_now,
-         consolidation_due_at = case when v_still_due
+     set consolidation_due_at = case when v_still_due
                                      then coalesce(consolidation_due_at, v_now) end
    where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
   return jsonb_build_object('index_record_ids', to_jsonb(v_ids),

@@ -306,7 +306,10 @@ begin
         and j.phase = 'consolidate' and j.status = 'pending';
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null
+           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
+           index_repositories = null
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    delete from memory_private.index_dependencies
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
   end if;

@@ -5,7 +5,7 @@
 -- to eight records), labelled as historical reference data. What it gave is frozen for the
 -- request: a later call returns the same content, minus every record that stopped being valid
 -- since, and without the index text once any record it was built from did (R3).
--- memory.query_memories browses or literally searches the valid records of the request's scope;
+-- memory.query_memories browses or searches (48_search.sql) the valid records of the request's scope;
 -- the sources of the records it returns make the request's citation set, and usage is counted
 -- once per tool call id (R4-R7). Every read decides validity from current facts with
 -- memory_private.record_invalid_reason (V6), through its set form memory_private.invalid_records
@@ -64,6 +64,7 @@ create table memory_private.tool_calls (
   authority text check (authority in ('scope_user', 'participant', 'admin')),
   outcome jsonb,
   record_ids bigint[] not null default '{}',
+  source_ids text[] not null default '{}',
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   updated_at timestamptz not null,
@@ -76,8 +77,11 @@ comment on table memory_private.tool_calls is
   'counted once (R7) and a manage_memory change is applied once (C9). Content-free: the '
   'arguments are kept as a hash only, the outcome names ids and says what happened.';
 comment on column memory_private.tool_calls.record_ids is
-  'query_memories: every record the call (and its replays) returned; their first 20 sources are '
-  'the citations it authorized (memory.request_citations). manage_memory: the record concerned.';
+  'query_memories: every record the call (and its replays) returned (the answer''s provenance). '
+  'manage_memory: the record concerned.';
+comment on column memory_private.tool_calls.source_ids is
+  'query_memories: every source id the call (and its replays) showed: the citations it '
+  'authorized while the records that showed them stay valid (memory.request_citations).';
 comment on column memory_private.tool_calls.dependency_ids is
   'query_memories: the dependencies (message ids) of returned records that were deleted since, '
   'copied by memory_private.delete_records: with the dependencies of the records still there, '
@@ -387,12 +391,8 @@ begin
   else
     if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
       -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them (one set validation).
-      v_basis := array(select v.record_id
-                         from memory_private.invalid_records(p_workspace_id, v_scope.scope_id,
-                                v_scope.index_candidate_ids, v_request.user_id) v
-                        where v.reason is null);
-      if v_scope.index_candidate_ids <@ v_basis then
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
         v_mode := 'index';
         v_index := v_scope.index_text;
         v_ids := v_scope.index_record_ids;
@@ -439,6 +439,84 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
+create function memory_private.matching_lines(p_summary text, p_query text) returns integer[]
+  language sql stable
+  as $$
+  -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
+  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams).
+  select coalesce(array_agg(l.n::integer order by l.n), '{}')
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   where p_query is not null
+     and (strpos(lower(l.line), lower(p_query)) > 0
+          or memory_private.text_document(l.line) @@ any(memory_private.search_terms(p_query)))
+$$;
+comment on function memory_private.matching_lines(text, text) is
+  'The numbers of the summary lines a query_memories search finds (literal or by its words).';
+
+create function memory_private.shown_sources(
+  p_workspace_id text, p_record_ids bigint[], p_query text
+) returns table (record_id bigint, source_ids text[], total integer)
+  language sql stable
+  as $$
+  -- Each record's sources in the order its summary uses them; for a search, those cited by the
+  -- lines the query finds (literally, or by one of its words) come first. The first
+  -- shown_sources of them are shown (R5).
+  select r.record_id,
+         (array(select rs.message_id
+                  from memory_private.record_sources rs
+                  left join lateral (
+                    select min(l.line_no) as line_no
+                      from memory_private.record_line_sources l
+                     where l.workspace_id = rs.workspace_id and l.record_id = rs.record_id
+                       and l.message_id = rs.message_id
+                       and l.line_no = any(memory_private.matching_lines(r.summary, p_query))
+                  ) hit on true
+                 where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
+                 order by hit.line_no nulls last, rs.position))
+           [1:(memory_private.policy()).shown_sources],
+         (select count(*)::integer from memory_private.record_sources rs
+           where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+$$;
+comment on function memory_private.shown_sources(text, bigint[], text) is
+  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
+  'order the summary uses them, the sources of the lines a search query finds first, and how '
+  'many sources the record has.';
+
+create function memory_private.query_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  p_record_id bigint, out ids bigint[], out matches jsonb
+)
+  language plpgsql stable
+  as $$
+begin
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only, validated set-wise.
+  matches := '{}';
+  if p_query is not null and p_record_id is null then
+    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
+           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
+      into ids, matches
+      from memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                         p_query)
+             with ordinality as s(record_id, match, pos);
+  else
+    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                               p_requester, p_query, p_record_id);
+    if p_query is not null then
+      matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
+                    from unnest(ids) x);
+    end if;
+  end if;
+end
+$$;
+comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
+  'The records a query_memories call returns, in order, with how each matched (literal, words, '
+  'fuzzy; none when browsing): a search (memory_private.search_records), the newest valid ones, '
+  'or one by id.';
+
 create function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
 ) returns jsonb
@@ -456,6 +534,8 @@ declare
   v_first boolean;
   v_ids bigint[];
   v_records jsonb;
+  v_matches jsonb := '{}';
+  v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
   v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
@@ -484,36 +564,31 @@ begin
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
 
-  -- Browse (newest first) or literal, case-insensitive substring search; valid records only,
-  -- validated set-wise a page at a time.
-  v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                               v_request.user_id, v_query, v_id);
+  select q.ids, q.matches into v_ids, v_matches
+    from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                      v_request.user_id, v_query, v_id) q;
 
-  -- The shown records' sources, in the order their summaries use them: the first 20 of each
-  -- are shown (R5) and make the citations the call authorizes (R6, memory.request_citations).
-  with per_record as materialized (
-    select rs.record_id,
-           jsonb_agg(rs.message_id order by rs.position)
-             filter (where rs.position <= (memory_private.policy()).shown_sources)
-             as source_ids,
-           count(*) as total
-      from memory_private.record_sources rs
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(v_ids)
-     group by rs.record_id
+  -- The shown records with their sources (R5): what the call shows makes the citations it
+  -- authorizes (R6, memory.request_citations).
+  with shown as materialized (
+    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    coalesce(d.source_ids, '[]'::jsonb), coalesce(d.total, 0))
-                  order by f.pos), '[]'::jsonb)
-    into v_records
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0))
+                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
+                  order by f.pos), '[]'::jsonb),
+         (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
+    into v_records, v_shown
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join per_record d on d.record_id = f.record_id;
+    left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
   -- the tool call; a replay adds what it returned.
   update memory_private.tool_calls
      set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+         source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
          updated_at = v_now
    where workspace_id = p_workspace_id and request_id = p_request_id
      and tool_call_id = p_tool_call_id;
@@ -536,14 +611,16 @@ end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
   'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches titles and summaries for the literal, case-insensitive query, among the '
-  'records of the request''s scope that are valid now; at most limit (1..12, default 12). Each '
-  'result has title, summary, speaker ids, thread ids, up to 20 source ids (the messages its '
-  'summary cites, in the order it uses them), the source count and overflow, and dates (R4, '
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids (the messages its summary cites, in the order it uses them), the source count and '
+  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
   'R5). The source ids join the request''s citation set (R6); the returned records are the '
-  'request''s provenance (T2). Usage is '
-  'counted once per tool call id; a replay re-reads current state (R7, C9). MB003 when the id '
-  'was used with other arguments; MB005 for a scheduled request.';
+  'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
+  'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
 -- Citations ------------------------------------------------------------------------------------
 
@@ -581,15 +658,17 @@ begin
       from valid
       join memory_private.record_sources rs
         on rs.workspace_id = p_workspace_id and rs.record_id = valid.record_id
-     where rs.position <= (memory_private.policy()).shown_sources
+     where rs.message_id in (select unnest(c.source_ids) from memory_private.tool_calls c
+                              where c.workspace_id = p_workspace_id
+                                and c.request_id = p_request_id
+                                and c.tool = 'query_memories')
      order by 1;
 end
 $$;
 comment on function memory.request_citations(text, text) is
-  'The request''s authorized citation set (R6): the source ids query_memories showed it (the '
-  'first 20 sources of each record it returned) whose record still exists and is valid now for '
-  'the requester, so every one of them is retained, unchanged and not forgotten. A record '
-  'forgotten, purged or pruned since authorizes nothing.';
+  'The request''s authorized citation set (R6): the source ids query_memories showed it whose '
+  'record still exists and is valid now for the requester, so every one of them is retained, '
+  'unchanged and not forgotten. A record forgotten, purged or pruned since authorizes nothing.';
 
 revoke all on function
   memory.recall(text, text),

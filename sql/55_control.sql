@@ -174,9 +174,18 @@ begin
            index_candidate_ids = case when s.index_candidate_ids && t.ids then null
                                       else s.index_candidate_ids end,
            index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end
+                                 else s.index_built_at end,
+           index_bot_identity = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_bot_identity end,
+           index_repositories = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_repositories end
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning s.scope_id, s.index_text is null as dropped
+  ), unkept as (
+    delete from memory_private.index_dependencies d
+     using marked
+     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
     returning 1
   )
   select count(*) into v_deleted from gone;

@@ -121,12 +121,13 @@ begin
   -- it was made from.
   v_ids := array(
     select distinct x.record_id
-      from memory_private.record_reasons(
-             p_workspace_id,
+      from memory_private.scopes s
+     cross join lateral memory_private.record_reasons(
+             s.workspace_id, s.scope_id,
              array(select r.record_id from memory_private.records r
-                    where r.workspace_id = p_workspace_id)) x
+                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
       join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
+     where s.workspace_id = p_workspace_id and ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -163,8 +164,11 @@ begin
    where j.workspace_id = p_workspace_id and j.input ? 'sources'
      and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                   where e ->> 'id' = any (v_gone) and e ? 'hash');
-  -- Extraction markers record the hash the message had.
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
    where workspace_id = p_workspace_id and message_id = any (v_gone);
   update memory_private.messages set scrub_pending = false
    where workspace_id = p_workspace_id and message_id = any (v_gone);

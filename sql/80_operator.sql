@@ -497,6 +497,16 @@ begin
                                where rs.workspace_id = p_workspace_id
                                  and rs.record_id = p_record_id
                                order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.record_line_sources l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                 and rs.message_id = l.message_id
+               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
+               group by l.line_no) x), '[]'),
     -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
     -- state by the rule (memory_private.dependency_state).
     'dependencies', coalesce((
@@ -526,7 +536,7 @@ comment on function memory.explain_record(text, bigint, text) is
   'every check in the order the rule applies them (recall on, bot '
   'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order) and every dependency (the messages it was made from: via cited, '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';

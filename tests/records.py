@@ -96,3 +96,22 @@ def sweep(conn: psycopg.Connection, ws: str) -> dict[str, int]:
 
 def advance(conn: psycopg.Connection, interval: str) -> None:
     conn.execute("select memory_private.advance_clock(%s::interval)", (interval,))
+
+
+def set_index(conn: psycopg.Connection, ws: str, request: str, record_ids: list[int],
+              text: str = "INDEX: tea and planning", *, due: bool = False,
+              candidates: list[int] | None = None) -> None:
+    """A consolidated index for the scope of ``request``, as write_index leaves it
+    (memory_private.install_index): naming ``record_ids``, built from ``candidates`` (by default
+    just the records it names) under the bot's current identity."""
+    scope = scope_of(conn, ws, request)
+    conn.execute(
+        """select memory_private.install_index(%s, %s, %s, %s, %s,
+                  (select b.identity from memory_private.scopes s
+                     join memory_private.bots b using (workspace_id, bot_id)
+                    where s.workspace_id = %s and s.scope_id = %s))""",
+        (ws, scope, text, record_ids, candidates if candidates is not None else record_ids,
+         ws, scope))
+    conn.execute("update memory_private.scopes set consolidation_due_at = case when %s then "
+                 "memory_private.clock_now() end where workspace_id = %s and scope_id = %s",
+                 (due, ws, scope))

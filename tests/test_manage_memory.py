@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.test_recall import ids, make_record, manage, query, recall, scope_id, set_index
+from tests.records import scope_id, set_index
+from tests.test_recall import ids, make_record, manage, query, recall
 
 PHRASINGS: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "manage_phrasings.json").read_text())

@@ -156,9 +156,8 @@ def test_scope_and_workspace_status_count_records_by_reason_index_age_and_tombst
     w.message("ws1", "r2-u", "r2", "user", "alice", "note 2, edited")
     w.remove("ws1", "r3-u")
     scope = value(conn, "select scope_id from memory_private.records where record_id = %s", ok)
-    conn.execute("update memory_private.scopes set index_text = '- x', index_record_ids = %s, "
-                 "index_candidate_ids = %s, index_built_at = memory_private.clock_now() "
-                 "where scope_id = %s", ([ok], [ok], scope))
+    conn.execute("select memory_private.install_index('ws1', %s, '- x', %s, %s, 'bot1-identity')",
+                 (scope, [ok], [ok]))
     conn.execute("insert into memory_private.tombstones values ('ws1', %s, 'r3-a', now())",
                  (scope,))
     advance(conn, "2 hours")

@@ -521,3 +521,42 @@ def test_an_answers_provenance_outlives_the_records_it_was_shown(
     assert citations(conn, "ws1", "q2") == [], "a record gone authorizes nothing"
     w.remove("ws1", "h-u")
     assert sweep(conn, "ws1")["answers_erased"] == 2
+
+
+@pytest.mark.parametrize("change", ["none", "recall_disabled", "bot_inactive", "bot_replaced",
+                                    "group_unlinked", "membership", "source_removed",
+                                    "source_expired", "source_edited", "forgotten",
+                                    "grant_revoked"])
+def test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader(
+        conn: psycopg.Connection, change: str) -> None:
+    w, named, other = index_world(conn)
+    scope = scope_of(conn, "ws1", "r1")
+    if change == "recall_disabled":
+        conn.execute("update memory_private.scopes set recall_enabled = false")
+    elif change == "bot_inactive":
+        w.bot("ws1", "bot1", active=False)
+    elif change == "bot_replaced":
+        w.bot("ws1", "bot1", identity="a-new-identity")
+    elif change == "group_unlinked":
+        w.group_chat("ws1", "grp", linked=False)
+    elif change == "membership":
+        w.member("ws1", "alice", "owner", active=False)
+    elif change == "source_removed":
+        w.remove("ws1", "o2")
+    elif change == "source_expired":
+        w.message("ws1", "o2", "r2", "assistant", "bot1", "Noted.",
+                  retain_until=datetime.now(UTC) + timedelta(hours=1))
+        advance(conn, "2 hours")
+    elif change == "source_edited":
+        w.message("ws1", "n1", "r1", "user", "alice", "We ship on Monday.")
+    elif change == "forgotten":
+        conn.execute("insert into memory_private.tombstones values ('ws1', %s, 'o1', "
+                     "memory_private.clock_now())", (scope,))
+    elif change == "grant_revoked":
+        w.grant("ws1", "alice", "repo-x", granted=False)
+    for reader in (None, "alice", "bob", "carol", "dave"):
+        valid = {r[0] for r in conn.execute(
+            "select record_id from memory_private.invalid_records('ws1', %s, %s, %s) "
+            "where reason is null", (scope, [named, other], reader))}
+        holds = value(conn, "select memory_private.index_holds('ws1', %s, %s)", scope, reader)
+        assert holds == (valid == {named, other}), (change, reader)

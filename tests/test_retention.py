@@ -8,7 +8,14 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.records import advance, invalid_reason, make_record, record_exists, sweep
+from tests.records import (
+    advance,
+    invalid_reason,
+    make_record,
+    record_exists,
+    set_index,
+    sweep,
+)
 
 
 @pytest.fixture
@@ -109,8 +116,7 @@ def test_a_workspace_keeps_at_most_256_records_least_recently_used_go_first(
 def test_an_index_naming_a_deleted_record_is_dropped(conn: psycopg.Connection,
                                                       world: World) -> None:
     rec = make_record(conn, "ws1", "r1", ["r1-u"])
-    conn.execute("update memory_private.scopes set index_text = 'tea', index_record_ids = %s, "
-                 "index_candidate_ids = %s", ([rec], [rec]))
+    set_index(conn, "ws1", "r1", [rec], "tea")
     world.remove("ws1", "r1-u")
     sweep(conn, "ws1")
     row = conn.execute("select index_text, index_record_ids, consolidation_due_at is not null "

@@ -10,7 +10,7 @@ from pathlib import Path
 from pyworker import schema
 
 DEFINES = re.compile(r"^create (?:function|view|table|type) ((?:memory|memory_private)\.\w+)",
-                     re.M)
+                     re.MULTILINE)
 USES = re.compile(r"\b((?:memory|memory_private)\.\w+)\s*\(")
 REQUIREMENT = re.compile(r"\b([BVPRCTX]\d{1,2})\b")
 LONG = 100  # lines; a longer function says why above it (a comment starting "Long:")
@@ -18,7 +18,7 @@ LONG = 100  # lines; a longer function says why above it (a comment starting "Lo
 
 def _code(text: str) -> str:
     """The SQL without its comments and the text of COMMENT ON statements."""
-    text = re.sub(r"^comment on .*?';\n", "", text, flags=re.M | re.S)
+    text = re.sub(r"^comment on .*?';\n", "", text, flags=re.MULTILINE | re.DOTALL)
     return re.sub(r"--[^\n]*", "", text)
 
 
@@ -49,7 +49,7 @@ def test_no_function_is_longer_than_a_hundred_lines_without_a_reason() -> None:
     long = []
     for path in schema.canonical_files():
         text = path.read_text()
-        for m in re.finditer(r"^create function (\S+?)\(", text, re.M):
+        for m in re.finditer(r"^create function (\S+?)\(", text, re.MULTILINE):
             body_end = text.index("$$;", text.index("as $$", m.start()) + 5)
             lines = text.count("\n", m.start(), body_end) + 1
             before = text[:m.start()].rstrip("\n").rsplit("\n\n", 1)[-1]

@@ -129,7 +129,8 @@ def test_offline_extraction_picks_requests_corrections_preferences_and_open_item
     assert summary.index("request") < summary.index("correction") < summary.index("open item")
     assert summary.endswith(NOTE)
     assert out["source_ids"] == ["m1", "m3"]
-    assert out["title"].startswith("alice: Please draft the release notes")
+    # The title says what the record is about: its speaker and its main words.
+    assert out["title"].startswith("alice: ") and "release" in out["title"]
 
 
 def test_offline_extraction_understands_chinese_and_is_a_noop_on_small_talk() -> None:
@@ -159,12 +160,36 @@ def test_offline_extraction_stays_within_the_byte_limit() -> None:
     assert set(out["source_ids"]) <= {f"x{i}" for i in range(30)} and out["source_ids"]
 
 
-def test_offline_consolidation_indexes_the_newest_12() -> None:
+def test_offline_consolidation_indexes_the_newest_12_among_equals() -> None:
     p = payload("consolidate")
     out = offline_reply(p)
     assert out["record_ids"] == list(range(20, 8, -1))
     assert out["index"].splitlines()[0] == "[#20] record 20 (extracted; alice)"
     assert utf8_len(out["index"]) <= 4500
+
+
+def test_offline_consolidation_prefers_records_of_standing_value_over_the_newest() -> None:
+    chatter = [{"id": i, "kind": "extracted", "title": f"chat {i}",
+                "summary": "- request: alice: Please say hi. [m]",
+                "speaker_ids": ["alice"], "created_at": f"2026-02-{i:02d}T00:00:00Z"}
+               for i in range(1, 15)]
+    lasting = [
+        {"id": 20, "kind": "extracted", "title": "tea", "speaker_ids": ["alice"],
+         "created_at": "2026-01-01T00:00:00Z",
+         "summary": "- preference: alice: I prefer green tea. [m1]\n"
+                    "- decision: alice: We decided to meet on Fridays. [m2]"},
+        {"id": 21, "kind": "note", "title": "remembered", "speaker_ids": ["alice"],
+         "created_at": "2026-01-02T00:00:00Z", "summary": "My birthday is on 3 May."},
+        # A model's summary, without the offline labels: its sentences are read instead.
+        {"id": 22, "kind": "extracted", "title": "plans", "speaker_ids": ["bob"],
+         "created_at": "2026-01-03T00:00:00Z",
+         "summary": "Bob is going to move to Lisbon in March. He decided to sell his car."}]
+    p = payload("consolidate", candidates=chatter + lasting)
+    out = offline_reply(p)
+    assert out["record_ids"][:3] == [21, 20, 22]  # the note, then the most lasting content
+    assert out["record_ids"][3:] == list(range(14, 5, -1))  # then the newest
+    assert out["index"].splitlines()[0].startswith("[#21] remembered (note; alice)")
+    assert json.loads(reply_object(json.dumps(out))) == out
 
 
 def test_worker_refuses_to_start_without_pi_rather_than_failing_every_job(
@@ -178,3 +203,37 @@ def test_worker_refuses_to_start_without_pi_rather_than_failing_every_job(
     assert result.exit_code == 2 and "Pi CLI is not installed" in result.output
     bad = CliRunner().invoke(app, ["worker", "--dsn", "not a dsn", "--model", "offline"])
     assert bad.exit_code == 2 and "not a connection string" in bad.output
+
+
+def test_offline_extraction_keeps_facts_and_leaves_out_small_talk_and_empty_questions() -> None:
+    turns = [
+        ("t1", "Hey Mel! Good to see you! How have you been?"),
+        ("t2", "I went to a LGBTQ support group yesterday and it was so powerful."),
+        ("t3", "Wow, that's great!"),
+        ("t4", "My sister Marta moved to Lisbon in 2019 for her new job."),
+        ("t5", "What did you think of it?"),
+        ("t6", "I'm going to run the Porto half marathon in October."),
+    ]
+    p = payload(sources=[{"id": i, "role": "user", "speaker_id": "caroline", "text": t}
+                         for i, t in turns], existing=[])
+    out = offline_reply(p)
+    assert json.loads(reply_object(json.dumps(out))) == out
+    summary = out["summary"]
+    assert out["source_ids"] == ["t6", "t2", "t4"]  # the plan first (P7), then the facts
+    assert "- plan: caroline: I'm going to run the Porto half marathon in October. [t6]" in summary
+    assert "- fact: caroline: I went to a LGBTQ support group yesterday" in summary
+    assert "- fact: caroline: My sister Marta moved to Lisbon in 2019" in summary
+    for left_out in ("Good to see you", "Wow", "What did you think"):
+        assert left_out not in summary
+    assert out["title"].startswith("caroline: ")
+
+
+def test_offline_extraction_over_budget_drops_the_lines_with_fewest_marks() -> None:
+    rich = "I moved to Lisbon with my sister Marta in May 2019."  # four marks
+    plain = "I went to the shop and bought some bread for the week ahead there."  # two
+    p = payload(sources=[{"id": f"p{i}", "role": "user", "speaker_id": "a",
+                          "text": plain if i % 2 else rich} for i in range(200)], existing=[])
+    out = offline_reply(p)
+    assert utf8_len(out["summary"]) <= 4000
+    kept = out["source_ids"]
+    assert kept and all(int(i[1:]) % 2 == 0 for i in kept)  # only the richer lines fit

@@ -193,8 +193,12 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                                          {"query": data.SEARCH_TERM}, f"qs{width}")
                 browse = db.measure_query(conn, pairs, max(20, profile.query_samples // 4), {},
                                           f"qb{width}")
+                question = db.measure_query(conn, pairs, max(20, profile.query_samples // 4),
+                                            {"query": data.QUESTION}, f"qq{width}")
                 if query.get("status") == "ok":
                     query["browse"] = {"floor": browse["floor"], "query": browse["query"]}
+                    query["question"] = {"floor": question["floor"], "query": question["query"],
+                                         "args": question["args"]}
                 result["recall"][str(width)] = recall
                 result["query"][str(width)] = query
             result["dataset"]["consistency"] = data.check_consistency(conn)
@@ -437,6 +441,9 @@ def markdown(result: Section) -> str:
             row(f"query_memories search '{q['args'].get('query')}'", width, q["query"], q["floor"])
             if "browse" in q:
                 row("query_memories browse", width, q["browse"]["query"], q["browse"]["floor"])
+            if "question" in q:
+                row(f"query_memories search '{q['question']['args']['query']}' (ranked words)",
+                    width, q["question"]["query"], q["question"]["floor"])
         else:
             lines.append(f"| query_memories | {width} | {q.get('reason')} | | | | | | |")
     ing = result.get("ingest", {})

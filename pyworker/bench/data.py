@@ -32,6 +32,8 @@ WIDE_RECORD_EVERY = 16      # every 16th record depends on 24 messages
 WIDE_RECORD_SOURCES = 24
 REPO_RECORD_EVERY = 8       # every 8th record drew on repository "repo-docs"
 SEARCH_TERM = "kubernetes"  # appears in every 16th record (16 of 256): a literal search hit
+# A question passed whole, as a model would: no literal match, found by its words (ranked).
+QUESTION = "What did we decide about the billing export and its open items?"
 USERS = ("u1", "u2", "u3")
 
 _TOPICS = [
@@ -151,7 +153,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                       "repositories", "created_at"), []),
         "scopes": Copy("scopes", ("workspace_id", "scope_id", "kind", "bot_id", "chat_id",
                                   "user_id", "topic_id", "index_text", "index_record_ids",
-                                  "index_candidate_ids", "index_built_at", "created_at"), []),
+                                  "index_candidate_ids", "index_bot_identity",
+                                  "index_repositories", "index_built_at", "created_at"), []),
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
                                     "bot_identity", "origin_request_id", "created_at"), []),
@@ -239,7 +242,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                  "u1" if kind == "private" else None,
                                  None if kind == "private" else 0,
                                  index_text, [r[1] for r in newest],
-                                 [r[1] for r in candidates], now, start))
+                                 [r[1] for r in candidates], "b1-identity",
+                                 sorted({x for r in candidates for x in r[8]}),  # type: ignore[attr-defined]
+                                 now, start))
 
     with conn.transaction():
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
@@ -248,6 +253,26 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                      "requests", "messages", "scopes", "records", "record_sources",
                      "record_dependencies"):
             _copy(conn, tables[name])
+        # What each index rests on, as the consolidation that built it keeps it.
+        conn.execute(
+            """insert into memory_private.index_dependencies
+                 (workspace_id, scope_id, message_id, content_hash)
+               select distinct on (s.workspace_id, s.scope_id, d.message_id)
+                      s.workspace_id, s.scope_id, d.message_id, d.content_hash
+                 from memory_private.scopes s
+                 join memory_private.record_dependencies d
+                   on d.workspace_id = s.workspace_id and d.record_id = any(s.index_candidate_ids)
+                where s.workspace_id = any(%s)
+                order by s.workspace_id, s.scope_id, d.message_id""",
+            ([r[0] for r in tables["workspaces"].rows],))
+        # The records' search documents, which a trigger writes when triggers are on.
+        conn.execute(
+            """insert into memory_private.record_documents
+                 (workspace_id, record_id, scope_id, created_at, document)
+               select workspace_id, record_id, scope_id, created_at,
+                      memory_private.search_document(title, summary)
+                 from memory_private.records where workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
     return len(tables["records"].rows)
 
 

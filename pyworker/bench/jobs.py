@@ -214,7 +214,7 @@ def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
 
 def measure(dsn: str, *, jobs: int, peer_jobs: int) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        missing = [s for s in ("memory.claim_job(text)", "memory.commit_job(text,bigint,uuid)",
+        missing = [s for s in ("memory.claim_job(text)", "memory.commit_job(text,bigint,text)",
                                "memory.run_maintenance(text)") if not has_function(conn, s)]
     if missing:
         return not_available(f"the job machinery is not in the schema yet: {', '.join(missing)}")

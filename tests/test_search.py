@@ -1,0 +1,135 @@
+"""query_memories' ranked search (sql/48_search.sql): literal matches first, then the query's
+words over the stored document (stemmed English, language-neutral otherwise, CJK bigrams), then
+typo and partial-word matches through pg_trgm; every result says how it matched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.factory import World
+from tests.test_recall import ids, make_record, query
+
+
+@pytest.fixture
+def w(conn: psycopg.Connection) -> World:
+    """Alice's private chat with a running request "live" that searches."""
+    world = World(conn)
+    world.basic()
+    world.request("ws1", "live", chat="dm-alice", user="alice", status="running")
+    return world
+
+
+def add(conn: psycopg.Connection, w: World, key: str, title: str, summary: str) -> int:
+    u, _ = w.conversation("ws1", f"h-{key}", chat="dm-alice", user="alice", user_text=key)
+    return make_record(conn, "ws1", f"h-{key}", [u], title=title, summary=summary)
+
+
+def matched(answer: dict[str, Any]) -> list[tuple[int, str | None]]:
+    return [(r["id"], r["match"]) for r in answer["records"]]
+
+
+def test_literal_matches_come_first_then_ranked_words_then_fuzzy(
+        conn: psycopg.Connection, w: World) -> None:
+    literal = add(conn, w, "lit", "Deploy", "the file helm chartz.yaml is wrong")
+    in_title = add(conn, w, "title", "Helm", "upgrade notes for the cluster")
+    in_summary = add(conn, w, "summary", "Deploys", "we use helm for every deploy")
+    similar = add(conn, w, "fuzzy", "Reviews", "weekly charts review with bob")
+    add(conn, w, "none", "Lunch", "the lunch menu changed")
+    answer = query(conn, "ws1", "live", "q1", {"query": "Helm chartz"})
+    # The title outweighs the summary (in_summary is newer); the typo finds "charts".
+    assert matched(answer) == [(literal, "literal"), (in_title, "words"),
+                               (in_summary, "words"), (similar, "fuzzy")]
+    # The limit holds across the stages, in the same order.
+    assert matched(query(conn, "ws1", "live", "q2", {"query": "Helm chartz", "limit": 2})) == [
+        (literal, "literal"), (in_title, "words")]
+    # Browsing matches nothing: match is null.
+    assert {r["match"] for r in query(conn, "ws1", "live", "q3", {})["records"]} == {None}
+
+
+def test_a_record_holding_more_of_the_rarer_words_ranks_first(
+        conn: psycopg.Connection, w: World) -> None:
+    add(conn, w, "a", "Caroline", "Caroline talked about her week and her plans")
+    answer_record = add(conn, w, "b", "Weekend", "Caroline researched adoption agencies")
+    add(conn, w, "c", "Caroline again", "Caroline said hello")
+    answer = query(conn, "ws1", "live", "q1", {"query": "What did Caroline research?"})
+    assert matched(answer)[0] == (answer_record, "words")
+    assert len(answer["records"]) == 3  # the query's words are OR-ed
+
+
+def test_english_is_stemmed_and_other_languages_match_as_written(
+        conn: psycopg.Connection, w: World) -> None:
+    painting = add(conn, w, "en", "Hobby", "Melanie is painting a sunrise over the lake")
+    german = add(conn, w, "de", "Umzug", "Wir haben die Wohnung in Berlin gekündigt")
+    assert matched(query(conn, "ws1", "live", "q1", {"query": "who paints sunrises?"})) == [
+        (painting, "words")]
+    assert matched(query(conn, "ws1", "live", "q2", {"query": "Vertrag Wohnung gekündigt"})) == [
+        (german, "words")]
+    # No German stemmer: an inflected form is not the same word, but it is a similar one.
+    assert matched(query(conn, "ws1", "live", "q3", {"query": "Wohnungen"})) == [
+        (german, "fuzzy")]
+
+
+def test_a_chinese_word_of_two_characters_is_found_inside_a_sentence(
+        conn: psycopg.Connection, w: World) -> None:
+    coffee = add(conn, w, "zh", "饮料", "我喜欢喝咖啡，每天早上一杯")
+    add(conn, w, "tea", "饮料", "她每天喝绿茶")
+    # PostgreSQL's own parser makes the clause one token: a word search alone would miss it.
+    row = conn.execute("select to_tsvector('simple', '我喜欢喝咖啡') @@ '咖啡'::tsquery, "
+                       "document @@ '咖啡'::tsquery from memory_private.record_documents "
+                       "where record_id = %s", (coffee,)).fetchone()
+    assert row == (False, True)
+    assert matched(query(conn, "ws1", "live", "q1", {"query": "咖啡"})) == [(coffee, "literal")]
+    # Not a substring: found by its character pairs (你喜 喜欢 欢咖 咖啡 啡吗).
+    assert matched(query(conn, "ws1", "live", "q2", {"query": "你喜欢咖啡吗"})) == [
+        (coffee, "words")]
+    assert ids(query(conn, "ws1", "live", "q3", {"query": "牛奶"})) == []
+
+
+def test_stop_words_alone_find_nothing(conn: psycopg.Connection, w: World) -> None:
+    add(conn, w, "a", "Notes", "what is the plan for the day")
+    assert ids(query(conn, "ws1", "live", "q1", {"query": "was it the"})) == []
+
+
+def test_a_query_that_looks_like_tsquery_syntax_is_only_text(
+        conn: psycopg.Connection, w: World) -> None:
+    rec = add(conn, w, "a", "Odd", "o'brien wrote a\\b & c | d ! e:* (f)")
+    for i, q in enumerate(["o'brien", "a\\b & c", "!e:* | (f", "''", "\\", ":*", "&|!()"]):
+        answer = query(conn, "ws1", "live", f"q{i}", {"query": q})
+        assert set(ids(answer)) <= {rec}, q
+    assert matched(query(conn, "ws1", "live", "q9", {"query": "brien"})) == [(rec, "literal")]
+
+
+def test_ranked_matches_skip_records_that_are_not_valid_now(
+        conn: psycopg.Connection, w: World) -> None:
+    gone = add(conn, w, "gone", "Helm", "helm notes")
+    kept = add(conn, w, "kept", "Deploys", "we use helm")
+    w.remove("ws1", "h-gone-u")
+    assert matched(query(conn, "ws1", "live", "q1", {"query": "helm chart"})) == [
+        (kept, "words")]
+    assert gone not in ids(query(conn, "ws1", "live", "q2", {"query": "helmm"}))
+
+
+def test_pg_trgm_is_installed_and_reached_by_its_schema(conn: psycopg.Connection) -> None:
+    row = conn.execute(
+        "select n.nspname, memory_private.trgm_word_similarity('kube', 'kubernetes cluster') "
+        "from pg_extension e join pg_namespace n on n.oid = e.extnamespace "
+        "where e.extname = 'pg_trgm'").fetchone()
+    assert row is not None and row[1] == pytest.approx(0.8)
+    # Reached by name: a search_path without the extension's schema still finds it.
+    conn.execute("set search_path = pg_catalog")
+    assert conn.execute("select memory_private.trgm_word_similarity('kube', 'kube')"
+                        ).fetchone() == (1.0,)
+
+
+def test_a_long_query_searches_its_first_32_words(conn: psycopg.Connection, w: World) -> None:
+    early = add(conn, w, "early", "Alpha", "the word alpha")
+    late = add(conn, w, "late", "Omega", "the word omega")
+    words = ["alpha"] + [f"filler{i}" for i in range(40)] + ["omega"]
+    terms = conn.execute("select memory_private.search_terms(%s)", (" ".join(words),)).fetchone()
+    assert terms is not None and len(terms[0]) == 32
+    assert matched(query(conn, "ws1", "live", "q1", {"query": " ".join(words)})) == [
+        (early, "words")]
+    assert late in ids(query(conn, "ws1", "live", "q2", {"query": "omega"}))
