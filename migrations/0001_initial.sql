@@ -3872,7 +3872,6 @@ create index record_documents_scope_idx
 
 create function memory_private.cjk_bigrams(p_text text) returns text
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
   -- Every run of Han, kana or Hangul characters as its overlapping two-character pairs (a run
   -- of one character as itself), separated by blanks: 我喜欢喝咖啡 -> 我喜 喜欢 欢喝 喝咖 咖啡.
@@ -3925,7 +3924,6 @@ comment on function memory_private.search_document(text, text) is
 
 create function memory_private.index_record() returns trigger
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   insert into memory_private.record_documents
@@ -3951,7 +3949,6 @@ create trigger records_index_record
 create function memory_private.lexeme_query(p_lexeme text, p_weight text default '')
   returns tsquery
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
   select ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''' || p_weight)
            ::tsquery
@@ -3963,7 +3960,6 @@ comment on function memory_private.lexeme_query(text, text) is
 create function memory_private.search_terms(p_query text, p_weight text default '')
   returns tsquery[]
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
   -- One term per distinct word of the query, English stop words left out: the word as written
   -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
@@ -3995,7 +3991,6 @@ comment on function memory_private.search_terms(text, text) is
 
 create function memory_private.fuzzy_words(p_query text) returns text[]
   language sql immutable strict parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
   -- The query's words of three characters or more that are not English stop words, as written
   -- (case-folded): what typo and partial-word matching compares. The first 32 in the query's
@@ -4018,7 +4013,6 @@ create function memory_private.search_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text
 ) returns table (record_id bigint, match text)
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_literal bigint[];

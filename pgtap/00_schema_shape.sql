@@ -2,7 +2,7 @@
 -- Reference tables (global configuration, no tenant data; Citus reference tables, see
 -- docs/scaling.md) are listed by name: clock, redaction_patterns, invalid_reasons.
 begin;
-select plan(9);
+select plan(10);
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
@@ -39,6 +39,13 @@ select is_empty($$
    where n.nspname in ('memory', 'memory_private') and p.prosecdef
      and not exists (select 1 from unnest(p.proconfig) c where c like 'search_path=pg_catalog%')
 $$, 'every SECURITY DEFINER function pins search_path starting with pg_catalog');
+
+select is_empty($$
+  select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+   where n.nspname in ('memory', 'memory_private') and not p.prosecdef
+     and exists (select 1 from unnest(p.proconfig) c where c like 'search_path=%')
+$$, 'no other function sets search_path: it runs under its caller''s, qualifies every name, '
+    'and a plain SQL helper stays inlinable');
 
 select is_empty($$
   select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
