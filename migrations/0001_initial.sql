@@ -101,7 +101,7 @@ create type memory_private.policy_values as (
   max_claims integer,          -- P13: model calls per unchanged input
   lease interval,              -- P12
   failure_backoff interval,    -- P13
-  error_bytes integer,         -- the bound of a stored failure text
+  error_chars integer,         -- the bound of a stored failure text, in characters
   -- recall and tools (R2, R4, R5)
   directory_records integer,   -- R2
   directory_summary_chars integer,  -- a directory entry shows this much of a summary
@@ -139,7 +139,7 @@ create function memory_private.policy() returns memory_private.policy_values
     3,                      -- max_claims
     interval '2 minutes',   -- lease
     interval '1 hour',      -- failure_backoff
-    2000,                   -- error_bytes
+    2000,                   -- error_chars
     8,                      -- directory_records
     300,                    -- directory_summary_chars
     12,                     -- query_limit
@@ -1527,7 +1527,8 @@ begin
   -- The validity rule for every candidate of the scope's index at once, in the form the index
   -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
   -- what invalid_records would say of each candidate, without reading them one by one. A test
-  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  -- keeps the two equal for every reason (tests/test_provenance.py,
+  -- test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader).
   select * into v_scope from memory_private.scopes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
   if not found or v_scope.index_text is null then
@@ -2284,7 +2285,7 @@ declare
 begin
   update memory_private.jobs
      set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_chars), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
          finished_at = case when p_status in ('stopped', 'superseded') then v_now end,
@@ -2722,10 +2723,13 @@ create function memory_private.validate_output(p_job memory_private.jobs, p_outp
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract: {"title", "summary", "source_ids", "reused_ids"?} (all empty = no-op; title <= 300 '
-  'and summary <= 4,000 UTF-8 bytes; source ids within the batch, kept in the order given; '
-  'reused ids among the memories shown with the batch). consolidate: {"index", "record_ids"} (index '
-  'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
+  'extract (memory_private.validate_extraction): {"title", "summary", "source_ids", '
+  '"reused_ids"?} (all empty = no-op; title and summary within the policy''s byte limits; '
+  'source ids within the batch, kept in the order given; a batch id cited in a summary line''s '
+  'brackets must be among them; reused ids among the memories shown with the batch). '
+  'consolidate (memory_private.validate_index): {"index", "record_ids"} (index non-empty, within '
+  'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
+  'records). No other keys. The limits are memory_private.policy()''s.';
 
 create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
@@ -6622,7 +6626,7 @@ begin
           v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
           v_now,
           left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_bytes),
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
           v_now, v_now)
   returning job_id into v_new;
   update memory_private.jobs

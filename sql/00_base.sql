@@ -95,7 +95,7 @@ create type memory_private.policy_values as (
   max_claims integer,          -- P13: model calls per unchanged input
   lease interval,              -- P12
   failure_backoff interval,    -- P13
-  error_bytes integer,         -- the bound of a stored failure text
+  error_chars integer,         -- the bound of a stored failure text, in characters
   -- recall and tools (R2, R4, R5)
   directory_records integer,   -- R2
   directory_summary_chars integer,  -- a directory entry shows this much of a summary
@@ -133,7 +133,7 @@ create function memory_private.policy() returns memory_private.policy_values
     3,                      -- max_claims
     interval '2 minutes',   -- lease
     interval '1 hour',      -- failure_backoff
-    2000,                   -- error_bytes
+    2000,                   -- error_chars
     8,                      -- directory_records
     300,                    -- directory_summary_chars
     12,                     -- query_limit

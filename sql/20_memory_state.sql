@@ -539,7 +539,8 @@ begin
   -- The validity rule for every candidate of the scope's index at once, in the form the index
   -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
   -- what invalid_records would say of each candidate, without reading them one by one. A test
-  -- keeps the two equal for every reason (tests/test_validity_set.py).
+  -- keeps the two equal for every reason (tests/test_provenance.py,
+  -- test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader).
   select * into v_scope from memory_private.scopes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
   if not found or v_scope.index_text is null then

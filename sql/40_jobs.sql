@@ -448,7 +448,7 @@ declare
 begin
   update memory_private.jobs
      set status = p_status, worker_id = null, lease_expires_at = null,
-         last_error = coalesce(left(p_error, (memory_private.policy()).error_bytes), last_error),
+         last_error = coalesce(left(p_error, (memory_private.policy()).error_chars), last_error),
          next_attempt_at = coalesce(p_next_attempt_at, next_attempt_at),
          checkpoint = case when p_status = 'pending' then checkpoint end,
          finished_at = case when p_status in ('stopped', 'superseded') then v_now end,

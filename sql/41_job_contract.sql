@@ -332,10 +332,13 @@ create function memory_private.validate_output(p_job memory_private.jobs, p_outp
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract: {"title", "summary", "source_ids", "reused_ids"?} (all empty = no-op; title <= 300 '
-  'and summary <= 4,000 UTF-8 bytes; source ids within the batch, kept in the order given; '
-  'reused ids among the memories shown with the batch). consolidate: {"index", "record_ids"} (index '
-  'non-empty, <= 4,500 bytes; 1 to 12 distinct ids among the candidates). No other keys.';
+  'extract (memory_private.validate_extraction): {"title", "summary", "source_ids", '
+  '"reused_ids"?} (all empty = no-op; title and summary within the policy''s byte limits; '
+  'source ids within the batch, kept in the order given; a batch id cited in a summary line''s '
+  'brackets must be among them; reused ids among the memories shown with the batch). '
+  'consolidate (memory_private.validate_index): {"index", "record_ids"} (index non-empty, within '
+  'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
+  'records). No other keys. The limits are memory_private.policy()''s.';
 
 create function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
   language plpgsql stable

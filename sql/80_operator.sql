@@ -368,7 +368,7 @@ begin
           v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
           v_now,
           left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_bytes),
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
           v_now, v_now)
   returning job_id into v_new;
   update memory_private.jobs
