@@ -400,6 +400,8 @@ def _pct(value: float | None) -> str:
 def render(result: dict[str, Any], console: Console) -> None:
     """One table per variant (per category and overall), then one row per conversation."""
     for variant, cats in result["overall"].items():
+        if not cats:
+            continue  # no question asked (--questions 0)
         table = Table(title=f"pimem eval: {result['adapter']} adapter, {variant} variant, "
                             f"{len(result['conversations'])} conversation(s) (% of questions)")
         table.add_column("category")

@@ -193,26 +193,25 @@ def render(result: dict[str, Any], console: Console) -> None:
     runs = [r for r in result["runs"] if "provenance" in r]
     if not runs:
         return
-    table = Table(title=f"pimem eval --provenance: {result['adapter']} adapter (per record: "
-                        "mean/median/max; removal: records one message's removal invalidates)")
-    for col in ("conversation", "variant", "records", "dependencies", "sources", "shown",
-                "reused", "repeated", "messages", "undepended", "removal invalidates",
-                "first message", "checked"):
-        table.add_column(col, justify="left" if col in ("conversation", "variant") else "right")
+    table = Table(title=f"pimem eval --provenance, {result['adapter']} adapter: dependencies "
+                        "and sources per record (mean/median/max), records one message's "
+                        "removal invalidates")
+    for col in ("run", "records", "deps", "sources", "reused/repeated deps", "undepended msgs",
+                "removal invalidates", "first msg", "rule check"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+
+    def mmm(s: dict[str, float]) -> str:
+        return f"{s['mean']:g}/{s['median']:g}/{s['max']:g}"
+
     for r in runs:
         p = r["provenance"]
-
-        def mmm(s: dict[str, float]) -> str:
-            return f"{s['mean']:g}/{s['median']:g}/{s['max']:g}"
-
         first = p["first_message"] or {"invalidates": 0}
         ok = not p["mismatches"] and all(w["as_expected"] for w in p["worked_removals"])
-        table.add_row(r["conversation"], r["variant"], str(p["records"]),
+        via = p["dependencies_by_via"]
+        table.add_row(f"{r['conversation']} {r['variant']}", str(p["records"]),
                       mmm(p["dependencies_per_record"]), mmm(p["sources_per_record"]),
-                      mmm(p["sources_shown_per_record"]),
-                      f"{p['records_with_via']['reused']} rec",
-                      f"{p['records_with_via']['repeated']} rec",
-                      str(p["messages"]), str(p["messages_undepended"]),
+                      f"{via['reused']}/{via['repeated']}",
+                      f"{p['messages_undepended']} of {p['messages']}",
                       mmm(p["invalidated_by_removal"]),
                       f"{first['invalidates']} of {p['records_valid']}",
                       "ok" if ok else f"{len(p['mismatches'])} mismatch(es)")
