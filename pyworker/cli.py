@@ -257,6 +257,10 @@ def eval_(
     judge: Annotated[str, typer.Option(
         help="what a record's sources are: api (as query_memories and explain_record show "
         "them) or citations (the ids its summary cites inline)")] = "api",
+    provenance: Annotated[bool, typer.Option(
+        "--provenance", help="also measure what each record depends on and what removing "
+        "each message invalidates (removed in transactions rolled back; docs/retention.md)")
+    ] = False,
 ) -> None:
     """Measure whether recall finds what was said, on LoCoMo conversations (docs/quality.md)."""
     from pyworker import evaluate, locomo, schema
@@ -283,7 +287,8 @@ def eval_(
                      data_dir=schema.ROOT / ".pimem" / "eval-pg",
                      model=ModelRef(provider=provider, id=model_id), out_dir=out,
                      console=console, max_questions=questions, pi_models=pi_models,
-                     openai_base_url=openai_base_url, plot=plot, judge=judge)
+                     openai_base_url=openai_base_url, plot=plot, judge=judge,
+                     provenance=provenance)
     except (AdapterUnavailable, ValueError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

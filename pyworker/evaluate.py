@@ -34,7 +34,9 @@ Measures, per category and overall:
 and records (count, bytes, sources), the share of turns some record cites, jobs, and timings.
 Questions whose evidence names no turn of the conversation are left out and counted. Writes
 ``eval.json`` (everything, per question too), prints a table, and draws ``eval.png`` when
-matplotlib (the ``bench`` extra) is installed.
+matplotlib (the ``bench`` extra) is installed. With ``provenance`` (``--provenance``), each run
+also measures what its records depend on and what removing each message invalidates
+(:mod:`pyworker.provenance`, docs/retention.md), before the questions are asked.
 """
 
 from __future__ import annotations
@@ -274,8 +276,10 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
                           variant: locomo.Variant, adapter: Adapter, model: ModelRef,
                           progress: Progress | None = None,
                           max_questions: int | None = None,
-                          judge: str = "api") -> dict[str, Any]:
-    """Ingests one conversation in one variant and asks its questions; the result section."""
+                          judge: str = "api", provenance: bool = False) -> dict[str, Any]:
+    """Ingests one conversation in one variant and asks its questions; the result section
+    (with ``provenance``, also what each record depends on and what removing each message
+    invalidates: :mod:`pyworker.provenance`, measured before the questions)."""
     label = f"{conv.name} {variant}"
     task = progress.add_task(f"{label}: sessions", total=len(conv.sessions)) if progress else None
 
@@ -287,6 +291,14 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
                                           on_session=advance)
     layout = ingested.layout
     sources = record_sources(db, layout, judge)
+    measured: dict[str, Any] | None = None
+    if provenance:
+        from pyworker import provenance as prov
+
+        if progress is not None and task is not None:
+            progress.update(task, description=f"{label}: provenance")
+        cited = sources if judge == "citations" else record_sources(db, layout, "citations")
+        measured = prov.measure(db, dsn, layout, conv, cited)
     questions = [q for q in conv.questions if q.evidence][:max_questions]
     if progress is not None and task is not None:
         progress.update(task, description=f"{label}: questions", completed=0,
@@ -301,7 +313,7 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
     for j in jobs:
         key = f"{j['phase']} {j['status']}"
         statuses[key] = statuses.get(key, 0) + 1
-    return {
+    section: dict[str, Any] = {
         "conversation": conv.name, "variant": variant, "workspace": layout.workspace,
         "sessions": ingested.sessions, "requests": layout.requests, "messages": layout.messages,
         "questions_skipped_no_evidence": sum(1 for q in conv.questions if not q.evidence),
@@ -315,6 +327,9 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
         "scores": by_category(answers),
         "answers": [asdict(a) for a in answers],
     }
+    if measured is not None:
+        section["provenance"] = measured
+    return section
 
 
 def run(paths: Sequence[Path], adapter_name: str, variants: Sequence[locomo.Variant], *,
@@ -322,7 +337,7 @@ def run(paths: Sequence[Path], adapter_name: str, variants: Sequence[locomo.Vari
         model: ModelRef, out_dir: Path | None = None, console: Console | None = None,
         max_questions: int | None = None, pi_models: Path | None = None,
         openai_base_url: str | None = None, plot: bool = True,
-        judge: str = "api") -> dict[str, Any]:
+        judge: str = "api", provenance: bool = False) -> dict[str, Any]:
     """The whole eval; returns (and, with ``out_dir``, writes) the result."""
     console = console or Console()
     if adapter_name not in ADAPTERS:
@@ -347,7 +362,7 @@ def run(paths: Sequence[Path], adapter_name: str, variants: Sequence[locomo.Vari
                         for variant in variants:
                             section = evaluate_conversation(db, target, conv, variant, adapter,
                                                             model, progress, max_questions,
-                                                            judge)
+                                                            judge, provenance)
                             sections.append(section)
                             all_answers[variant].extend(Answer(**a)
                                                         for a in section["answers"])
@@ -366,6 +381,10 @@ def run(paths: Sequence[Path], adapter_name: str, variants: Sequence[locomo.Vari
         "runs": sections,
     }
     render(result, console)
+    if provenance:
+        from pyworker import provenance as prov
+
+        prov.render(result, console)
     if out_dir is not None:
         write(result, out_dir, console, plot=plot)
     return result
@@ -381,6 +400,8 @@ def _pct(value: float | None) -> str:
 def render(result: dict[str, Any], console: Console) -> None:
     """One table per variant (per category and overall), then one row per conversation."""
     for variant, cats in result["overall"].items():
+        if not cats:
+            continue  # no question asked (--questions 0)
         table = Table(title=f"pimem eval: {result['adapter']} adapter, {variant} variant, "
                             f"{len(result['conversations'])} conversation(s) (% of questions)")
         table.add_column("category")

@@ -443,12 +443,15 @@ create function memory_private.matching_lines(p_summary text, p_query text) retu
   language sql stable
   as $$
   -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
-  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams).
+  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams). The
+  -- query's terms are computed once, not once per line (offset 0 keeps the subquery from being
+  -- folded into the condition).
   select coalesce(array_agg(l.n::integer order by l.n), '{}')
-    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+    from (select memory_private.search_terms(p_query) as terms offset 0) q
+   cross join regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
    where p_query is not null
      and (strpos(lower(l.line), lower(p_query)) > 0
-          or memory_private.text_document(l.line) @@ any(memory_private.search_terms(p_query)))
+          or memory_private.text_document(l.line) @@ any(q.terms))
 $$;
 comment on function memory_private.matching_lines(text, text) is
   'The numbers of the summary lines a query_memories search finds (literal or by its words).';
@@ -461,6 +464,8 @@ create function memory_private.shown_sources(
   -- Each record's sources in the order its summary uses them; for a search, those cited by the
   -- lines the query finds (literally, or by one of its words) come first. The first
   -- shown_sources of them are shown (R5).
+  -- The lines the query finds are computed once per record, not once per source (offset 0
+  -- keeps the lateral subquery from being folded into its uses).
   select r.record_id,
          (array(select rs.message_id
                   from memory_private.record_sources rs
@@ -469,7 +474,7 @@ create function memory_private.shown_sources(
                       from memory_private.record_line_sources l
                      where l.workspace_id = rs.workspace_id and l.record_id = rs.record_id
                        and l.message_id = rs.message_id
-                       and l.line_no = any(memory_private.matching_lines(r.summary, p_query))
+                       and l.line_no = any(m.lines)
                   ) hit on true
                  where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
                  order by hit.line_no nulls last, rs.position))
@@ -477,6 +482,8 @@ create function memory_private.shown_sources(
          (select count(*)::integer from memory_private.record_sources rs
            where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
     from memory_private.records r
+   cross join lateral (select memory_private.matching_lines(r.summary, p_query) as lines
+                        offset 0) m
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
 $$;
 comment on function memory_private.shown_sources(text, bigint[], text) is

@@ -117,12 +117,13 @@ def test_the_command_runs_the_offline_model_and_says_when_it_cannot_plot(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["eval", str(MINI), "--dsn", db_dsn, "--out", str(out),
-                                      "--questions", "4"])
+                                      "--questions", "4", "--provenance"])
     assert result.exit_code == 0, result.output
-    assert "needs matplotlib" in result.output
+    assert "needs matplotlib" in result.output and "--provenance" in result.output
     saved = json.loads((out / "eval.json").read_text())
     assert saved["adapter"] == "offline" and saved["judge"] == "api"
     assert saved["runs"][0]["scores"]["overall"]["questions"] == 4
+    assert saved["runs"][0]["provenance"]["mismatches"] == []
     bad = CliRunner().invoke(app, ["eval", str(MINI), "--dsn", db_dsn, "--variant", "dm"])
     assert bad.exit_code != 0 and "group, private or both" in bad.output
 
@@ -143,3 +144,47 @@ def test_the_eval_runs_a_model_adapter_through_the_worker(
     # The fake cites every source of its batch: every questioned turn is covered.
     assert run["scores"]["overall"]["coverage"] == 1.0
     assert result["model"] == "fake/m"
+
+
+def test_provenance_counts_match_removing_each_message_for_real(db_dsn: str,
+                                                                tmp_path: Path) -> None:
+    import psycopg
+
+    result = evaluate.run([MINI], "offline", ["group"], dsn=db_dsn, data_dir=tmp_path,
+                          model=MODEL, console=quiet(), max_questions=0, plot=False,
+                          provenance=True)
+    [run] = result["runs"]
+    p = run["provenance"]
+    ws = run["workspace"]
+    assert p["mismatches"] == [] and all(w["as_expected"] for w in p["worked_removals"])
+    # 16 turns, each with the bot's stand-in reply; the offline summaries cite turns only.
+    assert p["messages"] == 32 and p["messages_by_kind"]["reply"]["undepended"] == 16
+    assert p["records"] == p["records_valid"] == 3 and p["sources_are_cited_ids"] == 3
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "select message_id, array_agg(record_id order by record_id) "
+            "from memory_private.record_dependencies where workspace_id = %s group by 1",
+            (ws,)).fetchall()
+        status = conn.execute("select sum(dependencies), sum(sources) from memory.record_status "
+                              "where workspace_id = %s", (ws,)).fetchone()
+        assert status is not None
+        assert p["dependencies_per_record"]["mean"] == pytest.approx(int(status[0]) / 3, abs=0.01)
+        assert p["sources_per_record"]["mean"] == pytest.approx(int(status[1]) / 3, abs=0.01)
+        assert p["invalidated_by_message"] == {m: list(ids) for m, ids in rows}
+        assert p["messages_undepended"] == 32 - len(rows)
+        assert sum(p["invalidated_histogram"].values()) == 32
+        # Removing for real (committed) agrees: an undepended turn changes nothing; the turn
+        # the report says invalidates a record makes exactly that record go at maintenance.
+        free = next(w["message_id"] for w in p["worked_removals"] if not w["expected"])
+        held, [gone] = next(iter(p["invalidated_by_message"].items()))
+        conn.execute("select memory.remove_message(%s, %s)", (ws, free))
+        conn.execute("select memory.run_maintenance(%s)", (ws,))
+        left = {r[0] for r in conn.execute(
+            "select record_id from memory.record_status where workspace_id = %s and valid",
+            (ws,))}
+        assert len(left) == 3
+        conn.execute("select memory.remove_message(%s, %s)", (ws, held))
+        conn.execute("select memory.run_maintenance(%s)", (ws,))
+        after = {r[0] for r in conn.execute(
+            "select record_id from memory.record_status where workspace_id = %s", (ws,))}
+        assert after == left - {gone}
