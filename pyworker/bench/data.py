@@ -163,6 +163,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         "record_dependencies": Copy("record_dependencies", ("workspace_id", "record_id",
                                                             "message_id", "content_hash", "via"),
                                     []),
+        "record_line_sources": Copy("record_line_sources", ("workspace_id", "record_id",
+                                                            "line_no", "message_id"), []),
     }
     scope_ids = _ids(conn, "scopes", "scope_id", len(indexes))
     record_ids = _ids(conn, "records", "record_id", len(indexes) * RECORDS_PER_WORKSPACE)
@@ -221,7 +223,10 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                 parts.append(f"It also touches the {SEARCH_TERM} cluster upgrade.")
             while sum(len(p) + 1 for p in parts) < 400 + (j * 37) % 900:
                 parts.append(rng.choice(_FILLER))
-            summary = " ".join(parts)
+            # One line per sentence, each citing a source in brackets as an extraction does
+            # (line-level citations): the search reads the lines its query finds.
+            cites = [sources[i % len(sources)][0] for i in range(len(parts))]
+            summary = "\n".join(f"{part} [{mid}]" for part, mid in zip(parts, cites))
             created = start + timedelta(minutes=150 * k + 75 * (j // CONVERSATIONS_PER_WORKSPACE),
                                         seconds=j)
             repos = ["repo-docs"] if any(p % REPO_RECORD_EVERY == 0 for p in pairs) else []
@@ -232,6 +237,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
                 t["record_sources"].rows.append((ws, record_id, mid, pos))
                 t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited"))
+            for line_no, mid in enumerate(cites, start=1):
+                t["record_line_sources"].rows.append((ws, record_id, line_no, mid))
         # The index as a consolidation leaves it: built from the 48 newest records (its
         # candidates, all of which it depends on), naming the 12 newest.
         candidates = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
@@ -251,7 +258,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
                      "requests", "messages", "scopes", "records", "record_sources",
-                     "record_dependencies"):
+                     "record_dependencies", "record_line_sources"):
             _copy(conn, tables[name])
         # What each index rests on, as the consolidation that built it keeps it.
         conn.execute(
