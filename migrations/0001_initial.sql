@@ -3873,6 +3873,20 @@ alter table memory_private.record_documents alter column document set storage ma
 create index record_documents_scope_idx
   on memory_private.record_documents (workspace_id, scope_id);
 
+create table memory_private.record_lines (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  document tsvector not null,
+  primary key (workspace_id, record_id, line_no),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_lines is
+  'The full-text document of each line of a record''s summary (line_no from 1; '
+  'memory_private.text_document), written by the same trigger as record_documents: what a '
+  'search reads to find which lines of a found record it matched (memory_private.matching_lines), '
+  'so that their sources are shown first.';
+
 
 create function memory_private.cjk_bigrams(p_text text) returns text
   language sql immutable strict parallel safe
@@ -3937,12 +3951,19 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
+  if tg_op = 'INSERT' or new.summary is distinct from old.summary then
+    delete from memory_private.record_lines
+     where workspace_id = new.workspace_id and record_id = new.record_id;
+    insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line)
+      from regexp_split_to_table(new.summary, '\n') with ordinality as l(line, n);
+  end if;
   return null;
 end
 $$;
 comment on function memory_private.index_record() is
   'Trigger: writes the search document of a record that was inserted or whose title, summary, '
-  'scope or date changed.';
+  'scope or date changed, and the documents of its summary''s lines when the summary is new.';
 
 create trigger records_index_record
   after insert or update of title, summary, scope_id, created_at on memory_private.records
@@ -4559,22 +4580,25 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
-create function memory_private.matching_lines(p_summary text, p_query text) returns integer[]
+create function memory_private.matching_lines(
+  p_workspace_id text, p_record_id bigint, p_summary text, p_query text, p_terms tsquery[]
+) returns integer[]
   language sql stable
   as $$
-  -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
-  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams). The
-  -- query's terms are computed once, not once per line (offset 0 keeps the subquery from being
-  -- folded into the condition).
+  -- The lines (from 1) of a record's summary that a query finds: it is part of the line
+  -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
+  -- against the line's stored document in record_lines: as written or English-stemmed, CJK
+  -- bigrams).
   select coalesce(array_agg(l.n::integer order by l.n), '{}')
-    from (select memory_private.search_terms(p_query) as terms offset 0) q
-   cross join regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+    left join memory_private.record_lines d
+      on d.workspace_id = p_workspace_id and d.record_id = p_record_id and d.line_no = l.n
    where p_query is not null
-     and (strpos(lower(l.line), lower(p_query)) > 0
-          or memory_private.text_document(l.line) @@ any(q.terms))
+     and (strpos(lower(l.line), lower(p_query)) > 0 or d.document @@ any(p_terms))
 $$;
-comment on function memory_private.matching_lines(text, text) is
-  'The numbers of the summary lines a query_memories search finds (literal or by its words).';
+comment on function memory_private.matching_lines(text, bigint, text, text, tsquery[]) is
+  'The numbers of the summary lines a query_memories search finds (literal, or by its words '
+  'given as p_terms, read from the lines'' stored documents).';
 
 create function memory_private.shown_sources(
   p_workspace_id text, p_record_ids bigint[], p_query text
@@ -4584,8 +4608,9 @@ create function memory_private.shown_sources(
   -- Each record's sources in the order its summary uses them; for a search, those cited by the
   -- lines the query finds (literally, or by one of its words) come first. The first
   -- shown_sources of them are shown (R5).
-  -- The lines the query finds are computed once per record, not once per source (offset 0
-  -- keeps the lateral subquery from being folded into its uses).
+  -- The query's terms are computed once per call and the lines the query finds once per
+  -- record, not once per source (offset 0 keeps each subquery from being folded into its
+  -- uses).
   select r.record_id,
          (array(select rs.message_id
                   from memory_private.record_sources rs
@@ -4602,7 +4627,9 @@ create function memory_private.shown_sources(
          (select count(*)::integer from memory_private.record_sources rs
            where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
     from memory_private.records r
-   cross join lateral (select memory_private.matching_lines(r.summary, p_query) as lines
+   cross join (select memory_private.search_terms(p_query) as terms offset 0) q
+   cross join lateral (select memory_private.matching_lines(r.workspace_id, r.record_id,
+                                                            r.summary, p_query, q.terms) as lines
                         offset 0) m
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
 $$;

@@ -67,6 +67,20 @@ alter table memory_private.record_documents alter column document set storage ma
 create index record_documents_scope_idx
   on memory_private.record_documents (workspace_id, scope_id);
 
+create table memory_private.record_lines (
+  workspace_id text not null,
+  record_id bigint not null,
+  line_no integer not null check (line_no >= 1),
+  document tsvector not null,
+  primary key (workspace_id, record_id, line_no),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_lines is
+  'The full-text document of each line of a record''s summary (line_no from 1; '
+  'memory_private.text_document), written by the same trigger as record_documents: what a '
+  'search reads to find which lines of a found record it matched (memory_private.matching_lines), '
+  'so that their sources are shown first.';
+
 
 create function memory_private.cjk_bigrams(p_text text) returns text
   language sql immutable strict parallel safe
@@ -131,12 +145,19 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
+  if tg_op = 'INSERT' or new.summary is distinct from old.summary then
+    delete from memory_private.record_lines
+     where workspace_id = new.workspace_id and record_id = new.record_id;
+    insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line)
+      from regexp_split_to_table(new.summary, '\n') with ordinality as l(line, n);
+  end if;
   return null;
 end
 $$;
 comment on function memory_private.index_record() is
   'Trigger: writes the search document of a record that was inserted or whose title, summary, '
-  'scope or date changed.';
+  'scope or date changed, and the documents of its summary''s lines when the summary is new.';
 
 create trigger records_index_record
   after insert or update of title, summary, scope_id, created_at on memory_private.records

@@ -439,22 +439,25 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
-create function memory_private.matching_lines(p_summary text, p_query text) returns integer[]
+create function memory_private.matching_lines(
+  p_workspace_id text, p_record_id bigint, p_summary text, p_query text, p_terms tsquery[]
+) returns integer[]
   language sql stable
   as $$
-  -- The lines (from 1) of a summary that a query finds: it is part of the line (case-folded),
-  -- or one of its words is (48_search.sql: as written or English-stemmed, CJK bigrams). The
-  -- query's terms are computed once, not once per line (offset 0 keeps the subquery from being
-  -- folded into the condition).
+  -- The lines (from 1) of a record's summary that a query finds: it is part of the line
+  -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
+  -- against the line's stored document in record_lines: as written or English-stemmed, CJK
+  -- bigrams).
   select coalesce(array_agg(l.n::integer order by l.n), '{}')
-    from (select memory_private.search_terms(p_query) as terms offset 0) q
-   cross join regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+    left join memory_private.record_lines d
+      on d.workspace_id = p_workspace_id and d.record_id = p_record_id and d.line_no = l.n
    where p_query is not null
-     and (strpos(lower(l.line), lower(p_query)) > 0
-          or memory_private.text_document(l.line) @@ any(q.terms))
+     and (strpos(lower(l.line), lower(p_query)) > 0 or d.document @@ any(p_terms))
 $$;
-comment on function memory_private.matching_lines(text, text) is
-  'The numbers of the summary lines a query_memories search finds (literal or by its words).';
+comment on function memory_private.matching_lines(text, bigint, text, text, tsquery[]) is
+  'The numbers of the summary lines a query_memories search finds (literal, or by its words '
+  'given as p_terms, read from the lines'' stored documents).';
 
 create function memory_private.shown_sources(
   p_workspace_id text, p_record_ids bigint[], p_query text
@@ -464,8 +467,9 @@ create function memory_private.shown_sources(
   -- Each record's sources in the order its summary uses them; for a search, those cited by the
   -- lines the query finds (literally, or by one of its words) come first. The first
   -- shown_sources of them are shown (R5).
-  -- The lines the query finds are computed once per record, not once per source (offset 0
-  -- keeps the lateral subquery from being folded into its uses).
+  -- The query's terms are computed once per call and the lines the query finds once per
+  -- record, not once per source (offset 0 keeps each subquery from being folded into its
+  -- uses).
   select r.record_id,
          (array(select rs.message_id
                   from memory_private.record_sources rs
@@ -482,7 +486,9 @@ create function memory_private.shown_sources(
          (select count(*)::integer from memory_private.record_sources rs
            where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
     from memory_private.records r
-   cross join lateral (select memory_private.matching_lines(r.summary, p_query) as lines
+   cross join (select memory_private.search_terms(p_query) as terms offset 0) q
+   cross join lateral (select memory_private.matching_lines(r.workspace_id, r.record_id,
+                                                            r.summary, p_query, q.terms) as lines
                         offset 0) m
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
 $$;

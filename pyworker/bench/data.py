@@ -272,13 +272,21 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                 where s.workspace_id = any(%s)
                 order by s.workspace_id, s.scope_id, d.message_id""",
             ([r[0] for r in tables["workspaces"].rows],))
-        # The records' search documents, which a trigger writes when triggers are on.
+        # The records' search documents and their lines', which a trigger writes when triggers
+        # are on.
         conn.execute(
             """insert into memory_private.record_documents
                  (workspace_id, record_id, scope_id, created_at, document)
                select workspace_id, record_id, scope_id, created_at,
                       memory_private.search_document(title, summary)
                  from memory_private.records where workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
+        conn.execute(
+            """insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+               select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
+                 from memory_private.records r
+                cross join regexp_split_to_table(r.summary, e'\\n') with ordinality as l(line, n)
+                where r.workspace_id = any(%s)""",
             ([r[0] for r in tables["workspaces"].rows],))
     return len(tables["records"].rows)
 
