@@ -4,4 +4,4 @@ The database (``sql/``) is the product; this package is the courier: it migrates
 runs the worker that makes the model calls, and offers the ``pimem`` command line.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
