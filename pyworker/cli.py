@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from pyworker import schema
+from pyworker.status import sanitize
 
 app = typer.Typer(help="Long-term conversation memory for chat bots, inside PostgreSQL.",
                   no_args_is_help=True)
@@ -69,13 +70,13 @@ def migrate(
                 raise typer.Exit(1)
             problem = state.problem()
             if problem:
-                console.print(f"[red]{problem}[/red]")
+                console.print(f"[red]{sanitize(problem)}[/red]")
                 raise typer.Exit(2)
             console.print(f"up to date (schema version {state.version})")
             return
         applied = schema.migrate(target, lock_timeout=lock_timeout)
     except (schema.MigrateError, psycopg.Error) as exc:
-        console.print(f"[red]pimem migrate: {exc}[/red]")
+        console.print(f"[red]pimem migrate: {sanitize(str(exc))}[/red]")
         raise typer.Exit(2 if check else 1) from None
     version = schema.expected_version()
     if applied:
@@ -94,7 +95,7 @@ def schema_bundle() -> None:
     try:
         path = schema.write_initial_migration()
     except schema.MigrateError as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
     console.print(f"wrote {path}")
 
@@ -120,7 +121,7 @@ def freeze_release(
     try:
         release = releases.freeze(version, dsn=dsn)
     except (ValueError, RuntimeError, schema.MigrateError) as exc:
-        console.print(f"[red]{exc}[/red]", markup=False)
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
     functions = sum(len(v) for v in release.api.values())
     console.print(f"release {release.version}: {len(release.migrations)} migration(s), schema "
@@ -168,13 +169,13 @@ def worker(
     try:
         psycopg.conninfo.conninfo_to_dict(_dsn(dsn))
     except psycopg.ProgrammingError as exc:
-        console.print(f"[red]not a connection string: {exc}[/red]")
+        console.print(f"[red]not a connection string: {sanitize(str(exc))}[/red]")
         raise typer.Exit(2) from None
     try:
         adapter = make_adapter(model, pi_models=pi_models, pi_agent_dir=pi_agent_dir,
                                openai_base_url=openai_base_url, prices=prices)
     except (AdapterUnavailable, ValueError) as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(2) from None
     config = WorkerConfig(dsn=_dsn(dsn), interval=interval, tick_seconds=tick_seconds,
                           maintenance=maintenance,
@@ -290,7 +291,7 @@ def eval_(
                      openai_base_url=openai_base_url, plot=plot, judge=judge,
                      provenance=provenance)
     except (AdapterUnavailable, ValueError) as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(2) from None
 
 
@@ -314,7 +315,7 @@ def demo(
         result = run_demo(dsn, model, console=console, provider=provider, model_id=model_id,
                           pi_models=pi_models)
     except schema.MigrateError as exc:
-        console.print(f"[red]pimem demo: {exc}[/red]")
+        console.print(f"[red]pimem demo: {sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
     if result.get("leaked"):
         raise typer.Exit(1)
@@ -371,7 +372,7 @@ def status(
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
-    from pyworker.status import gather_status, render_status, sanitize
+    from pyworker.status import gather_status, render_status
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
@@ -401,7 +402,7 @@ def explain(
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
-    from pyworker.status import render_explain, sanitize
+    from pyworker.status import render_explain
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:

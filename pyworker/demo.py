@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -28,6 +29,7 @@ from pyworker import errors, schema
 from pyworker.adapters import make_adapter
 from pyworker.adapters.base import Adapter
 from pyworker.db import Database
+from pyworker.status import sanitize
 from pyworker.worker import Worker, WorkerConfig
 
 DEMO_DB = "pimem_demo"
@@ -108,13 +110,15 @@ def run_pipeline(db: Database, dsn: str, adapter: Adapter, console: Console,
                 break
             results.append(result)
             took = time.monotonic() - began
+            detail = "  " + sanitize(result.detail) if result.detail else ""
             console.print(f"  job {result.job_id}: {result.phase:<11} -> {result.status}"
-                          f" ({took * 1000:.0f} ms){'  ' + result.detail if result.detail else ''}")
+                          f" ({took * 1000:.0f} ms){detail}")
             st.update(f"running the pipeline: {len(results)} job(s) done ...")
     return results
 
 
 def show_recall(console: Console, title: str, recall: dict[str, Any]) -> None:
+    recall = sanitize(recall)  # model-written text: no markup, no control characters
     body: list[str] = [f"[dim]{recall.get('label', '')}[/dim]"] if recall.get("label") else []
     body.append(f"mode: [bold]{recall.get('mode')}[/bold]")
     if recall.get("index"):
@@ -122,11 +126,12 @@ def show_recall(console: Console, title: str, recall: dict[str, Any]) -> None:
     for rec in recall.get("records") or []:
         body.append(f"#{rec.get('id', rec.get('record_id'))} {rec.get('title')}  "
                     f"[dim]{', '.join(rec.get('speaker_ids') or [])}[/dim]")
-    console.print(Panel("\n".join(body), title=title, expand=False))
+    console.print(Panel("\n".join(body), title=escape(title), expand=False))
 
 
 def show_records(console: Console, title: str, answer: dict[str, Any]) -> None:
-    table = Table(title=title, show_lines=True, expand=True)
+    answer = sanitize(answer)  # model-written text: no markup, no control characters
+    table = Table(title=escape(title), show_lines=True, expand=True)
     for col, ratio in (("id", 1), ("title", 4), ("summary", 10), ("speakers", 2),
                        ("sources", 3)):
         table.add_column(col, overflow="fold", ratio=ratio)
@@ -198,8 +203,9 @@ def run_demo(dsn: str | None, model: str = "offline", *, console: Console | None
         outcome = db.manage_memory(ws, f["request"], "call-forget",
                                    {"action": "forget", "sourceId": mid, "memoryId": rid})
         out["forget"] = outcome
+        shown = sanitize(outcome)
         console.print(f"alice: \"{f['text']}\" -> manage_memory forget #{rid}: "
-                      f"[bold]{outcome.get('status')}[/bold] {outcome.get('reason') or ''}")
+                      f"[bold]{shown.get('status')}[/bold] {shown.get('reason') or ''}")
         after = db.query_memories(ws, f["request"], "call-2", q["args"])
         out["after_forget"] = after
         console.print(f"query_memories({json.dumps(q['args'])}) now finds "

@@ -53,6 +53,7 @@ from typing import Any
 
 import psycopg
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -280,7 +281,7 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
     """Ingests one conversation in one variant and asks its questions; the result section
     (with ``provenance``, also what each record depends on and what removing each message
     invalidates: :mod:`pyworker.provenance`, measured before the questions)."""
-    label = f"{conv.name} {variant}"
+    label = escape(f"{conv.name} {variant}")  # a name from the dataset file: no markup
     task = progress.add_task(f"{label}: sessions", total=len(conv.sessions)) if progress else None
 
     def advance(_s: locomo.Session) -> None:
@@ -420,7 +421,7 @@ def render(result: dict[str, Any], console: Console) -> None:
     for run_ in result["runs"]:
         s = run_["scores"].get("overall", {"questions": 0})
         st = run_["store"]
-        table.add_row(run_["conversation"], run_["variant"], str(s["questions"]),
+        table.add_row(escape(run_["conversation"]), run_["variant"], str(s["questions"]),
                       _pct(s.get("recall")), _pct(s.get("hit@5")), _pct(s.get("coverage")),
                       str(st["records"]), str(st["record_bytes"]), _pct(st["turns_cited"]),
                       f"{run_['seconds']['worker']:.1f}",

@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pyworker import locomo
@@ -208,7 +209,7 @@ def render(result: dict[str, Any], console: Console) -> None:
         first = p["first_message"] or {"invalidates": 0}
         ok = not p["mismatches"] and all(w["as_expected"] for w in p["worked_removals"])
         via = p["dependencies_by_via"]
-        table.add_row(f"{r['conversation']} {r['variant']}", str(p["records"]),
+        table.add_row(escape(f"{r['conversation']} {r['variant']}"), str(p["records"]),
                       mmm(p["dependencies_per_record"]), mmm(p["sources_per_record"]),
                       f"{via['reused']}/{via['repeated']}",
                       f"{p['messages_undepended']} of {p['messages']}",

@@ -25,14 +25,16 @@ from pyworker.db import Database
 ATTENTION = ["pending", "running", "stopped"]
 
 
-# C0 and C1 control characters (ESC starts a terminal escape sequence) and the invisible
-# direction and format marks that can make a terminal show text other than what is stored.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+# C0 and C1 control characters but tab and line feed (ESC starts a terminal escape sequence; a
+# summary's lines stay lines) and the invisible direction and format marks that can make a
+# terminal show text other than what is stored.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
                           "\ufeff\ufff9-\ufffb]")
 
 
 def printable(text: str) -> str:
-    """The text without control characters, each replaced by a visible ``?``."""
+    """The text without control characters (tabs and line feeds stay), each replaced by a
+    visible ``?``."""
     return _UNPRINTABLE.sub("?", text)
 
 

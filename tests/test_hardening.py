@@ -195,6 +195,30 @@ def test_pimem_status_and_explain_print_no_control_characters_or_markup_from_the
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
 
 
+
+def test_the_demo_and_the_command_errors_print_model_and_database_text_literally() -> None:
+    from typer.testing import CliRunner
+
+    from pyworker.cli import app
+    from pyworker.demo import show_recall, show_records
+
+    record = {"id": 1, "title": HOSTILE_TEXT, "summary": "a line [m1]\n" + HOSTILE_TEXT,
+              "speaker_ids": [HOSTILE_TEXT], "source_ids": ["m1", HOSTILE_TEXT]}
+    for text in (printed(lambda d, c: show_records(c, "[/oops]", d), {"records": [record]}),
+                 printed(lambda d, c: show_recall(c, "[/oops]", d),
+                         {"label": HOSTILE_TEXT, "mode": "index", "index": HOSTILE_TEXT,
+                          "records": [record]})):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert "[bold red]styled[/bold red]" in text and "[/oops]" in text
+    assert "[m1]" in printed(lambda d, c: show_records(c, "t", d), {"records": [record]}), \
+        "a line's citation is shown, not taken for markup"
+    # An error text with markup-like brackets (here from a connection string) is printed
+    # literally, not parsed (a closing tag nobody opened used to end the command in a
+    # MarkupError).
+    result = CliRunner().invoke(app, ["migrate", "--dsn", "host=[/x] port=notaport"])
+    assert result.exit_code == 1 and "MarkupError" not in repr(result.exception)
+
+
 # 3. Malformed values a worker can send get MB codes -------------------------------------------
 
 
