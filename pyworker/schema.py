@@ -60,27 +60,25 @@ def apply_canonical(conn: psycopg.Connection) -> None:
 
 
 def yoyo_url(dsn: str) -> str:
-    """A yoyo database URL for a libpq DSN or URI (psycopg 3 backend)."""
-    if dsn.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + dsn.split("://", 1)[1]
-    # key=value DSN: let psycopg parse it, then rebuild a URL.
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    from urllib.parse import quote
+    """A yoyo database URL for a libpq DSN or URI (psycopg 3 backend). psycopg parses the DSN;
+    the user and password go into the URL's authority, the database into its path, and every
+    other parameter (host, port, sslmode, options, ...) into its query, which yoyo hands to
+    ``psycopg.connect`` as it is: so a host list, an IPv6 address or a socket directory with
+    any characters reaches libpq unchanged, and no parameter (``sslmode``) is dropped. A DSN
+    libpq cannot parse raises ``MigrateError``."""
+    from urllib.parse import quote, urlencode
 
-    user = quote(str(info.get("user", "")), safe="")
-    password = info.get("password")
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise MigrateError(f"not a connection string: {exc}") from None
+    user = quote(str(info.pop("user", "") or ""), safe="")
+    password = info.pop("password", None)
     auth = user + (":" + quote(str(password), safe="") if password else "")
-    host = str(info.get("host", ""))
-    port = info.get("port")
-    dbname = quote(str(info.get("dbname", "")), safe="")
-    netloc = (auth + "@" if auth else "") + ("" if host.startswith("/") else host)
-    netloc += f":{port}" if port and not host.startswith("/") else ""
-    query = []
-    if host.startswith("/"):
-        query.append("host=" + quote(host, safe=""))
-        if port:
-            query.append(f"port={port}")
-    return f"postgresql+psycopg://{netloc}/{dbname}" + ("?" + "&".join(query) if query else "")
+    dbname = quote(str(info.pop("dbname", "") or ""), safe="")
+    query = urlencode({k: str(v) for k, v in info.items() if v is not None})
+    return (f"postgresql+psycopg://{auth + '@' if auth else ''}/{dbname}"
+            + ("?" + query if query else ""))
 
 
 class MigrateError(Exception):

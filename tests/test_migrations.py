@@ -52,11 +52,28 @@ def test_migrate_twice_is_idempotent(pg_server: Server) -> None:
 
 
 def test_migrate_accepts_key_value_and_uri_dsns() -> None:
-    assert schema.yoyo_url("postgresql://u:p@h:5/db") == "postgresql+psycopg://u:p@h:5/db"
+    from yoyo.connections import parse_uri
+
+    assert schema.yoyo_url("postgresql://u:p@h:5/db") == "postgresql+psycopg://u:p@/db?host=h&port=5"
     assert (schema.yoyo_url("host=127.0.0.1 port=5433 user=postgres dbname=x")
-            == "postgresql+psycopg://postgres@127.0.0.1:5433/x")
+            == "postgresql+psycopg://postgres@/x?host=127.0.0.1&port=5433")
     assert (schema.yoyo_url("host=/tmp/s port=5 user=u dbname=d")
             == "postgresql+psycopg://u@/d?host=%2Ftmp%2Fs&port=5")
+    # Whatever libpq accepts reaches psycopg.connect unchanged, every parameter kept: an IPv6
+    # address, a host list, brackets in a socket directory, sslmode, a password with '@'.
+    for dsn, args in (
+            ("host=::1 port=5 dbname=d", {"host": "::1", "port": "5"}),
+            ("postgresql://u@h1:5,h2:6/d?sslmode=require",
+             {"host": "h1,h2", "port": "5,6", "sslmode": "require"}),
+            ("host=/tmp/[/x] dbname=d", {"host": "/tmp/[/x]"}),
+            ("host=h user=u password=p@ss:/w dbname=d options='-c x=1'",
+             {"host": "h", "options": "-c x=1"})):
+        uri = parse_uri(schema.yoyo_url(dsn))
+        assert uri.args == args and uri.database == "d", dsn
+    assert parse_uri(schema.yoyo_url("host=h user=u password=p@ss:/w dbname=d")).password \
+        == "p@ss:/w"
+    with pytest.raises(schema.MigrateError, match="not a connection string"):
+        schema.yoyo_url("host=h port")
 
 
 def test_plain_yoyo_apply_migrates_too(pg_server: Server) -> None:
