@@ -93,6 +93,13 @@ comment on column memory_private.records.search_text is
   'query_memories'' literal search does not fold every record of the scope on each call.';
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
+-- A scope belongs to one workspace: without this the planner multiplies the two columns'
+-- selectivities, takes a scope for about one record and reads a whole scope through
+-- records_scope_idx to find a few records by id (a plan kept for the session).
+create statistics memory_private.records_scope_stats (dependencies, ndistinct)
+  on workspace_id, scope_id from memory_private.records;
+comment on statistics memory_private.records_scope_stats is
+  'scope_id depends on workspace_id: keeps plans on the primary key when records are asked by id.';
 
 create table memory_private.record_sources (
   workspace_id text not null,

@@ -66,6 +66,10 @@ alter table memory_private.record_documents alter column document set storage ma
 
 create index record_documents_scope_idx
   on memory_private.record_documents (workspace_id, scope_id);
+create statistics memory_private.record_documents_scope_stats (dependencies, ndistinct)
+  on workspace_id, scope_id from memory_private.record_documents;
+comment on statistics memory_private.record_documents_scope_stats is
+  'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
 create table memory_private.record_lines (
   workspace_id text not null,

@@ -440,62 +440,76 @@ comment on function memory.recall(text, text) is
 -- query_memories -------------------------------------------------------------------------------
 
 create function memory_private.matching_lines(
-  p_workspace_id text, p_record_id bigint, p_summary text, p_query text, p_terms tsquery[]
-) returns integer[]
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_terms tsquery[]
+) returns table (record_id bigint, line_no integer)
   language sql stable
   as $$
-  -- The lines (from 1) of a record's summary that a query finds: it is part of the line
+  -- The lines (from 1) of the records' summaries that a query finds: it is part of the line
   -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
   -- against the line's stored document in record_lines: as written or English-stemmed, CJK
-  -- bigrams).
-  select coalesce(array_agg(l.n::integer order by l.n), '{}')
-    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
-    left join memory_private.record_lines d
-      on d.workspace_id = p_workspace_id and d.record_id = p_record_id and d.line_no = l.n
+  -- bigrams). One pass over the records' summaries and one over their line documents.
+  select r.record_id, l.n::integer
+    from memory_private.records r
+   cross join lateral regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
    where p_query is not null
-     and (strpos(lower(l.line), lower(p_query)) > 0 or d.document @@ any(p_terms))
+     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and strpos(r.search_text, lower(p_query)) > 0  -- only summaries holding it are split
+     and strpos(lower(l.line), lower(p_query)) > 0
+  union
+  select d.record_id, d.line_no
+    from memory_private.record_lines d
+   where p_query is not null
+     and d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and d.document @@ any(p_terms)
 $$;
-comment on function memory_private.matching_lines(text, bigint, text, text, tsquery[]) is
-  'The numbers of the summary lines a query_memories search finds (literal, or by its words '
-  'given as p_terms, read from the lines'' stored documents).';
+comment on function memory_private.matching_lines(text, bigint[], text, tsquery[]) is
+  'The summary lines (record, line number) a query_memories search finds among the given '
+  'records: literal, or by one of its words given as p_terms, read from the lines'' stored '
+  'documents (record_lines).';
 
 create function memory_private.shown_sources(
   p_workspace_id text, p_record_ids bigint[], p_query text
 ) returns table (record_id bigint, source_ids text[], total integer)
-  language sql stable
+  language plpgsql stable
   as $$
+declare
+  v_terms tsquery[];
+begin
   -- Each record's sources in the order its summary uses them; for a search, those cited by the
   -- lines the query finds (literally, or by one of its words) come first. The first
-  -- shown_sources of them are shown (R5).
-  -- The query's terms are computed once per call and the lines the query finds once per
-  -- record, not once per source (offset 0 keeps each subquery from being folded into its
-  -- uses).
-  select r.record_id,
-         (array(select rs.message_id
-                  from memory_private.record_sources rs
-                  left join lateral (
-                    select min(l.line_no) as line_no
-                      from memory_private.record_line_sources l
-                     where l.workspace_id = rs.workspace_id and l.record_id = rs.record_id
-                       and l.message_id = rs.message_id
-                       and l.line_no = any(m.lines)
-                  ) hit on true
-                 where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id
-                 order by hit.line_no nulls last, rs.position))
-           [1:(memory_private.policy()).shown_sources],
-         (select count(*)::integer from memory_private.record_sources rs
-           where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id)
-    from memory_private.records r
-   cross join (select memory_private.search_terms(p_query) as terms offset 0) q
-   cross join lateral (select memory_private.matching_lines(r.workspace_id, r.record_id,
-                                                            r.summary, p_query, q.terms) as lines
-                        offset 0) m
-   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept
+  -- for the session (plpgsql); a record without sources has no row.
+  if p_query is not null then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  return query
+    with found as materialized (
+      select f.record_id, f.line_no
+        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_terms) f
+    ), first_line as materialized (
+      select ls.record_id, ls.message_id, min(ls.line_no) as line_no
+        from found f
+       cross join lateral (
+         select x.record_id, x.message_id, x.line_no
+           from memory_private.record_line_sources x
+          where x.workspace_id = p_workspace_id and x.record_id = f.record_id and x.line_no = f.line_no
+         offset 0) ls  -- a lookup per line found, not a pass over the workspace's lines
+       group by ls.record_id, ls.message_id
+    )
+    select rs.record_id,
+           (array_agg(rs.message_id order by h.line_no nulls last, rs.position))
+             [1:(memory_private.policy()).shown_sources],
+           count(*)::integer
+      from memory_private.record_sources rs
+      left join first_line h on h.record_id = rs.record_id and h.message_id = rs.message_id
+     where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
+     group by rs.record_id;
+end
 $$;
 comment on function memory_private.shown_sources(text, bigint[], text) is
   'The source ids query_memories shows of each record (at most policy shown_sources), in the '
-  'order the summary uses them, the sources of the lines a search query finds first, and how '
-  'many sources the record has.';
+  'order the summary uses them, the sources of the lines a search query finds first '
+  '(memory_private.matching_lines), and how many sources the record has.';
 
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
@@ -564,14 +578,16 @@ begin
                                                  (memory_private.policy()).query_limit),
                       (memory_private.policy()).query_limit);
   v_first := v_call.tool_call_id is null;
-  if v_first then
-    insert into memory_private.tool_calls
-      (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at, updated_at)
-    values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-            memory_private.args_hash(p_args), v_now, v_now);
-  end if;
 
   if not v_scope.recall_enabled then
+    -- Kept so that a replay is recognised (and counts nothing).
+    if v_first then
+      insert into memory_private.tool_calls
+        (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at,
+         updated_at)
+      values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+              memory_private.args_hash(p_args), v_now, v_now);
+    end if;
     return jsonb_build_object('mode', 'disabled', 'records', '[]'::jsonb, 'count', 0,
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
@@ -598,13 +614,24 @@ begin
     left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
-  -- the tool call; a replay adds what it returned.
-  update memory_private.tool_calls
-     set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
-         source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
-         updated_at = v_now
-   where workspace_id = p_workspace_id and request_id = p_request_id
-     and tool_call_id = p_tool_call_id;
+  -- the tool call (one write: the workspace's memory lock, taken by begin_tool_call, keeps a
+  -- concurrent call with the same id out); a replay adds what it returned.
+  if v_first then
+    insert into memory_private.tool_calls
+      (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
+       created_at, updated_at)
+    values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+            memory_private.args_hash(p_args),
+            array(select distinct x from unnest(v_ids) x order by 1),
+            array(select distinct x from unnest(v_shown) x order by 1), v_now, v_now);
+  else
+    update memory_private.tool_calls
+       set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
+           source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
+           updated_at = v_now
+     where workspace_id = p_workspace_id and request_id = p_request_id
+       and tool_call_id = p_tool_call_id;
+  end if;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
     update memory_private.records

@@ -1,7 +1,7 @@
 """A comparable snapshot of everything the memory schemas define, read from the catalog.
 
 Two databases with equal snapshots have the same tables, columns (in the same order, whatever
-columns an upgrade dropped on the way), constraints, indexes, triggers, views, functions, types,
+columns an upgrade dropped on the way), constraints, indexes, extended statistics, triggers, views, functions, types,
 comments, grants, default privileges, the memory roles and their memberships, and the same rows
 in the reference tables (the tables without a ``workspace_id``: global configuration such as the
 clock, the redaction patterns and the maintenance steps, i.e. behaviour stored as data). The
@@ -60,6 +60,11 @@ QUERIES = {
     "indexes": """
         select schemaname, tablename, indexname, indexdef from pg_indexes
          where schemaname = any(%(s)s) order by 1, 2, 3""",
+    "statistics": """
+        select n.nspname, s.stxname, pg_get_statisticsobjdef(s.oid),
+               coalesce(obj_description(s.oid, 'pg_statistic_ext'), '')
+          from pg_statistic_ext s join pg_namespace n on n.oid = s.stxnamespace
+         where n.nspname = any(%(s)s) order by 1, 2""",
     "triggers": """
         select n.nspname, c.relname, t.tgname, pg_get_triggerdef(t.oid), t.tgenabled::text,
                coalesce(obj_description(t.oid, 'pg_trigger'), '')

@@ -54,12 +54,12 @@ def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection
             "where d.record_id = %s and l.n = d.line_no order by 1", (rec,)).fetchall()
 
     def found(query: str) -> list[int]:
-        row = conn.execute(
-            "select memory_private.matching_lines(r.workspace_id, r.record_id, r.summary, %s, "
-            "memory_private.search_terms(%s)) from memory_private.records r "
-            "where r.record_id = %s", (query, query, rec)).fetchone()
-        assert row is not None
-        return list(row[0])
+        rows = conn.execute(
+            "select m.record_id, m.line_no from memory_private.matching_lines('ws1', "
+            "array[%s::bigint], %s, memory_private.search_terms(%s)) m order by 2",
+            (rec, query, query)).fetchall()
+        assert all(r == rec for r, _ in rows)
+        return [n for _, n in rows]
 
     assert lines() == [(1, True), (2, True), (3, True), (4, True)]
     assert found("painting") == [1]  # by its English stem
