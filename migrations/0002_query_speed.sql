@@ -1,9 +1,12 @@
--- 0002_query_speed: query_memories reads less (issue 13's search target, docs/benchmarks.md).
+-- 0002_query_speed: query_memories reads and writes less (issue 13's search target,
+-- docs/benchmarks.md).
 -- - Extended statistics: a scope belongs to one workspace, so the planner no longer takes a scope
 --   for about one record and reads a whole scope to find a few records by id.
 -- - The lines a search finds are found for all shown records in one pass (matching_lines in set
 --   form) and shown_sources is one planned statement; query_memories writes its tool_calls row
 --   once, at the end.
+-- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
+--   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
 
 create statistics memory_private.records_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.records;
@@ -15,7 +18,46 @@ comment on statistics memory_private.record_documents_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 analyze memory_private.records, memory_private.record_documents;
 
+create table memory_private.record_usage (
+  workspace_id text not null,
+  record_id bigint not null,
+  last_used_at timestamptz not null,
+  usage_count integer not null check (usage_count >= 1),
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_usage is
+  'How often and when query_memories last returned a record (R7: once per tool call id); no row '
+  'for a record never returned. Kept apart from records so that counting a call rewrites a few '
+  'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
+  'Retention prunes the least recently used (memory_private.prune_records).';
+
+insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
+select workspace_id, record_id, last_used_at, usage_count
+  from memory_private.records
+ where usage_count > 0 and last_used_at is not null;
+
+create or replace view memory.record_status as
+select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
+       r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
+       (select count(*) from memory_private.record_sources rs
+         where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+       (select count(*) from memory_private.record_dependencies d
+         where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
+       octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
+       coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+       v.reason is null as valid,
+       v.reason as invalid_reason
+  from memory_private.scopes s
+ cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
+  left join memory_private.record_usage u
+    on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
+
+alter table memory_private.records drop column last_used_at, drop column usage_count;
+
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
+drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
 
 create function memory_private.matching_lines(
   p_workspace_id text, p_record_ids bigint[], p_query text, p_terms tsquery[]
@@ -44,6 +86,28 @@ comment on function memory_private.matching_lines(text, bigint[], text, tsquery[
   'The summary lines (record, line number) a query_memories search finds among the given '
   'records: literal, or by one of its words given as p_terms, read from the lines'' stored '
   'documents (record_lines).';
+
+create function memory_private.record_detail(
+  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
+  p_last_used_at timestamptz
+) returns jsonb
+  language sql immutable
+  as $$
+  select jsonb_build_object(
+           'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
+           'summary', p_record.summary, 'speaker_ids', to_jsonb(p_record.speaker_ids),
+           'thread_ids', to_jsonb(p_record.thread_ids),
+           'source_ids', p_source_ids,
+           'source_count', p_source_count,
+           'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
+           'created_at', p_record.created_at, 'last_used_at', p_last_used_at)
+$$;
+comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
+                                                  timestamptz) is
+  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
+  'source ids, how many sources there are and how many were not shown, dates (R5). '
+  'query_memories ranks the sources of all shown records in one pass and passes them in, with '
+  'the record''s last use before the call (memory_private.record_usage).';
 
 create or replace function memory_private.shown_sources(
   p_workspace_id text, p_record_ids bigint[], p_query text
@@ -148,7 +212,7 @@ begin
     select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0))
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)
                     || jsonb_build_object('match', v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb),
          (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
@@ -156,6 +220,8 @@ begin
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
+    left join memory_private.record_usage u
+      on u.workspace_id = p_workspace_id and u.record_id = f.record_id
     left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
@@ -179,9 +245,11 @@ begin
   end if;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
-    update memory_private.records
-       set last_used_at = v_now, usage_count = usage_count + 1
-     where workspace_id = p_workspace_id and record_id = any(v_ids);
+    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
+                                                  usage_count)
+    select p_workspace_id, x, v_now, 1 from unnest(v_ids) x
+    on conflict (workspace_id, record_id)
+      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
   end if;
 
   return jsonb_build_object(
@@ -206,6 +274,137 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
   'scheduled request.';
+
+create or replace function memory_private.prune_records(p_workspace_id text) returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_ids bigint[];
+begin
+  select coalesce(array_agg(record_id), '{}') into v_ids
+    from (select r.record_id,
+                 coalesce(u.last_used_at, r.created_at) as used,
+                 row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
+                                             r.record_id desc) as rank
+            from memory_private.records r
+            left join memory_private.record_usage u
+              on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+           where r.workspace_id = p_workspace_id) r
+   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+      or r.rank > (memory_private.policy()).workspace_records;
+  return memory_private.delete_records(p_workspace_id, v_ids);
+end
+$$;
+comment on function memory_private.prune_records(text) is
+  'Prunes records unused for 30 days and, beyond 256 records in the workspace, the least '
+  'recently used; their scopes are marked for consolidation (T5).';
+
+create or replace function memory.explain_record(
+  p_workspace_id text, p_record_id bigint, p_requester text default null
+) returns jsonb
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_record memory_private.records;
+  v_usage memory_private.record_usage;
+  v_scope memory_private.scopes;
+  v_now timestamptz := memory_private.clock_now();
+  v_checks jsonb;
+  v_reason text;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_record_id is null then
+    raise exception 'record_id is required' using errcode = 'MB001';
+  end if;
+  if p_requester is not null then
+    perform memory_private.check_id('requester', p_requester);
+  end if;
+  select * into v_record from memory_private.records
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  if not found then
+    raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
+      using errcode = 'MB002', hint = 'It may have been pruned, forgotten or purged; see '
+                                      'memory.record_status.';
+  end if;
+  select * into v_usage from memory_private.record_usage
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
+  -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
+  select jsonb_agg(jsonb_build_object('check', c.check_name, 'reason', c.reason, 'ok', c.ok,
+                                      'detail', c.detail) order by c.rank, c.check_name <> 'membership')
+    into v_checks
+    from memory_private.record_checks(p_workspace_id, p_record_id, p_requester) c;
+  v_reason := memory_private.record_invalid_reason(v_record, p_requester);
+  return jsonb_build_object(
+    'workspace_id', p_workspace_id,
+    'record_id', v_record.record_id,
+    'requester', p_requester,
+    'valid', v_reason is null,
+    'invalid_reason', v_reason,
+    'record', jsonb_build_object(
+      'kind', v_record.kind, 'created_at', v_record.created_at,
+      'last_used_at', v_usage.last_used_at, 'usage_count', coalesce(v_usage.usage_count, 0),
+      'title_bytes', octet_length(v_record.title),
+      'summary_bytes', octet_length(v_record.summary),
+      'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
+      'repositories', to_jsonb(v_record.repositories),
+      'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
+      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
+    'scope', jsonb_build_object(
+      'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
+      'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
+      'recall_enabled', v_scope.recall_enabled),
+    'checks', v_checks,
+    -- The sources: what the summary cites, in the order it uses them.
+    'sources', to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.record_line_sources l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                 and rs.message_id = l.message_id
+               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
+               group by l.line_no) x), '[]'),
+    -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+    -- state by the rule (memory_private.dependency_state).
+    'dependencies', coalesce((
+      select jsonb_agg(jsonb_build_object(
+               'message_id', d.message_id, 'via', d.via, 'role', m.role,
+               'speaker_id', m.speaker_id,
+               'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+               'retain_until', m.retain_until, 'removed_at', m.removed_at,
+               'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+               'tombstoned', t.message_id is not null,
+               'state', coalesce(memory_private.dependency_state(
+                          m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                          d.content_hash, t.message_id is not null, v_now), 'current'))
+             order by d.message_id)
+        from memory_private.record_dependencies d
+        join memory_private.messages m
+          on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+        left join memory_private.tombstones t
+          on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
+         and t.message_id = d.message_id
+       where d.workspace_id = p_workspace_id and d.record_id = p_record_id), '[]'));
+end
+$$;
+comment on function memory.explain_record(text, bigint, text) is
+  'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
+  'recall decides them (for the given requester, or for the scope''s own user when NULL), '
+  'every check in the order the rule applies them (recall on, bot '
+  'active, group linked, membership, requester owns the private scope, bot identity, '
+  'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
+  'reused or repeated) with the hash it had when used, the hash it has now and its state '
+  '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
+  'record is unknown.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer

@@ -94,7 +94,7 @@ select ok(memory.recall('wa', 'new2-alice') -> 'index' = 'null'::jsonb,
 -- Usage once per tool call id.
 select memory.query_memories('wa', 'new-bob', 'u1', '{}');
 select memory.query_memories('wa', 'new-bob', 'u1', '{}');
-select is((select usage_count from memory_private.records r join made m using (record_id)
+select is((select usage_count from memory_private.record_usage r join made m using (record_id)
             where m.name = 'bob'), 2, 'the probe and u1 counted once each; the replay did not');
 select is((select count(*)::int from memory.request_citations('wa', 'new-bob')), 1,
   'returned sources are in the citation set');

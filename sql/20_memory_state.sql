@@ -75,8 +75,6 @@ create table memory_private.records (
   bot_identity text not null,
   origin_request_id text,
   created_at timestamptz not null,
-  last_used_at timestamptz,
-  usage_count integer not null default 0 check (usage_count >= 0),
   search_text text not null
     generated always as (lower(title) || e'\n' || lower(summary)) stored,
   primary key (workspace_id, record_id),
@@ -100,6 +98,20 @@ create statistics memory_private.records_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.records;
 comment on statistics memory_private.records_scope_stats is
   'scope_id depends on workspace_id: keeps plans on the primary key when records are asked by id.';
+
+create table memory_private.record_usage (
+  workspace_id text not null,
+  record_id bigint not null,
+  last_used_at timestamptz not null,
+  usage_count integer not null check (usage_count >= 1),
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_usage is
+  'How often and when query_memories last returned a record (R7: once per tool call id); no row '
+  'for a record never returned. Kept apart from records so that counting a call rewrites a few '
+  'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
+  'Retention prunes the least recently used (memory_private.prune_records).';
 
 create table memory_private.record_sources (
   workspace_id text not null,

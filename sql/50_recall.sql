@@ -277,7 +277,8 @@ comment on function memory_private.record_brief(memory_private.records, boolean)
   '300 characters of the summary. query_memories gives the whole record.';
 
 create function memory_private.record_detail(
-  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint
+  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
+  p_last_used_at timestamptz
 ) returns jsonb
   language sql immutable
   as $$
@@ -288,12 +289,14 @@ create function memory_private.record_detail(
            'source_ids', p_source_ids,
            'source_count', p_source_count,
            'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-           'created_at', p_record.created_at, 'last_used_at', p_record.last_used_at)
+           'created_at', p_record.created_at, 'last_used_at', p_last_used_at)
 $$;
-comment on function memory_private.record_detail(memory_private.records, jsonb, bigint) is
+comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
+                                                  timestamptz) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
   'source ids, how many sources there are and how many were not shown, dates (R5). '
-  'query_memories ranks the sources of all shown records in one pass and passes them in.';
+  'query_memories ranks the sources of all shown records in one pass and passes them in, with '
+  'the record''s last use before the call (memory_private.record_usage).';
 
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
@@ -603,7 +606,7 @@ begin
     select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0))
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)
                     || jsonb_build_object('match', v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb),
          (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
@@ -611,6 +614,8 @@ begin
     from unnest(v_ids) with ordinality as f(record_id, pos)
     join memory_private.records r
       on r.workspace_id = p_workspace_id and r.record_id = f.record_id
+    left join memory_private.record_usage u
+      on u.workspace_id = p_workspace_id and u.record_id = f.record_id
     left join shown d on d.record_id = f.record_id;
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
@@ -634,9 +639,11 @@ begin
   end if;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
-    update memory_private.records
-       set last_used_at = v_now, usage_count = usage_count + 1
-     where workspace_id = p_workspace_id and record_id = any(v_ids);
+    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
+                                                  usage_count)
+    select p_workspace_id, x, v_now, 1 from unnest(v_ids) x
+    on conflict (workspace_id, record_id)
+      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
   end if;
 
   return jsonb_build_object(

@@ -202,12 +202,14 @@ declare
   v_ids bigint[];
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
-    from (select record_id,
-                 coalesce(last_used_at, created_at) as used,
-                 row_number() over (order by coalesce(last_used_at, created_at) desc,
-                                             record_id desc) as rank
-            from memory_private.records
-           where workspace_id = p_workspace_id) r
+    from (select r.record_id,
+                 coalesce(u.last_used_at, r.created_at) as used,
+                 row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
+                                             r.record_id desc) as rank
+            from memory_private.records r
+            left join memory_private.record_usage u
+              on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+           where r.workspace_id = p_workspace_id) r
    where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);

@@ -62,7 +62,7 @@ comment on function memory_private.operator_job_stale_reason(memory_private.jobs
 
 create view memory.record_status as
 select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-       r.created_at, r.last_used_at, r.usage_count,
+       r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
        (select count(*) from memory_private.record_sources rs
          where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
        (select count(*) from memory_private.record_dependencies d
@@ -73,7 +73,9 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
        v.reason as invalid_reason
   from memory_private.scopes s
  cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id;
+  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
+  left join memory_private.record_usage u
+    on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
 comment on view memory.record_status is
   'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
   '(messages it cites) and dependencies (messages it was made from), '
@@ -445,6 +447,7 @@ create function memory.explain_record(
   as $$
 declare
   v_record memory_private.records;
+  v_usage memory_private.record_usage;
   v_scope memory_private.scopes;
   v_now timestamptz := memory_private.clock_now();
   v_checks jsonb;
@@ -464,6 +467,8 @@ begin
       using errcode = 'MB002', hint = 'It may have been pruned, forgotten or purged; see '
                                       'memory.record_status.';
   end if;
+  select * into v_usage from memory_private.record_usage
+   where workspace_id = p_workspace_id and record_id = p_record_id;
   select * into v_scope from memory_private.scopes
    where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
   -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
@@ -480,7 +485,7 @@ begin
     'invalid_reason', v_reason,
     'record', jsonb_build_object(
       'kind', v_record.kind, 'created_at', v_record.created_at,
-      'last_used_at', v_record.last_used_at, 'usage_count', v_record.usage_count,
+      'last_used_at', v_usage.last_used_at, 'usage_count', coalesce(v_usage.usage_count, 0),
       'title_bytes', octet_length(v_record.title),
       'summary_bytes', octet_length(v_record.summary),
       'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),

@@ -367,7 +367,7 @@ def test_disable_keeps_records_reads_nothing_refuses_notes_and_enable_restores(
     w.request("ws1", "d2", chat="dm-alice", user="alice", status="running")
     assert recall(conn, "ws1", "d2") == {"mode": "disabled"}
     assert query(conn, "ws1", "d2", "q1", {})["records"] == []
-    assert conn.execute("select usage_count from memory_private.records").fetchone() == (0,)
+    assert conn.execute("select count(*) from memory_private.record_usage").fetchone() == (0,)
     source = turn(w, "d3", "remember that I like jazz")
     assert manage(conn, "ws1", "d3", "c1",
                   {"action": "remember", "sourceId": source})["code"] == "recall_disabled"
@@ -523,5 +523,5 @@ def test_a_call_replayed_concurrently_is_applied_and_counted_once(
     if tool == "manage_memory":
         assert count(conn, "records") == 2 and results[0]["memory_id"] == results[1]["memory_id"]
     else:
-        assert conn.execute("select usage_count from memory_private.records "
+        assert conn.execute("select usage_count from memory_private.record_usage "
                             "where record_id = %s", (r,)).fetchone() == (1,)

@@ -19,8 +19,10 @@ def citations(conn: psycopg.Connection, ws: str, request: str) -> list[str]:
 
 
 def usage(conn: psycopg.Connection, record_id: int) -> tuple[int, Any]:
-    row = conn.execute("select usage_count, last_used_at from memory_private.records "
-                       "where record_id = %s", (record_id,)).fetchone()
+    row = conn.execute("select coalesce(u.usage_count, 0), u.last_used_at "
+                       "from memory_private.records r left join memory_private.record_usage u "
+                       "using (workspace_id, record_id) where r.record_id = %s",
+                       (record_id,)).fetchone()
     assert row is not None
     return int(row[0]), row[1]
 
@@ -184,8 +186,7 @@ def test_bad_arguments_are_mb001_and_change_nothing(conn: psycopg.Connection, w:
         conn.execute("select memory.query_memories('ws1', 'live', 'c1', %s::jsonb)", (args,))
     assert err.value.sqlstate == "MB001", err.value
     assert conn.execute("select count(*) from memory_private.tool_calls").fetchone() == (0,)
-    assert conn.execute("select usage_count from memory_private.records where record_id = %s",
-                        (r,)).fetchone() == (0,)
+    assert usage(conn, r)[0] == 0
 
 
 def test_null_arguments_and_over_long_queries_are_refused(conn: psycopg.Connection,

@@ -18,6 +18,13 @@ from tests.records import (
 )
 
 
+def use(conn: psycopg.Connection, record_id: int, at_sql: str) -> None:
+    """Marks a record as last returned by query_memories at ``at_sql`` (a SQL expression)."""
+    conn.execute("insert into memory_private.record_usage "
+                 "select workspace_id, record_id, " + at_sql + ", 1 "
+                 "from memory_private.records where record_id = %s", (record_id,))
+
+
 @pytest.fixture
 def world(conn: psycopg.Connection) -> World:
     w = World(conn)
@@ -89,8 +96,7 @@ def test_records_unused_for_30_days_are_pruned_and_used_ones_stay(
     old = make_record(conn, "ws1", "r1", ["r1-u"])
     used = make_record(conn, "ws1", "r2", ["r2-u"])
     advance(conn, "20 days")
-    conn.execute("update memory_private.records set last_used_at = memory_private.clock_now() "
-                 "where record_id = %s", (used,))
+    use(conn, used, "memory_private.clock_now()")
     advance(conn, "11 days")
     assert sweep(conn, "ws1")["records_pruned"] == 1
     assert not record_exists(conn, "ws1", old) and record_exists(conn, "ws1", used)
@@ -105,8 +111,7 @@ def test_a_workspace_keeps_at_most_256_records_least_recently_used_go_first(
     first = make_record(conn, "ws1", "r1", ["r1-u"])
     for _ in range(256):
         make_record(conn, "ws1", "r1", ["r1-a"])
-    conn.execute("update memory_private.records set last_used_at = memory_private.clock_now() "
-                 "+ interval '1 minute' where record_id = %s", (first,))
+    use(conn, first, "memory_private.clock_now() + interval '1 minute'")
     assert sweep(conn, "ws1")["records_pruned"] == 1
     left = conn.execute("select count(*), bool_or(record_id = %s), bool_or(record_id = %s) "
                         "from memory_private.records", (first, first + 1)).fetchone()
