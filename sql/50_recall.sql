@@ -562,7 +562,7 @@ declare
   v_call memory_private.tool_calls;
   v_start record;
   v_first boolean;
-  v_ids bigint[];
+  v_ids bigint[] := '{}';
   v_records jsonb;
   v_matches jsonb := '{}';
   v_shown text[];
@@ -582,23 +582,13 @@ begin
                       (memory_private.policy()).query_limit);
   v_first := v_call.tool_call_id is null;
 
-  if not v_scope.recall_enabled then
-    -- Kept so that a replay is recognised (and counts nothing).
-    if v_first then
-      insert into memory_private.tool_calls
-        (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, created_at,
-         updated_at)
-      values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-              memory_private.args_hash(p_args), v_now, v_now);
-    end if;
-    return jsonb_build_object('mode', 'disabled', 'records', '[]'::jsonb, 'count', 0,
-                              'replayed', not v_first,
-                              'note', 'Memory is turned off in this chat; nothing is read.');
+  -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
+  -- replay is recognised.
+  if v_scope.recall_enabled then
+    select q.ids, q.matches into v_ids, v_matches
+      from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                        v_request.user_id, v_query, v_id) q;
   end if;
-
-  select q.ids, q.matches into v_ids, v_matches
-    from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                      v_request.user_id, v_query, v_id) q;
 
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
@@ -621,22 +611,16 @@ begin
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
   -- the tool call (one write: the workspace's memory lock, taken by begin_tool_call, keeps a
   -- concurrent call with the same id out); a replay adds what it returned.
-  if v_first then
-    insert into memory_private.tool_calls
-      (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
-       created_at, updated_at)
-    values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-            memory_private.args_hash(p_args),
-            array(select distinct x from unnest(v_ids) x order by 1),
-            array(select distinct x from unnest(v_shown) x order by 1), v_now, v_now);
-  else
-    update memory_private.tool_calls
-       set record_ids = array(select distinct x from unnest(record_ids || v_ids) x order by 1),
-           source_ids = array(select distinct x from unnest(source_ids || v_shown) x order by 1),
-           updated_at = v_now
-     where workspace_id = p_workspace_id and request_id = p_request_id
-       and tool_call_id = p_tool_call_id;
-  end if;
+  insert into memory_private.tool_calls as c
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
+     created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+          memory_private.args_hash(p_args), array(select distinct x from unnest(v_ids) x order by 1),
+          array(select distinct x from unnest(v_shown) x order by 1), v_now, v_now)
+  on conflict (workspace_id, request_id, tool_call_id) do update
+    set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
+        source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
+        updated_at = v_now;
   -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
   if v_first then
     insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
@@ -646,6 +630,11 @@ begin
       do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
   end if;
 
+  if not v_scope.recall_enabled then
+    return jsonb_build_object('mode', 'disabled', 'records', '[]'::jsonb, 'count', 0,
+                              'replayed', not v_first,
+                              'note', 'Memory is turned off in this chat; nothing is read.');
+  end if;
   return jsonb_build_object(
            'mode', case when v_query is not null then 'search'
                         when v_id is not null then 'id' else 'browse' end,
