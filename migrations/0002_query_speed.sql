@@ -5,6 +5,7 @@
 -- - The lines a search finds are found for all shown records in one pass (matching_lines in set
 --   form) and shown_sources is one planned statement; query_memories writes its tool_calls row
 --   once, at the end.
+-- - A search or browse validates as many records as it shows first (was four more).
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
 
@@ -108,6 +109,85 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
+
+create or replace function memory_private.first_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
+  p_requester text
+) returns bigint[]
+  language plpgsql stable
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_from integer := 1;
+  v_size integer := p_limit;
+begin
+  -- Candidates are validated in growing chunks (limit, then four times more each round), so a
+  -- scope whose newest records are valid costs one set validation of just the records shown.
+  while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
+    v_chunk := p_record_ids[v_from:v_from + v_size - 1];
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.invalid_records(p_workspace_id, p_scope_id, v_chunk, p_requester) v
+          on v.record_id = c.record_id and v.reason is null
+       order by c.pos);
+    v_from := v_from + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid[1:p_limit];
+end
+$$;
+comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
+  'The first p_limit of the given record ids (in their order) that are records of the scope '
+  'and valid now for the requester (memory_private.invalid_records).';
+
+create or replace function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
+  language plpgsql stable
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit;
+  v_offset integer := 0;
+  v_query text := lower(p_query);
+begin
+  -- Newest first, a page at a time (limit, then four times more), each page validated as
+  -- one set: a scope whose newest records are valid costs one short index scan and one
+  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  loop
+    v_chunk := array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (p_record_id is null or r.record_id = p_record_id)
+         -- search_text is the folded title and summary; the re-check on title and summary
+         -- apart only runs for its matches (a query spanning the newline is no match).
+         and (v_query is null
+              or (strpos(r.search_text, v_query) > 0
+                  and (strpos(lower(r.title), v_query) > 0
+                       or strpos(lower(r.summary), v_query) > 0)))
+       order by r.created_at desc, r.record_id desc
+       limit v_size offset v_offset);
+    v_valid := v_valid || memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
+                 p_requester);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid;
+end
+$$;
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Validated set-wise a page at a time.';
 
 create or replace function memory_private.shown_sources(
   p_workspace_id text, p_record_ids bigint[], p_query text

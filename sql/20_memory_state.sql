@@ -688,10 +688,10 @@ declare
   v_valid bigint[] := '{}';
   v_chunk bigint[];
   v_from integer := 1;
-  v_size integer := p_limit + 4;
+  v_size integer := p_limit;
 begin
-  -- Candidates are validated in growing chunks (limit + 4, then four times more each round),
-  -- so a scope whose newest records are valid costs one set validation of a few records.
+  -- Candidates are validated in growing chunks (limit, then four times more each round), so a
+  -- scope whose newest records are valid costs one set validation of just the records shown.
   while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
     v_chunk := p_record_ids[v_from:v_from + v_size - 1];
     v_valid := v_valid || array(
@@ -719,11 +719,11 @@ create function memory_private.recent_valid_records(
 declare
   v_valid bigint[] := '{}';
   v_chunk bigint[];
-  v_size integer := p_limit + 4;
+  v_size integer := p_limit;
   v_offset integer := 0;
   v_query text := lower(p_query);
 begin
-  -- Newest first, a page at a time (limit + 4, then four times more), each page validated as
+  -- Newest first, a page at a time (limit, then four times more), each page validated as
   -- one set: a scope whose newest records are valid costs one short index scan and one
   -- validation, never a read of the whole scope. One snapshot throughout (stable).
   loop
