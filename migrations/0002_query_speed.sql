@@ -5,6 +5,8 @@
 -- - The lines a search finds are found for all shown records in one pass (matching_lines in set
 --   form) and shown_sources is one planned statement; query_memories writes its tool_calls row
 --   once, at the end.
+-- - A record's lines keep their folded text, so a literal search finds its lines without
+--   splitting and folding summaries.
 -- - A search or browse validates as many records as it shows first (was four more).
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
@@ -57,6 +59,18 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
 
 alter table memory_private.records drop column last_used_at, drop column usage_count;
 
+-- The lines' folded text, filled from the summaries (one pass over record_lines).
+alter table memory_private.record_lines add column folded text;
+update memory_private.record_lines d
+   set folded = lower(l.line)
+  from memory_private.records r
+ cross join lateral regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
+ where d.workspace_id = r.workspace_id and d.record_id = r.record_id and d.line_no = l.n;
+alter table memory_private.record_lines alter column folded set not null;
+comment on column memory_private.record_lines.folded is
+  'The line case-folded (lower): what a literal search finds in the line, without splitting and '
+  'folding the summary at every call.';
+
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
 drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
 
@@ -67,21 +81,13 @@ create function memory_private.matching_lines(
   as $$
   -- The lines (from 1) of the records' summaries that a query finds: it is part of the line
   -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
-  -- against the line's stored document in record_lines: as written or English-stemmed, CJK
-  -- bigrams). One pass over the records' summaries and one over their line documents.
-  select r.record_id, l.n::integer
-    from memory_private.records r
-   cross join lateral regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
-   where p_query is not null
-     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and strpos(r.search_text, lower(p_query)) > 0  -- only summaries holding it are split
-     and strpos(lower(l.line), lower(p_query)) > 0
-  union
+  -- against the line's stored document: as written or English-stemmed, CJK bigrams). One pass
+  -- over the lines stored with the records (record_lines).
   select d.record_id, d.line_no
     from memory_private.record_lines d
    where p_query is not null
      and d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and d.document @@ any(p_terms)
+     and (strpos(d.folded, lower(p_query)) > 0 or d.document @@ any(p_terms))
 $$;
 comment on function memory_private.matching_lines(text, bigint[], text, tsquery[]) is
   'The summary lines (record, line number) a query_memories search finds among the given '
@@ -474,6 +480,32 @@ comment on function memory.explain_record(text, bigint, text) is
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';
+
+create or replace function memory_private.index_record() returns trigger
+  language plpgsql volatile
+  as $$
+begin
+  insert into memory_private.record_documents
+    (workspace_id, record_id, scope_id, created_at, document)
+  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
+          memory_private.search_document(new.title, new.summary))
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        document = excluded.document;
+  if tg_op = 'INSERT' or new.summary is distinct from old.summary then
+    delete from memory_private.record_lines
+     where workspace_id = new.workspace_id and record_id = new.record_id;
+    insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
+    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line),
+           lower(l.line)
+      from regexp_split_to_table(new.summary, '\n') with ordinality as l(line, n);
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.index_record() is
+  'Trigger: writes the search document of a record that was inserted or whose title, summary, '
+  'scope or date changed, and the documents of its summary''s lines when the summary is new.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer

@@ -76,6 +76,7 @@ create table memory_private.record_lines (
   record_id bigint not null,
   line_no integer not null check (line_no >= 1),
   document tsvector not null,
+  folded text not null,
   primary key (workspace_id, record_id, line_no),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade
 );
@@ -84,6 +85,9 @@ comment on table memory_private.record_lines is
   'memory_private.text_document), written by the same trigger as record_documents: what a '
   'search reads to find which lines of a found record it matched (memory_private.matching_lines), '
   'so that their sources are shown first.';
+comment on column memory_private.record_lines.folded is
+  'The line case-folded (lower): what a literal search finds in the line, without splitting and '
+  'folding the summary at every call.';
 
 
 create function memory_private.cjk_bigrams(p_text text) returns text
@@ -152,8 +156,9 @@ begin
   if tg_op = 'INSERT' or new.summary is distinct from old.summary then
     delete from memory_private.record_lines
      where workspace_id = new.workspace_id and record_id = new.record_id;
-    insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line)
+    insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
+    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line),
+           lower(l.line)
       from regexp_split_to_table(new.summary, '\n') with ordinality as l(line, n);
   end if;
   return null;

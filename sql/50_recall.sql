@@ -449,21 +449,13 @@ create function memory_private.matching_lines(
   as $$
   -- The lines (from 1) of the records' summaries that a query finds: it is part of the line
   -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
-  -- against the line's stored document in record_lines: as written or English-stemmed, CJK
-  -- bigrams). One pass over the records' summaries and one over their line documents.
-  select r.record_id, l.n::integer
-    from memory_private.records r
-   cross join lateral regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
-   where p_query is not null
-     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and strpos(r.search_text, lower(p_query)) > 0  -- only summaries holding it are split
-     and strpos(lower(l.line), lower(p_query)) > 0
-  union
+  -- against the line's stored document: as written or English-stemmed, CJK bigrams). One pass
+  -- over the lines stored with the records (record_lines).
   select d.record_id, d.line_no
     from memory_private.record_lines d
    where p_query is not null
      and d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and d.document @@ any(p_terms)
+     and (strpos(d.folded, lower(p_query)) > 0 or d.document @@ any(p_terms))
 $$;
 comment on function memory_private.matching_lines(text, bigint[], text, tsquery[]) is
   'The summary lines (record, line number) a query_memories search finds among the given '

@@ -220,6 +220,19 @@ def load_world(dsn: str) -> None:
         conn.execute("select memory_private.advance_clock('31 minutes')")
     done = run_worker_until_idle(dsn)
     assert "committed:extract" in done and "committed:consolidate" in done, done
+    with psycopg.connect(dsn, autocommit=True) as conn:  # usage to carry over
+        w = World(conn)
+        w.request("up1", "r1b", chat="dm-alice", user="alice", status="running")
+        found = conn.execute("select memory.query_memories('up1', 'r1b', 'c1', %s)",
+                             (Jsonb({"query": "tea"}),)).fetchone()
+        assert found is not None and found[0]["count"] >= 1, found
+
+
+def usage_of(dsn: str) -> list[tuple[object, ...]]:
+    """Every record's usage as the operator view shows it."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("select workspace_id, record_id, usage_count, last_used_at "
+                            "from memory.record_status order by 1, 2").fetchall()
 
 
 def tenant_rows(dsn: str) -> dict[str, int]:
@@ -278,11 +291,14 @@ def upgrade(server: Server, name: str, release_dir: Path, head_dir: Path | None,
     assert api_of(dsn) == release.api, "the manifest's API is not what the release builds"
     load_world(dsn)
     rows = tenant_rows(dsn)
+    usage = usage_of(dsn)
+    assert any(n == 1 for _, _, n, _ in usage), usage
     head = head_dir or schema.MIGRATIONS_DIR
     applied = schema.migrate(dsn, directory=head_dir)
     assert applied == [p.stem for p in schema.migration_files(head)
                        if p.name not in release.migrations]
     assert {t: n for t, n in tenant_rows(dsn).items() if t in rows} == rows, "rows were lost"
+    assert usage_of(dsn) == usage, "the records' usage changed"
     return dsn
 
 
@@ -318,6 +334,11 @@ def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_b
     with psycopg.connect(db_dsn) as conn:
         want = snapshot(conn)
     assert_same_schema(snapshot_at_zero_clock(dsn), want)
+    with psycopg.connect(dsn) as conn:  # what later migrations fill in from the data
+        assert conn.execute(
+            "select count(*), count(*) filter (where d.folded is distinct from "
+            "lower(split_part(r.summary, e'\\n', d.line_no))) from memory_private.record_lines d "
+            "join memory_private.records r using (workspace_id, record_id)").fetchone()[1] == 0
     smoke(dsn)
 
 

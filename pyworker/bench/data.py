@@ -282,8 +282,10 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                  from memory_private.records where workspace_id = any(%s)""",
             ([r[0] for r in tables["workspaces"].rows],))
         conn.execute(
-            """insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-               select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
+            """insert into memory_private.record_lines
+                 (workspace_id, record_id, line_no, document, folded)
+               select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line),
+                      lower(l.line)
                  from memory_private.records r
                 cross join regexp_split_to_table(r.summary, e'\\n') with ordinality as l(line, n)
                 where r.workspace_id = any(%s)""",
