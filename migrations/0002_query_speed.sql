@@ -7,6 +7,7 @@
 --   once, at the end.
 -- - A record's lines keep their folded text, so a literal search finds its lines without
 --   splitting and folding summaries.
+-- - records.search_text is compressed last, so a literal search need not decompress it.
 -- - A search or browse validates as many records as it shows first (was four more).
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
@@ -58,6 +59,8 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
     on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
 
 alter table memory_private.records drop column last_used_at, drop column usage_count;
+-- New and rewritten rows compress the summary before search_text (existing rows keep theirs).
+alter table memory_private.records alter column search_text set storage main;
 
 -- The lines' folded text, filled from the summaries (one pass over record_lines).
 alter table memory_private.record_lines add column folded text;

@@ -89,6 +89,10 @@ comment on table memory_private.records is
 comment on column memory_private.records.search_text is
   'Title and summary case-folded at write time (lower(title), a newline, lower(summary)), so '
   'query_memories'' literal search does not fold every record of the scope on each call.';
+-- Compressed last: a row too large for a page's share is made smaller by compressing the
+-- summary first, so the literal search, which reads search_text in every record of a scope,
+-- does not decompress it record by record (shown records decompress their summary instead).
+alter table memory_private.records alter column search_text set storage main;
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
 -- A scope belongs to one workspace: without this the planner multiplies the two columns'

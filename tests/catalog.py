@@ -45,6 +45,15 @@ QUERIES = {
                                   order by c.ordinal_position)
           from information_schema.columns c where c.table_schema = any(%(s)s)
          order by 1, 2, 10""",
+    # A column stored other than its type's default (set storage main/external/...).
+    "column_storage": """
+        select n.nspname, c.relname, a.attname, a.attstorage::text
+          from pg_attribute a join pg_class c on c.oid = a.attrelid
+          join pg_namespace n on n.oid = c.relnamespace
+          join pg_type t on t.oid = a.atttypid
+         where n.nspname = any(%(s)s) and c.relkind in ('r', 'p') and a.attnum > 0
+           and not a.attisdropped and a.attstorage <> t.typstorage
+         order by 1, 2, 3""",
     "column_grants": """
         select n.nspname, c.relname, a.attname, a.attacl::text
           from pg_attribute a join pg_class c on c.oid = a.attrelid
