@@ -119,6 +119,71 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
 
+create or replace function memory_private.invalid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
+) returns table (record_id bigint, reason text)
+  language plpgsql stable
+  as $$
+declare
+  v_scope_reason text;
+  v_reader text;
+  v_ids bigint[];
+  v_no_grant bigint[];
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The scope's facts are read once; then one query decides every record of the set: the first
+  -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
+  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
+  -- into that plan. Ids that are not records of the scope are not returned.
+  select s.user_id into v_reader from memory_private.scopes s
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
+  if not found then
+    return;  -- no scope, no records of it
+  end if;
+  v_reader := coalesce(v_reader, p_requester);
+  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  -- The records of the set that are the scope's, and those drawing on a repository the reader
+  -- may not read, in one read of the records.
+  select coalesce(array_agg(r.record_id), '{}'),
+         coalesce(array_agg(r.record_id) filter (
+           where v_reader is not null
+             and exists (select 1 from unnest(r.repositories) as repo(repository_id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.repository_id))),
+           '{}')
+    into v_ids, v_no_grant
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and r.scope_id = p_scope_id;
+  return query
+    with failing as materialized (
+      -- One pass over every record of the set (not one per record).
+      select x.record_id, x.reason
+        from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
+      union all
+      select g.id, 'grant_revoked' from unnest(v_no_grant) as g(id)
+    )
+    , first as (
+      select distinct on (f.record_id) f.record_id, f.reason
+        from failing f join memory_private.invalid_reasons ir on ir.reason = f.reason
+       order by f.record_id, ir.rank
+    )
+    select i.id, coalesce(v_scope_reason, first.reason)
+      from unnest(v_ids) as i(id)
+      left join first on first.record_id = i.id;
+end
+$$;
+comment on function memory_private.invalid_records(text, bigint, bigint[], text) is
+  'The validity rule for records of one scope: each given id that is a record of the scope, with '
+  'the first reason in rank order (memory_private.invalid_reasons) why it may not be recalled '
+  'now for the requester, or NULL when it may: the scope''s checks for the reader, then the '
+  'record''s reasons (bot replaced, a dependency removed, expired, edited or forgotten), then a '
+  'repository grant the reader lacks. One query for the whole set; every reader of records uses '
+  'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
+  'membership and grants are not checked.';
+
 create or replace function memory_private.first_valid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
   p_requester text

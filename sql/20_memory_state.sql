@@ -498,6 +498,7 @@ declare
   v_scope_reason text;
   v_reader text;
   v_ids bigint[];
+  v_no_grant bigint[];
   v_now timestamptz := memory_private.clock_now();
 begin
   -- The scope's facts are read once; then one query decides every record of the set: the first
@@ -511,24 +512,28 @@ begin
   end if;
   v_reader := coalesce(v_reader, p_requester);
   v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
-  v_ids := array(select r.record_id from memory_private.records r
-                  where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-                    and r.scope_id = p_scope_id);
+  -- The records of the set that are the scope's, and those drawing on a repository the reader
+  -- may not read, in one read of the records.
+  select coalesce(array_agg(r.record_id), '{}'),
+         coalesce(array_agg(r.record_id) filter (
+           where v_reader is not null
+             and exists (select 1 from unnest(r.repositories) as repo(repository_id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.repository_id))),
+           '{}')
+    into v_ids, v_no_grant
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and r.scope_id = p_scope_id;
   return query
     with failing as materialized (
       -- One pass over every record of the set (not one per record).
       select x.record_id, x.reason
         from memory_private.record_reasons(p_workspace_id, p_scope_id, v_ids, v_now) x
       union all
-      select r.record_id, 'grant_revoked'
-        from memory_private.records r
-       where v_reader is not null
-         and r.workspace_id = p_workspace_id and r.record_id = any(v_ids)
-         and exists (select 1 from unnest(r.repositories) as repo(repository_id)
-                      where not exists (select 1 from memory_private.repository_grants g
-                                         where g.workspace_id = p_workspace_id
-                                           and g.user_id = v_reader
-                                           and g.repository_id = repo.repository_id))
+      select g.id, 'grant_revoked' from unnest(v_no_grant) as g(id)
     )
     , first as (
       select distinct on (f.record_id) f.record_id, f.reason
