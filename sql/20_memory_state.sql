@@ -740,11 +740,13 @@ begin
       select r.record_id from memory_private.records r
        where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
          and (p_record_id is null or r.record_id = p_record_id)
-         -- search_text is the folded title and summary; the re-check on title and summary
-         -- apart only runs for its matches (a query spanning the newline is no match).
+         -- search_text is the folded title, a newline and the folded summary: a query without
+         -- a newline found in it is in one of the two; one with a newline is re-checked on
+         -- each apart (a query spanning the title's end is no match).
          and (v_query is null
               or (strpos(r.search_text, v_query) > 0
-                  and (strpos(lower(r.title), v_query) > 0
+                  and (strpos(v_query, e'\n') = 0
+                       or strpos(lower(r.title), v_query) > 0
                        or strpos(lower(r.summary), v_query) > 0)))
        order by r.created_at desc, r.record_id desc
        limit v_size offset v_offset);

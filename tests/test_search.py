@@ -133,3 +133,15 @@ def test_a_long_query_searches_its_first_32_words(conn: psycopg.Connection, w: W
     assert matched(query(conn, "ws1", "live", "q1", {"query": " ".join(words)})) == [
         (early, "words")]
     assert late in ids(query(conn, "ws1", "live", "q2", {"query": "omega"}))
+
+
+def test_a_literal_match_lies_in_the_title_or_in_the_summary_never_across_them(
+        conn: psycopg.Connection, w: World) -> None:
+    # search_text folds the title, a newline and the summary into one text: a query holding a
+    # newline may be found there across the two, and that is no literal match.
+    across = add(conn, w, "across", "Zephyr alpha", "beta and more")
+    inside = add(conn, w, "inside", "Notes", "zephyr alpha\nbeta and more")
+    found = matched(query(conn, "ws1", "live", "q1", {"query": "Zephyr alpha\nbeta"}))
+    assert (inside, "literal") in found and (across, "literal") not in found, found
+    assert matched(query(conn, "ws1", "live", "q2", {"query": "ALPHA"}))[:2] == [
+        (inside, "literal"), (across, "literal")]
