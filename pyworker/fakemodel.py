@@ -118,7 +118,9 @@ class FakeModel:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # Checks for shutdown every 50 ms (the default 0.5 s is what each stop would wait).
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                        daemon=True)
 
     # lifecycle -------------------------------------------------------------------------------
 

@@ -1,30 +1,47 @@
 """Installs pimem as a user would, away from the checkout, and runs the documented commands.
 
 The repository's HEAD (``git archive``: what is committed, not the working tree) is unpacked into
-a temporary directory; ``python -m build`` makes the sdist and a wheel from that sdist, and
-``pip wheel`` makes a wheel straight from the tree (without build isolation, to save time); both
-wheels must hold the same files: every
-subpackage, the schema, the migrations, the prompts and the data. The wheel built from the sdist
-goes into a fresh virtual environment outside the checkout (its dependencies come from the
-package index, so pip's cache makes repeated runs cheap), and from a directory outside the
-checkout that environment's ``pimem`` migrates an empty database of the throwaway server (twice:
-the second run is a no-op), runs the worker once over a finished conversation with the offline
-model, runs the demo, shows the status, and exports the tool schemas. About 20 s on the 2-core
-machine with a warm pip cache, 45-75 s while other test suites share it.
+a temporary directory. The sdist is built from it, and the wheel from that sdist, by the PEP 517
+hooks in a build environment that holds only what ``[build-system] requires`` names (what
+``python -m build`` does in its isolated environment); ``pip wheel`` makes a second wheel straight
+from the tree (without build isolation); both wheels must hold the same files: every subpackage,
+the schema, the migrations, the prompts and the data. The wheel built from the sdist goes into a
+fresh virtual environment outside the checkout, and from a directory outside the checkout that
+environment's ``pimem`` migrates an empty database of the throwaway server (twice: the second run
+is a no-op), runs the worker once over a finished conversation with the offline model, runs the
+demo, shows the status, and exports the tool schemas.
+
+Two environments are kept between runs in pytest's cache (``.pytest_cache/d/pimem-install``),
+each made by pip once and named by a hash of what it holds and of the interpreter: the build
+environment (``[build-system] requires``), and a dependency layer holding the wheel's own
+``Requires-Dist`` (its runtime dependencies, never pimem and never the checkout). The fresh venv
+sees the layer through a ``.pth`` file; pip, with no index, installs the wheel into the fresh venv
+and checks every dependency the wheel declares against the layer (one that is missing fails the
+install). Making them costs what installing from the index did (about 10 s); reusing them saves
+it. ``PIMEM_TEST_INSTALL=fresh`` installs the wheel with its dependencies from the package index
+into the fresh venv and builds with ``python -m build``'s own isolation, as before (about 20 s on
+the 2-core machine, 45-75 s while other test suites share it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
+from typing import Literal
 
 import psycopg
+import pyproject_hooks
 import pytest
+from build import ProjectBuilder
+from packaging.requirements import Requirement
 
 import pyworker
 from pyworker import schema
@@ -67,7 +84,59 @@ def expected_files(src: Path) -> set[str]:
     return files
 
 
-def build_and_install(base: Path) -> dict[str, Path]:
+def cached_env(cache: Path, name: str, requirements: list[str]) -> Path:
+    """A venv holding ``requirements`` and what pip resolves for them, made once and kept under
+    ``cache`` by a name that changes with the requirements and the interpreter (a made one is
+    renamed into place only when complete)."""
+    key = hashlib.sha256(json.dumps([sorted(requirements), sys.version, sys.base_prefix,
+                                     sys.platform]).encode()).hexdigest()[:16]
+    env = cache / f"{name}-{key}"
+    if (env / "complete").exists():
+        return env
+    making = cache / f"{name}-{key}.making-{os.getpid()}"
+    shutil.rmtree(making, ignore_errors=True)
+    python = sys.executable
+    run([python, "-m", "venv", "--without-pip", str(making)], cwd=cache)
+    run([python, "-m", "pip", "--python", str(making / "bin" / "python"), "install", "-q",
+         *requirements], cwd=cache)
+    (making / "complete").write_text("\n".join(requirements) + "\n")
+    try:
+        making.rename(env)
+    except OSError:  # another run made it first
+        shutil.rmtree(making, ignore_errors=True)
+    return env
+
+
+def site_packages(venv: Path) -> Path:
+    [path] = (venv / "lib").glob("python3*/site-packages")
+    return path
+
+
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines that are not an extra's."""
+    with zipfile.ZipFile(wheel) as z:
+        [meta] = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = z.read(meta).decode().splitlines()
+    requirements = [Requirement(line.split(":", 1)[1].strip()) for line in lines
+                    if line.startswith("Requires-Dist:")]
+    return [str(r) for r in requirements if r.marker is None or "extra" not in str(r.marker)]
+
+
+def build_in(env: Path, source: Path, distribution: Literal["sdist", "wheel"],
+             outdir: Path) -> Path:
+    """What ``python -m build`` does in its isolated environment, in ``env``: the build
+    backend's own requirements installed there, then its hook."""
+    python = env / "bin" / "python"
+    builder = ProjectBuilder(source, python_executable=str(python),
+                             runner=pyproject_hooks.quiet_subprocess_runner)
+    extra = sorted(builder.get_requires_for_build(distribution))
+    if extra:
+        run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *extra],
+            cwd=outdir.parent)
+    return Path(builder.build(distribution, outdir))
+
+
+def build_and_install(base: Path, cache: Path) -> dict[str, Path]:
     """The clean copy, its sdist, the wheel from the sdist, the wheel from the tree, and a
     fresh venv with the former installed."""
     src = base / "src"
@@ -76,18 +145,38 @@ def build_and_install(base: Path) -> dict[str, Path]:
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     python = sys.executable
-    run([python, "-m", "build", "--outdir", str(base / "dist"), str(src)], cwd=base)
+    fresh = os.environ.get("PIMEM_TEST_INSTALL") == "fresh"
+    dist = base / "dist"
+    if fresh:
+        run([python, "-m", "build", "--outdir", str(dist), str(src)], cwd=base)
+    else:
+        dist.mkdir()
+        requires = tomllib.loads((src / "pyproject.toml").read_text())["build-system"]["requires"]
+        build_env = cached_env(cache, "build", list(requires))
+        built_sdist = build_in(build_env, src, "sdist", dist)
+        with tarfile.open(built_sdist) as t:
+            t.extractall(base / "unpacked", filter="data")
+        [unpacked] = (base / "unpacked").iterdir()
+        build_in(build_env, unpacked, "wheel", dist)
     run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
          str(base / "direct"), str(src)], cwd=base)
-    [from_sdist] = (base / "dist").glob("pimem-*.whl")
-    [sdist] = (base / "dist").glob("pimem-*.tar.gz")
+    [from_sdist] = dist.glob("pimem-*.whl")
+    [sdist] = dist.glob("pimem-*.tar.gz")
     [direct] = (base / "direct").glob("pimem-*.whl")
     venv = base / "venv"
     # A bare venv filled by this environment's pip (ensurepip would add 5-10 s and nothing the
     # test looks at).
     run([python, "-m", "venv", "--without-pip", str(venv)], cwd=base)
-    run([python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-         str(from_sdist)], cwd=base)
+    install = [python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
+    if fresh:
+        run([*install, str(from_sdist)], cwd=base)
+    else:
+        layer = cached_env(cache, "deps", runtime_requirements(from_sdist))
+        assert not list(site_packages(layer).glob("pimem*")), "the dependency layer holds pimem"
+        (site_packages(venv) / "pimem_test_dependencies.pth").write_text(
+            f"{site_packages(layer)}\n")
+        # No index: every dependency the wheel declares must be found in the layer.
+        run([*install, "--no-index", str(from_sdist)], cwd=base)
     home = base / "home"
     home.mkdir()
     return {"src": src, "wheel": from_sdist, "sdist": sdist, "direct": direct, "venv": venv,
@@ -115,8 +204,6 @@ def check_distributions(installed: dict[str, Path]) -> None:
     assert "Classifier: Topic :: Database" in metadata
     assert "Requires-Dist: yoyo-migrations" in metadata
     assert "Provides-Extra: bench" in metadata
-    import tarfile
-
     with tarfile.open(installed["sdist"]) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"sql/00_base.sql", "migrations/0001_initial.sql", "pgtap/01_roles.sql",
@@ -125,12 +212,14 @@ def check_distributions(installed: dict[str, Path]) -> None:
 
 @pytest.mark.slow  # builds, installs a venv, runs the commands
 def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_commands(
-        pg_server: Server, tmp_path: Path) -> None:
+        pg_server: Server, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """One test, so that parallel test workers do not build and install twice."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("the install test builds from `git archive HEAD`: needs git and a checkout")
     (tmp_path / "build").mkdir()
-    installed = build_and_install(tmp_path / "build")
+    pytest_cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    cache = pytest_cache.mkdir("pimem-install") if pytest_cache is not None else tmp_path
+    installed = build_and_install(tmp_path / "build", cache)
     check_distributions(installed)
     venv_bin = installed["venv"] / "bin"
     pimem = str(venv_bin / "pimem")
