@@ -4,6 +4,7 @@
 -- - Scheduling reads a scope's conversations from its requests, then each conversation's
 --   messages, instead of the workspace's every message for every scope
 --   (memory_private.extraction_units).
+-- - Adding counts returns at once when there is nothing to add (memory_private.add_counts).
 
 create or replace function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -84,6 +85,32 @@ comment on function memory_private.extraction_units(text, memory_private.scopes,
                                                     timestamptz) is
   'The conversations of a scope that qualify for extraction now, newest first, each with its '
   'byte size and its sources ({id, hash}).';
+
+create or replace function memory_private.add_counts(p_total jsonb, p_more jsonb) returns jsonb
+  language plpgsql immutable
+  as $$
+declare
+  v_key text;
+  v_value jsonb;
+  v_total jsonb := coalesce(p_total, '{}'::jsonb);
+begin
+  if p_more is null or p_more = '{}'::jsonb then
+    return v_total;  -- most steps of most ticks count nothing
+  end if;
+  for v_key, v_value in select key, value from jsonb_each(coalesce(p_more, '{}'::jsonb)) loop
+    if jsonb_typeof(v_value) = 'number'
+       and jsonb_typeof(coalesce(v_total -> v_key, '0'::jsonb)) = 'number' then
+      v_total := v_total || jsonb_build_object(
+        v_key, coalesce((v_total ->> v_key)::numeric, 0) + (v_value #>> '{}')::numeric);
+    else
+      v_total := v_total || jsonb_build_object(v_key, v_value);
+    end if;
+  end loop;
+  return v_total;
+end
+$$;
+comment on function memory_private.add_counts(jsonb, jsonb) is
+  'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
