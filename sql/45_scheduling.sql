@@ -25,6 +25,9 @@ declare
   v_value jsonb;
   v_total jsonb := coalesce(p_total, '{}'::jsonb);
 begin
+  if p_more is null or p_more = '{}'::jsonb then
+    return v_total;  -- most steps of most ticks count nothing
+  end if;
   for v_key, v_value in select key, value from jsonb_each(coalesce(p_more, '{}'::jsonb)) loop
     if jsonb_typeof(v_value) = 'number'
        and jsonb_typeof(coalesce(v_total -> v_key, '0'::jsonb)) = 'number' then
@@ -152,27 +155,34 @@ create function memory_private.extraction_units(
   -- The qualifying conversations of the scope (P2, P3, V10), newest first: one request each,
   -- with its retained, directed, untombstoned messages as {id, hash}, when it has a user and an
   -- assistant message, something not yet extracted at its hash, and has been idle itself.
-  select r.request_id, sum(octet_length(m.body))::integer,
-         jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
-                   order by m.created_at, m.message_id)
+  -- The scope's finished requests are read first (requests_scope_idx), then the messages of
+  -- each (messages_request_idx): never every message of the workspace for one scope, whatever
+  -- the planner believes of the tables' sizes (a plan for a small tenant read the workspace's
+  -- every message for every scope).
+  select r.request_id, u.bytes, u.sources
     from memory_private.requests r
-    join memory_private.messages m
-      on m.workspace_id = r.workspace_id and m.request_id = r.request_id
-    left join memory_private.extracted_sources e
-      on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
-     and e.message_id = m.message_id and e.content_hash = m.content_hash
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-     and r.status = 'succeeded' and r.finished_at <= p_cutoff
-     and r.bot_id = p_scope.bot_id and r.chat_id = p_scope.chat_id
+   cross join lateral (
+     select sum(octet_length(m.body))::integer as bytes,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
+                      order by m.created_at, m.message_id) as sources,
+            bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
+              and bool_or(e.message_id is null) as qualifies
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or p_scope.kind = 'private')
+        and not exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = m.workspace_id
+                           and t.scope_id = p_scope.scope_id and t.message_id = m.message_id)
+   ) u
+   where r.workspace_id = p_workspace_id and r.bot_id = p_scope.bot_id
+     and r.chat_id = p_scope.chat_id
      and (p_scope.kind = 'private' or r.topic_id = p_scope.topic_id)
-     and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-     and (m.directed or p_scope.kind = 'private')
-     and not exists (select 1 from memory_private.tombstones t
-                      where t.workspace_id = m.workspace_id and t.scope_id = p_scope.scope_id
-                        and t.message_id = m.message_id)
-   group by r.request_id, r.finished_at, r.created_at, r.updated_at
-  having bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
-     and bool_or(e.message_id is null)
+     and r.kind = 'interactive' and r.status = 'succeeded' and r.finished_at <= p_cutoff
+     and u.qualifies
      -- Idle window, per conversation: its own last activity (the request's update or finish,
      -- its messages' creation or edit; removed messages count too).
      and greatest(r.updated_at, r.finished_at,

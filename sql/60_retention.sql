@@ -119,15 +119,18 @@ begin
   -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
   -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
   -- it was made from.
+  -- The rule is asked once per scope that has records (a scope without any has nothing to
+  -- purge: the sweep runs every tick, and most scopes of a workspace may hold no record).
   v_ids := array(
     select distinct x.record_id
-      from memory_private.scopes s
-     cross join lateral memory_private.record_reasons(
-             s.workspace_id, s.scope_id,
-             array(select r.record_id from memory_private.records r
-                    where r.workspace_id = s.workspace_id and r.scope_id = s.scope_id)) x
+      from (select r.scope_id, array_agg(r.record_id) as record_ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id
+             group by r.scope_id) s
+     cross join lateral memory_private.record_reasons(p_workspace_id, s.scope_id,
+                                                      s.record_ids) x
       join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where s.workspace_id = p_workspace_id and ir.permanent);
+     where ir.permanent);
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;

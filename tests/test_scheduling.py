@@ -3,6 +3,8 @@ is cut, and when consolidation is scheduled. Time moves through the database clo
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
@@ -402,3 +404,19 @@ def test_maintenance_of_all_workspaces_sums_counts(conn: psycopg.Connection) -> 
     counts = maintenance(conn)
     assert counts["extract_jobs_created"] == 2 and counts["workspaces"] == 2
     assert {"leases_expired", "consolidate_jobs_created"} <= set(counts)
+
+
+@pytest.mark.parametrize(("total", "more", "expected"), [
+    ({"a": 1, "why": "x"}, {"a": 2, "b": 3, "why": "y"}, {"a": 3, "b": 3, "why": "y"}),
+    ({"a": 1}, {}, {"a": 1}),
+    ({"a": 1}, None, {"a": 1}),
+    (None, {}, {}),
+    (None, {"a": 1.5}, {"a": 1.5}),
+], ids=["adds_numbers_newer_text_wins", "empty", "null", "null_total", "into_null"])
+def test_maintenance_counts_add_up_and_nothing_adds_nothing(
+        conn: psycopg.Connection, total: dict | None, more: dict | None,
+        expected: dict) -> None:
+    [(result,)] = conn.execute("select memory_private.add_counts(%s::jsonb, %s::jsonb)",
+                               (None if total is None else json.dumps(total),
+                                None if more is None else json.dumps(more))).fetchall()
+    assert result == expected
