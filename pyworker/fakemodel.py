@@ -69,7 +69,39 @@ def oversize_reply(body: dict[str, Any]) -> str:
     return json.dumps(valid)
 
 
-class FakeModel:
+class LocalServer:
+    """A threaded HTTP server on 127.0.0.1 (an ephemeral port) serving from a daemon thread: the
+    lifecycle every fake server shares (this model server, the tests' fake Bot API). A subclass
+    passes its handler class and may override :meth:`closing`."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        # Checks for shutdown every 50 ms (the default 0.5 s is what each stop would wait).
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                        daemon=True)
+
+    def closing(self) -> None:
+        """Called before the server shuts down: release what waits."""
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.closing()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FakeModel(LocalServer):
     def __init__(self, *, prompt_tokens: int = 1200, completion_tokens: int = 300) -> None:
         self.mode = "ok"
         self.responder: Callable[[dict[str, Any]], str] = default_reply
@@ -114,30 +146,11 @@ class FakeModel:
                 self.wfile.write(raw)
 
         self._handler = Handler
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
+        super().__init__(Handler)
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        # Checks for shutdown every 50 ms (the default 0.5 s is what each stop would wait).
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                        daemon=True)
 
-    # lifecycle -------------------------------------------------------------------------------
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def closing(self) -> None:
+        self.release.set()  # a held call answers, so that the server can stop
 
     def reset(self, mode: str = "ok") -> None:
         with self._lock:

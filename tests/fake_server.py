@@ -1,15 +1,17 @@
 """The HTTP part of the tests' fake servers: a threaded server on 127.0.0.1 that answers every
-POST with JSON from :meth:`JsonServer.handle`."""
+POST with JSON from :meth:`JsonServer.handle`; its lifecycle is pyworker.fakemodel.LocalServer's,
+shared with the fake model server."""
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from pyworker.fakemodel import LocalServer
 
 
-class JsonServer:
+class JsonServer(LocalServer):
     def __init__(self) -> None:
         owner = self
 
@@ -34,31 +36,7 @@ class JsonServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client went away (a bot that stopped polling)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = int(self.server.server_address[1])
-        # Checks for shutdown every 50 ms (the default 0.5 s is what stopping each test's
-        # server would wait).
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                        daemon=True)
+        super().__init__(Handler)
 
     def handle(self, path: str, content_type: str, raw: bytes) -> tuple[int, Any]:
         raise NotImplementedError
-
-    def closing(self) -> None:
-        """Called before the server shuts down: release what waits."""
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.closing()
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
