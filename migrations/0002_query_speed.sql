@@ -7,7 +7,8 @@
 --   once, at the end.
 -- - A record's lines keep their folded text, so a literal search finds its lines without
 --   splitting and folding summaries.
--- - records.search_text is compressed last, so a literal search need not decompress it.
+-- - The literal search reads record_texts, the records' folded texts in narrow rows, instead of
+--   records.search_text in the records themselves (about half the pages, nothing to decompress).
 -- - A search or browse validates as many records as it shows first (was four more).
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
@@ -59,8 +60,32 @@ select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
     on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
 
 alter table memory_private.records drop column last_used_at, drop column usage_count;
--- New and rewritten rows compress the summary before search_text (existing rows keep theirs).
-alter table memory_private.records alter column search_text set storage main;
+-- The folded texts move to their own narrow table (filled from records.search_text).
+create table memory_private.record_texts (
+  workspace_id text not null,
+  record_id bigint not null,
+  scope_id bigint not null,
+  created_at timestamptz not null,
+  search_text text not null,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_texts is
+  'Each record''s title and summary case-folded at write time (lower(title), a newline, '
+  'lower(summary)), with its scope and date, written by a trigger on records '
+  '(memory_private.index_record): what query_memories'' literal search reads in every record of '
+  'the scope, newest first. Kept apart from records so that the scan reads narrow rows (about '
+  'half the pages of the records themselves) and folds nothing.';
+create index record_texts_scope_idx
+  on memory_private.record_texts (workspace_id, scope_id, created_at desc, record_id desc);
+create statistics memory_private.record_texts_scope_stats (dependencies, ndistinct)
+  on workspace_id, scope_id from memory_private.record_texts;
+comment on statistics memory_private.record_texts_scope_stats is
+  'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
+insert into memory_private.record_texts (workspace_id, record_id, scope_id, created_at, search_text)
+select workspace_id, record_id, scope_id, created_at, search_text from memory_private.records;
+analyze memory_private.record_texts;
+alter table memory_private.records drop column search_text;
 
 -- The lines' folded text, filled from the summaries (one pass over record_lines).
 alter table memory_private.record_lines add column folded text;
@@ -233,20 +258,30 @@ begin
   -- one set: a scope whose newest records are valid costs one short index scan and one
   -- validation, never a read of the whole scope. One snapshot throughout (stable).
   loop
-    v_chunk := array(
-      select r.record_id from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and (p_record_id is null or r.record_id = p_record_id)
-         -- search_text is the folded title, a newline and the folded summary: a query without
-         -- a newline found in it is in one of the two; one with a newline is re-checked on
-         -- each apart (a query spanning the title's end is no match).
-         and (v_query is null
-              or (strpos(r.search_text, v_query) > 0
-                  and (strpos(v_query, e'\n') = 0
-                       or strpos(lower(r.title), v_query) > 0
-                       or strpos(lower(r.summary), v_query) > 0)))
-       order by r.created_at desc, r.record_id desc
-       limit v_size offset v_offset);
+    if v_query is null then
+      v_chunk := array(
+        select r.record_id from memory_private.records r
+         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+           and (p_record_id is null or r.record_id = p_record_id)
+         order by r.created_at desc, r.record_id desc
+         limit v_size offset v_offset);
+    else
+      -- search_text is the folded title, a newline and the folded summary: a query without a
+      -- newline found in it is in one of the two; one with a newline is re-checked on each
+      -- apart (a query spanning the title's end is no match).
+      v_chunk := array(
+        select t.record_id from memory_private.record_texts t
+         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+           and (p_record_id is null or t.record_id = p_record_id)
+           and strpos(t.search_text, v_query) > 0
+           and (strpos(v_query, e'\n') = 0
+                or exists (select 1 from memory_private.records r
+                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
+                              and (strpos(lower(r.title), v_query) > 0
+                                   or strpos(lower(r.summary), v_query) > 0)))
+         order by t.created_at desc, t.record_id desc
+         limit v_size offset v_offset);
+    end if;
     v_valid := v_valid || memory_private.first_valid_records(
                  p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
                  p_requester);
@@ -562,6 +597,13 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
+  insert into memory_private.record_texts
+    (workspace_id, record_id, scope_id, created_at, search_text)
+  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
+          lower(new.title) || e'\n' || lower(new.summary))
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        search_text = excluded.search_text;
   if tg_op = 'INSERT' or new.summary is distinct from old.summary then
     delete from memory_private.record_lines
      where workspace_id = new.workspace_id and record_id = new.record_id;
@@ -574,13 +616,14 @@ begin
 end
 $$;
 comment on function memory_private.index_record() is
-  'Trigger: writes the search document of a record that was inserted or whose title, summary, '
-  'scope or date changed, and the documents of its summary''s lines when the summary is new.';
+  'Trigger: writes the search document and the folded text (record_texts) of a record that was '
+  'inserted or whose title, summary, scope or date changed, and the documents of its '
+  'summary''s lines when the summary is new.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select 2 $$;
+  as $$ select 3 $$;
 comment on function memory.schema_version() is
   'The schema version of this database: the number of the last migration applied (0001 = 1). '
   'pimem migrate fails when it differs from the version the package expects.';

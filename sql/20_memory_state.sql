@@ -75,8 +75,6 @@ create table memory_private.records (
   bot_identity text not null,
   origin_request_id text,
   created_at timestamptz not null,
-  search_text text not null
-    generated always as (lower(title) || e'\n' || lower(summary)) stored,
   primary key (workspace_id, record_id),
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
@@ -85,14 +83,6 @@ comment on table memory_private.records is
   'repositories they came from and the bot identity that made them. Validity is decided from '
   'current facts on every read; the retention sweep deletes records that can never be valid '
   'again.';
-
-comment on column memory_private.records.search_text is
-  'Title and summary case-folded at write time (lower(title), a newline, lower(summary)), so '
-  'query_memories'' literal search does not fold every record of the scope on each call.';
--- Compressed last: a row too large for a page's share is made smaller by compressing the
--- summary first, so the literal search, which reads search_text in every record of a scope,
--- does not decompress it record by record (shown records decompress their summary instead).
-alter table memory_private.records alter column search_text set storage main;
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
 -- A scope belongs to one workspace: without this the planner multiplies the two columns'
@@ -116,6 +106,28 @@ comment on table memory_private.record_usage is
   'for a record never returned. Kept apart from records so that counting a call rewrites a few '
   'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
   'Retention prunes the least recently used (memory_private.prune_records).';
+
+create table memory_private.record_texts (
+  workspace_id text not null,
+  record_id bigint not null,
+  scope_id bigint not null,
+  created_at timestamptz not null,
+  search_text text not null,
+  primary key (workspace_id, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_texts is
+  'Each record''s title and summary case-folded at write time (lower(title), a newline, '
+  'lower(summary)), with its scope and date, written by a trigger on records '
+  '(memory_private.index_record): what query_memories'' literal search reads in every record of '
+  'the scope, newest first. Kept apart from records so that the scan reads narrow rows (about '
+  'half the pages of the records themselves) and folds nothing.';
+create index record_texts_scope_idx
+  on memory_private.record_texts (workspace_id, scope_id, created_at desc, record_id desc);
+create statistics memory_private.record_texts_scope_stats (dependencies, ndistinct)
+  on workspace_id, scope_id from memory_private.record_texts;
+comment on statistics memory_private.record_texts_scope_stats is
+  'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
 create table memory_private.record_sources (
   workspace_id text not null,
@@ -736,20 +748,30 @@ begin
   -- one set: a scope whose newest records are valid costs one short index scan and one
   -- validation, never a read of the whole scope. One snapshot throughout (stable).
   loop
-    v_chunk := array(
-      select r.record_id from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and (p_record_id is null or r.record_id = p_record_id)
-         -- search_text is the folded title, a newline and the folded summary: a query without
-         -- a newline found in it is in one of the two; one with a newline is re-checked on
-         -- each apart (a query spanning the title's end is no match).
-         and (v_query is null
-              or (strpos(r.search_text, v_query) > 0
-                  and (strpos(v_query, e'\n') = 0
-                       or strpos(lower(r.title), v_query) > 0
-                       or strpos(lower(r.summary), v_query) > 0)))
-       order by r.created_at desc, r.record_id desc
-       limit v_size offset v_offset);
+    if v_query is null then
+      v_chunk := array(
+        select r.record_id from memory_private.records r
+         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+           and (p_record_id is null or r.record_id = p_record_id)
+         order by r.created_at desc, r.record_id desc
+         limit v_size offset v_offset);
+    else
+      -- search_text is the folded title, a newline and the folded summary: a query without a
+      -- newline found in it is in one of the two; one with a newline is re-checked on each
+      -- apart (a query spanning the title's end is no match).
+      v_chunk := array(
+        select t.record_id from memory_private.record_texts t
+         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+           and (p_record_id is null or t.record_id = p_record_id)
+           and strpos(t.search_text, v_query) > 0
+           and (strpos(v_query, e'\n') = 0
+                or exists (select 1 from memory_private.records r
+                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
+                              and (strpos(lower(r.title), v_query) > 0
+                                   or strpos(lower(r.summary), v_query) > 0)))
+         order by t.created_at desc, t.record_id desc
+         limit v_size offset v_offset);
+    end if;
     v_valid := v_valid || memory_private.first_valid_records(
                  p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
                  p_requester);

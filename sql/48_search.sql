@@ -153,6 +153,13 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
+  insert into memory_private.record_texts
+    (workspace_id, record_id, scope_id, created_at, search_text)
+  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
+          lower(new.title) || e'\n' || lower(new.summary))
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        search_text = excluded.search_text;
   if tg_op = 'INSERT' or new.summary is distinct from old.summary then
     delete from memory_private.record_lines
      where workspace_id = new.workspace_id and record_id = new.record_id;
@@ -165,8 +172,9 @@ begin
 end
 $$;
 comment on function memory_private.index_record() is
-  'Trigger: writes the search document of a record that was inserted or whose title, summary, '
-  'scope or date changed, and the documents of its summary''s lines when the summary is new.';
+  'Trigger: writes the search document and the folded text (record_texts) of a record that was '
+  'inserted or whose title, summary, scope or date changed, and the documents of its '
+  'summary''s lines when the summary is new.';
 
 create trigger records_index_record
   after insert or update of title, summary, scope_id, created_at on memory_private.records

@@ -339,6 +339,11 @@ def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_b
             "select count(*), count(*) filter (where d.folded is distinct from "
             "lower(split_part(r.summary, e'\\n', d.line_no))) from memory_private.record_lines d "
             "join memory_private.records r using (workspace_id, record_id)").fetchone()[1] == 0
+        assert conn.execute(
+            "select count(*) from memory_private.records r left join memory_private.record_texts t "
+            "using (workspace_id, record_id) where t.search_text is distinct from "
+            "lower(r.title) || e'\\n' || lower(r.summary) or t.scope_id <> r.scope_id "
+            "or t.created_at <> r.created_at").fetchone() == (0,)
     smoke(dsn)
 
 

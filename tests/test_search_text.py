@@ -1,5 +1,6 @@
 """query_memories' literal search reads the case-folded copy of title and summary stored on the
-record (records.search_text); the answer is the same as folding title and summary apart. The
+record (record_texts.search_text, written by a trigger); the answer is the same as folding title
+and summary apart. The
 word search's document (record_documents, written by a trigger) follows the text the same way,
 and so do the documents of the summary's lines (record_lines) that tell which lines a search
 found."""
@@ -20,8 +21,9 @@ def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
     u, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice")
     rec = make_record(conn, "ws1", "h1", [u], title="Green ΣΟΦΊΑ",
                       summary="Alpha\nBeta 花生 ÄÖÜ")
-    row = conn.execute("select search_text = lower(title) || e'\\n' || lower(summary) "
-                       "from memory_private.records where record_id = %s", (rec,)).fetchone()
+    row = conn.execute("select t.search_text = lower(r.title) || e'\\n' || lower(r.summary) "
+                       "from memory_private.records r join memory_private.record_texts t "
+                       "using (workspace_id, record_id) where record_id = %s", (rec,)).fetchone()
     assert row == (True,)
     assert ids(query(conn, "ws1", "live", "q1", {"query": "σοφία"})) == [rec]
     assert ids(query(conn, "ws1", "live", "q2", {"query": "äöü"})) == [rec]
@@ -30,7 +32,7 @@ def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
     # literal match, only the two words.
     answer = query(conn, "ws1", "live", "q4", {"query": "σοφία\nalpha"})
     assert [(r["id"], r["match"]) for r in answer["records"]] == [(rec, "words")]
-    # An edited title is folded again (a generated column), as a note's would be.
+    # An edited title is folded again (the trigger), as a note's would be.
     conn.execute("update memory_private.records set title = 'Black Coffee' "
                  "where record_id = %s", (rec,))
     assert ids(query(conn, "ws1", "live", "q5", {"query": "COFFEE"})) == [rec]

@@ -282,6 +282,13 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                  from memory_private.records where workspace_id = any(%s)""",
             ([r[0] for r in tables["workspaces"].rows],))
         conn.execute(
+            """insert into memory_private.record_texts
+                 (workspace_id, record_id, scope_id, created_at, search_text)
+               select workspace_id, record_id, scope_id, created_at,
+                      lower(title) || e'\\n' || lower(summary)
+                 from memory_private.records where workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
+        conn.execute(
             """insert into memory_private.record_lines
                  (workspace_id, record_id, line_no, document, folded)
                select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line),
