@@ -97,7 +97,7 @@ begin
   if p_more is null or p_more = '{}'::jsonb then
     return v_total;  -- most steps of most ticks count nothing
   end if;
-  for v_key, v_value in select key, value from jsonb_each(coalesce(p_more, '{}'::jsonb)) loop
+  for v_key, v_value in select key, value from jsonb_each(p_more) loop
     if jsonb_typeof(v_value) = 'number'
        and jsonb_typeof(coalesce(v_total -> v_key, '0'::jsonb)) = 'number' then
       v_total := v_total || jsonb_build_object(

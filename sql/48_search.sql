@@ -142,39 +142,59 @@ comment on function memory_private.search_document(text, text) is
   'The full-text document of a record: its title (weight A) and summary (weight B) as '
   'memory_private.text_document indexes them.';
 
-create function memory_private.index_record() returns trigger
-  language plpgsql volatile
+create function memory_private.index_records(
+  p_workspace_id text, p_record_ids bigint[], p_lines boolean
+) returns void
+  language sql volatile
   as $$
-begin
+  -- What the searches read of the given records, derived from their title and summary: the
+  -- word search's document, the literal search's folded text and, with p_lines, the documents
+  -- and folded texts of the summary's lines.
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
-  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
-          memory_private.search_document(new.title, new.summary))
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         memory_private.search_document(r.title, r.summary)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
   insert into memory_private.record_texts
     (workspace_id, record_id, scope_id, created_at, search_text)
-  values (new.workspace_id, new.record_id, new.scope_id, new.created_at,
-          lower(new.title) || e'\n' || lower(new.summary))
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         lower(r.title) || e'\n' || lower(r.summary)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         search_text = excluded.search_text;
-  if tg_op = 'INSERT' or new.summary is distinct from old.summary then
-    delete from memory_private.record_lines
-     where workspace_id = new.workspace_id and record_id = new.record_id;
-    insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
-    select new.workspace_id, new.record_id, l.n, memory_private.text_document(l.line),
-           lower(l.line)
-      from regexp_split_to_table(new.summary, '\n') with ordinality as l(line, n);
-  end if;
+  delete from memory_private.record_lines
+   where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
+  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line), lower(l.line)
+    from memory_private.records r
+   cross join regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
+   where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
+$$;
+comment on function memory_private.index_records(text, bigint[], boolean) is
+  'Writes what the searches read of the given records: their documents (record_documents), '
+  'their folded texts (record_texts) and, with p_lines, their lines'' documents and folded '
+  'texts (record_lines). The records trigger calls it for one record; a bulk load with '
+  'triggers off calls it for all it loaded.';
+
+create function memory_private.index_record() returns trigger
+  language plpgsql volatile
+  as $$
+begin
+  perform memory_private.index_records(
+            new.workspace_id, array[new.record_id],
+            tg_op = 'INSERT' or new.summary is distinct from old.summary);
   return null;
 end
 $$;
 comment on function memory_private.index_record() is
-  'Trigger: writes the search document and the folded text (record_texts) of a record that was '
-  'inserted or whose title, summary, scope or date changed, and the documents of its '
-  'summary''s lines when the summary is new.';
+  'Trigger: memory_private.index_records for a record that was inserted or whose title, '
+  'summary, scope or date changed; its lines only when the summary is new.';
 
 create trigger records_index_record
   after insert or update of title, summary, scope_id, created_at on memory_private.records

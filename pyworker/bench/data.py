@@ -272,30 +272,13 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                 where s.workspace_id = any(%s)
                 order by s.workspace_id, s.scope_id, d.message_id""",
             ([r[0] for r in tables["workspaces"].rows],))
-        # The records' search documents and their lines', which a trigger writes when triggers
+        # What the searches read of the records, which the records trigger writes when triggers
         # are on.
         conn.execute(
-            """insert into memory_private.record_documents
-                 (workspace_id, record_id, scope_id, created_at, document)
-               select workspace_id, record_id, scope_id, created_at,
-                      memory_private.search_document(title, summary)
-                 from memory_private.records where workspace_id = any(%s)""",
-            ([r[0] for r in tables["workspaces"].rows],))
-        conn.execute(
-            """insert into memory_private.record_texts
-                 (workspace_id, record_id, scope_id, created_at, search_text)
-               select workspace_id, record_id, scope_id, created_at,
-                      lower(title) || e'\\n' || lower(summary)
-                 from memory_private.records where workspace_id = any(%s)""",
-            ([r[0] for r in tables["workspaces"].rows],))
-        conn.execute(
-            """insert into memory_private.record_lines
-                 (workspace_id, record_id, line_no, document, folded)
-               select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line),
-                      lower(l.line)
-                 from memory_private.records r
-                cross join regexp_split_to_table(r.summary, e'\\n') with ordinality as l(line, n)
-                where r.workspace_id = any(%s)""",
+            """select memory_private.index_records(
+                        w, array(select r.record_id from memory_private.records r
+                                  where r.workspace_id = w), true)
+                 from unnest(%s::text[]) w""",
             ([r[0] for r in tables["workspaces"].rows],))
     return len(tables["records"].rows)
 
