@@ -5,8 +5,14 @@
 -- - The lines a search finds are found for all shown records in one pass (matching_lines in set
 --   form) and shown_sources is one planned statement; query_memories writes its tool_calls row
 --   once, at the end.
--- - A record's lines keep their folded text, so a literal search finds its lines without
---   splitting and folding summaries.
+-- - The lines a literal search finds are read from the shown records' summaries, and the sources
+--   they cite from the lines themselves (memory_private.cited_ids, the rule the record was written
+--   with), instead of an index lookup per line in record_lines and record_line_sources.
+-- - A record's sources in order and a record's dependencies with their hashes are read from an
+--   index alone (record_sources' position key includes message_id; record_dependencies' primary
+--   key includes content_hash).
+-- - A tool call resolves its request once (memory_private.request_scope); the scope's checks are
+--   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined.
 -- - The literal search reads record_texts, the records' folded texts in narrow rows, instead of
 --   records.search_text in the records themselves (about half the pages, nothing to decompress).
 -- - A search or browse validates as many records as it shows first (was four more).
@@ -87,46 +93,128 @@ select workspace_id, record_id, scope_id, created_at, search_text from memory_pr
 analyze memory_private.record_texts;
 alter table memory_private.records drop column search_text;
 
--- The lines' folded text, filled from the summaries (one pass over record_lines).
-alter table memory_private.record_lines add column folded text;
-update memory_private.record_lines d
-   set folded = lower(l.line)
-  from memory_private.records r
- cross join lateral regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
- where d.workspace_id = r.workspace_id and d.record_id = r.record_id and d.line_no = l.n;
-alter table memory_private.record_lines alter column folded set not null;
-comment on column memory_private.record_lines.folded is
-  'The line case-folded (lower): what a literal search finds in the line, without splitting and '
-  'folding the summary at every call.';
+-- Sources in order and dependencies with their hashes, from the index alone.
+alter table memory_private.record_sources
+  drop constraint record_sources_workspace_id_record_id_position_key,
+  add constraint record_sources_workspace_id_record_id_position_key
+    unique (workspace_id, record_id, position) include (message_id);
+alter table memory_private.record_dependencies
+  drop constraint record_dependencies_pkey,
+  add constraint record_dependencies_pkey
+    primary key (workspace_id, record_id, message_id) include (content_hash);
 
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
 drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
+drop function memory_private.shown_sources(text, bigint[], text);
+
+create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
+  language sql immutable parallel safe
+  as $$
+  -- The line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text. An id
+  -- cited twice comes twice.
+  select t.token
+    from regexp_matches(p_line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.cited_ids(text, text[]) is
+  'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
+  'The citation rule for writing records (memory_private.line_citations) and for showing the '
+  'sources of the lines a search finds.';
+
+create function memory_private.request_scope(
+  p_request memory_private.requests
+) returns memory_private.scopes
+  language plpgsql volatile
+  as $$
+declare
+  v_request memory_private.requests := p_request;
+  v_ws text := p_request.workspace_id;
+  v_chat memory_private.chats;
+  v_scope memory_private.scopes;
+begin
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      v_request.request_id using errcode = 'MB005';
+  end if;
+  select * into v_chat from memory_private.chats
+   where workspace_id = v_ws and chat_id = v_request.chat_id;
+
+  if v_chat.kind = 'private' then
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
+      values (v_ws, 'private', v_request.bot_id, v_chat.chat_id,
+              v_chat.private_user_id, memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    end if;
+  else
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
+      values (v_ws, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
+              memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    end if;
+  end if;
+  return v_scope;
+end
+$$;
+comment on function memory_private.request_scope(memory_private.requests) is
+  'The one scope of an interactive request (a row the caller has read), created on first use: '
+  'private for a private chat, shared (group + topic) for a group. Raises MB005 for scheduled '
+  'requests (V5).';
 
 create function memory_private.matching_lines(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_terms tsquery[]
-) returns table (record_id bigint, line_no integer)
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_word_ids bigint[],
+  p_terms tsquery[]
+) returns table (record_id bigint, line_no integer, line text)
   language sql stable
   as $$
-  -- The lines (from 1) of the records' summaries that a query finds: it is part of the line
-  -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
-  -- against the line's stored document: as written or English-stemmed, CJK bigrams). One pass
-  -- over the lines stored with the records (record_lines).
-  select d.record_id, d.line_no
-    from memory_private.record_lines d
+  -- The lines (from 1) of the records' summaries that a query finds, with their text: the query
+  -- is part of the line (case-folded), or, in the records found by their words (p_word_ids), the
+  -- line holds one of the words (p_terms, memory_private.search_terms of the query, against the
+  -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
+  -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
+  -- just read).
+  select r.record_id, l.n::integer, l.line
+    from memory_private.records r
+   cross join lateral string_to_table(r.summary, e'\n') with ordinality as l(line, n)
    where p_query is not null
-     and d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and (strpos(d.folded, lower(p_query)) > 0 or d.document @@ any(p_terms))
+     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and (strpos(lower(l.line), lower(p_query)) > 0
+          -- not correlated: one index read of the word-found records' lines, then a hash
+          -- probe per line (a correlated EXISTS may be hashed over every line of the table)
+          or (r.record_id, l.n) in (
+               select d.record_id, d.line_no::bigint
+                 from memory_private.record_lines d
+                where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
+                  and d.document @@ any(p_terms)))
 $$;
-comment on function memory_private.matching_lines(text, bigint[], text, tsquery[]) is
-  'The summary lines (record, line number) a query_memories search finds among the given '
-  'records: literal, or by one of its words given as p_terms, read from the lines'' stored '
+comment on function memory_private.matching_lines(text, bigint[], text, bigint[], tsquery[]) is
+  'The summary lines (record, line number, text) a query_memories search finds among the given '
+  'records: those holding the query (case-insensitive), and in the records found by their words '
+  '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
   'documents (record_lines).';
 
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
   p_last_used_at timestamptz
 ) returns jsonb
-  language sql immutable
+  language sql stable
+  -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
+  -- function calling them is not inlined (a separate execution for every record shown).
   as $$
   select jsonb_build_object(
            'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
@@ -143,6 +231,267 @@ comment on function memory_private.record_detail(memory_private.records, jsonb, 
   'source ids, how many sources there are and how many were not shown, dates (R5). '
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
+
+create function memory_private.shown_sources(
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
+) returns table (record_id bigint, source_ids text[], total integer)
+  language plpgsql stable
+  as $$
+declare
+  v_terms tsquery[];
+  v_word_ids bigint[] := array(select m.key::bigint from jsonb_each_text(p_matches) m
+                                where m.value <> 'literal');
+begin
+  -- Each record's sources in the order its summary uses them; for a search, those cited by the
+  -- lines the query finds (memory_private.matching_lines; a line's citations are its bracketed
+  -- ids, memory_private.cited_ids, as when the record was written) come first. The first
+  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept for
+  -- the session (plpgsql); a record without sources has no row. The words are looked for only
+  -- in the records found by them (p_matches: record id -> how it matched), not in literal
+  -- matches.
+  if p_query is not null and cardinality(v_word_ids) > 0 then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  return query
+    with src as materialized (
+      select rs.record_id, rs.message_id, rs.position
+        from memory_private.record_sources rs
+       where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
+    ), first_line as materialized (
+      select f.record_id, c.id as message_id, min(f.line_no) as line_no
+        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_word_ids,
+                                           v_terms) f
+        join (select s.record_id, array_agg(s.message_id) as ids
+                from src s group by s.record_id) k on k.record_id = f.record_id
+       cross join lateral memory_private.cited_ids(f.line, k.ids) as c(id)  -- inlined
+       group by f.record_id, c.id
+    )
+    select s.record_id,
+           (array_agg(s.message_id order by h.line_no nulls last, s.position))
+             [1:(memory_private.policy()).shown_sources],
+           count(*)::integer
+      from src s
+      left join first_line h on h.record_id = s.record_id and h.message_id = s.message_id
+     group by s.record_id;
+end
+$$;
+comment on function memory_private.shown_sources(text, bigint[], text, jsonb) is
+  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
+  'order the summary uses them, the sources cited on the lines a search query finds first '
+  '(memory_private.matching_lines: literally in every record, by its words in those p_matches '
+  'says were found by words or fuzzy), and how many sources the record has.';
+
+create or replace function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
+  select distinct l.n::integer, c.id
+    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+   cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
+$$;
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2], memory_private.cited_ids), with the line''s number (from 1).';
+
+create or replace function memory_private.scope_checks(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language sql stable
+  as $$
+  -- One query (inlined into its callers' plans): the scope, its bot, its chat's link and the
+  -- reader's membership. The reader: the private scope's user, or the requester of a shared
+  -- scope (none for background work, which then checks no membership). No scope, no rows.
+  select c.rank, c.check_name, c.reason, c.ok, c.detail
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+    left join memory_private.chats ch
+      on ch.workspace_id = s.workspace_id and ch.chat_id = s.chat_id
+    left join memory_private.members m
+      on m.workspace_id = s.workspace_id and m.user_id = coalesce(s.user_id, p_requester)
+   cross join lateral (values
+    (1, 'recall_enabled', 'recall_disabled', s.recall_enabled,
+     case when s.recall_enabled then 'recall is on in the scope'
+          else 'recall is off in the scope (records kept, not read)' end),
+    (2, 'bot_active', 'bot_inactive', coalesce(b.active, false),
+     case when b.bot_id is null then format('bot %s is unknown', s.bot_id)
+          when b.active then format('bot %s is active', b.bot_id)
+          else format('bot %s is inactive', b.bot_id) end),
+    (3, 'group_linked', 'group_unlinked', s.kind = 'private' or coalesce(ch.linked, false),
+     case when s.kind = 'private' then 'private scope: no group link needed'
+          when ch.linked then format('group %s is linked', s.chat_id)
+          else format('group %s is not linked', s.chat_id) end),
+    (4, 'membership', 'membership',
+     coalesce(s.user_id, p_requester) is null or coalesce(m.active, false),
+     case when coalesce(s.user_id, p_requester) is null
+            then 'shared scope and no requester: per-requester membership not checked'
+          when m.user_id is null
+            then format('user %s is not a member of the workspace',
+                        coalesce(s.user_id, p_requester))
+          when m.active then format('user %s is an active %s', m.user_id, m.role)
+          else format('user %s is an inactive member', m.user_id) end),
+    (4, 'requester_is_scope_user', 'membership',
+     p_requester is null or s.kind <> 'private' or p_requester = s.user_id,
+     case when p_requester is null then 'no requester given'
+          when s.kind <> 'private' then 'shared scope: any active member'
+          when p_requester = s.user_id then 'the requester owns the private scope'
+          else format('the private scope belongs to %s, not %s', s.user_id,
+                      p_requester) end)
+   ) as c(rank, check_name, reason, ok, detail)
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+$$;
+comment on function memory_private.scope_checks(text, bigint, text) is
+  'The checks of the validity rule that depend on the scope and the reader, not on a record, '
+  'in rank order, each with ok and a detail: recall on, bot active, group linked, membership '
+  '(the reader is an active member; a requester of a private scope is its user). The reader is '
+  'the private scope''s user or the requester of a shared scope.';
+
+create or replace function memory_private.scope_reason(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns text
+  language plpgsql stable
+  as $$
+begin
+  -- plpgsql: the plan (scope_checks inlined) is kept for the session.
+  return (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1);
+end
+$$;
+comment on function memory_private.scope_reason(text, bigint, text) is
+  'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
+
+create or replace function memory_private.scope_of_request(
+  p_workspace_id text, p_request_id text
+) returns memory_private.scopes
+  language plpgsql volatile
+  as $$
+begin
+  return memory_private.request_scope(
+           memory_private.known_request(p_workspace_id, p_request_id));
+end
+$$;
+comment on function memory_private.scope_of_request(text, text) is
+  'The one scope of an interactive request given by its ids (memory_private.known_request: '
+  'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
+  'scheduled requests (V5).';
+
+create or replace function memory_private.begin_tool_call(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
+  p_allowed_keys text[],
+  out request memory_private.requests, out scope memory_private.scopes,
+  out previous memory_private.tool_calls
+)
+  language plpgsql volatile
+  as $$
+begin
+  -- What both tools do first: a known request, a tool call id, arguments that are a JSON
+  -- object of the tool's keys (their values are the tool's to check), an interactive request
+  -- (V5); then the workspace's memory lock (a tool call writes: usage, a change) and the
+  -- request's scope; and the earlier call with this id, which must have been the same tool
+  -- with the same arguments (MB003).
+  request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_id('tool_call_id', p_tool_call_id);
+  perform memory_private.check_tool_args(p_args, p_allowed_keys);
+  if request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
+  end if;
+  perform memory_private.lock_workspace(p_workspace_id);
+  scope := memory_private.request_scope(request);
+  select * into previous from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool_call_id = p_tool_call_id;
+  if found and (previous.tool <> p_tool
+                or previous.args_hash <> memory_private.args_hash(p_args)) then
+    raise exception 'tool call % of request % was already made with other arguments',
+      p_tool_call_id, p_request_id using errcode = 'MB003',
+      hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
+  end if;
+end
+$$;
+comment on function memory_private.begin_tool_call(text, text, text, text, jsonb, text[]) is
+  'The start both memory tools share: validates the request (MB001/MB002), the tool call id, '
+  'the argument keys (MB001) and that the request is interactive (MB005); takes the workspace''s '
+  'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
+  'first call), raising MB003 when that was another tool or other arguments.';
+
+create or replace function memory.recall(p_workspace_id text, p_request_id text) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_frozen memory_private.request_recall;
+  v_mode text;
+  v_index text;
+  v_ids bigint[];
+  v_basis bigint[] := '{}';
+begin
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  if v_request.kind <> 'interactive' then
+    return jsonb_build_object('mode', 'none');  -- V5: scheduled work reads no memories
+  end if;
+  v_scope := memory_private.request_scope(v_request);
+
+  select * into v_frozen from memory_private.request_recall
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if found then
+    return memory_private.recall_payload(v_frozen, v_request.user_id);
+  end if;
+
+  if not v_scope.recall_enabled then
+    v_mode := 'disabled';
+    v_ids := '{}';
+  else
+    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
+      -- The index holds for this reader when every record it was built from (every candidate
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
+        v_mode := 'index';
+        v_index := v_scope.index_text;
+        v_ids := v_scope.index_record_ids;
+        v_basis := v_scope.index_candidate_ids;
+      end if;
+    end if;
+    if v_mode is null then
+      -- Consolidation pending, no index, or the index rests on a record this reader may not
+      -- read now (R2).
+      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id,
+                                                   (memory_private.policy()).directory_records,
+                                                   v_request.user_id);
+      v_basis := v_ids;
+      v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
+    end if;
+  end if;
+  insert into memory_private.request_recall
+    (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
+     created_at)
+  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
+          memory_private.clock_now())
+  on conflict (workspace_id, request_id) do nothing
+  returning * into v_frozen;
+  if found then
+    -- Frozen now from records validated above: the payload does not validate them again.
+    return memory_private.recall_payload(v_frozen, v_request.user_id, v_basis);
+  end if;
+  -- A concurrent first call froze it first: show what it froze, checked now.
+  select * into strict v_frozen from memory_private.request_recall
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  return memory_private.recall_payload(v_frozen, v_request.user_id);
+end
+$$;
+comment on function memory.recall(text, text) is
+  'The memories a new interactive request starts with, labelled as historical reference data '
+  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, when every '
+  'record it was built from is valid for the requester, or {"mode":"directory"} with up to '
+  'eight valid records, newest first, while a consolidation is pending or the index rests on a '
+  'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
+  'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
+  'call: later calls return the same content minus records no longer valid, and the index text '
+  'only while every record it was built from still is (R3). Those records are the request''s '
+  'provenance (T2).';
 
 create or replace function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
@@ -300,50 +649,6 @@ comment on function memory_private.recent_valid_records(text, bigint, integer, t
   'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
   'and searches with it. Validated set-wise a page at a time.';
 
-create or replace function memory_private.shown_sources(
-  p_workspace_id text, p_record_ids bigint[], p_query text
-) returns table (record_id bigint, source_ids text[], total integer)
-  language plpgsql stable
-  as $$
-declare
-  v_terms tsquery[];
-begin
-  -- Each record's sources in the order its summary uses them; for a search, those cited by the
-  -- lines the query finds (literally, or by one of its words) come first. The first
-  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept
-  -- for the session (plpgsql); a record without sources has no row.
-  if p_query is not null then
-    v_terms := memory_private.search_terms(p_query);
-  end if;
-  return query
-    with found as materialized (
-      select f.record_id, f.line_no
-        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_terms) f
-    ), first_line as materialized (
-      select ls.record_id, ls.message_id, min(ls.line_no) as line_no
-        from found f
-       cross join lateral (
-         select x.record_id, x.message_id, x.line_no
-           from memory_private.record_line_sources x
-          where x.workspace_id = p_workspace_id and x.record_id = f.record_id and x.line_no = f.line_no
-         offset 0) ls  -- a lookup per line found, not a pass over the workspace's lines
-       group by ls.record_id, ls.message_id
-    )
-    select rs.record_id,
-           (array_agg(rs.message_id order by h.line_no nulls last, rs.position))
-             [1:(memory_private.policy()).shown_sources],
-           count(*)::integer
-      from memory_private.record_sources rs
-      left join first_line h on h.record_id = rs.record_id and h.message_id = rs.message_id
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
-     group by rs.record_id;
-end
-$$;
-comment on function memory_private.shown_sources(text, bigint[], text) is
-  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
-  'order the summary uses them, the sources of the lines a search query finds first '
-  '(memory_private.matching_lines), and how many sources the record has.';
-
 create or replace function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
 ) returns jsonb
@@ -390,7 +695,7 @@ begin
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
   with shown as materialized (
-    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
+    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)
@@ -593,7 +898,7 @@ create or replace function memory_private.index_records(
   as $$
   -- What the searches read of the given records, derived from their title and summary: the
   -- word search's document, the literal search's folded text and, with p_lines, the documents
-  -- and folded texts of the summary's lines.
+  -- of the summary's lines.
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
@@ -614,17 +919,17 @@ create or replace function memory_private.index_records(
         search_text = excluded.search_text;
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
-  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line), lower(l.line)
+  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
     from memory_private.records r
    cross join regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
    where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
   'Writes what the searches read of the given records: their documents (record_documents), '
-  'their folded texts (record_texts) and, with p_lines, their lines'' documents and folded '
-  'texts (record_lines). The records trigger calls it for one record; a bulk load with '
-  'triggers off calls it for all it loaded.';
+  'their folded texts (record_texts) and, with p_lines, their lines'' documents '
+  '(record_lines). The records trigger calls it for one record; a bulk load with triggers off '
+  'calls it for all it loaded.';
 
 create or replace function memory_private.index_record() returns trigger
   language plpgsql volatile
@@ -643,7 +948,7 @@ comment on function memory_private.index_record() is
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select 3 $$;
+  as $$ select 2 $$;
 comment on function memory.schema_version() is
   'The schema version of this database: the number of the last migration applied (0001 = 1). '
   'pimem migrate fails when it differs from the version the package expects.';

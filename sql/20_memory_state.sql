@@ -135,7 +135,9 @@ create table memory_private.record_sources (
   message_id text not null,
   position integer not null check (position >= 1),
   primary key (workspace_id, record_id, message_id),
-  unique (workspace_id, record_id, position),
+  -- message_id included: query_memories reads a record's sources in order from the index alone.
+  constraint record_sources_workspace_id_record_id_position_key
+    unique (workspace_id, record_id, position) include (message_id),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
@@ -164,7 +166,8 @@ create table memory_private.record_dependencies (
   message_id text not null,
   content_hash text not null,
   via text not null check (via in ('cited', 'reused', 'repeated')),
-  primary key (workspace_id, record_id, message_id),
+  -- content_hash included: validating a record reads its dependencies from the index alone.
+  primary key (workspace_id, record_id, message_id) include (content_hash),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
@@ -204,33 +207,96 @@ comment on table memory_private.index_dependencies is
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
   'with one look at each message. Written with the index, dropped with it.';
 
+create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
+  language sql immutable parallel safe
+  as $$
+  -- The line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text. An id
+  -- cited twice comes twice.
+  select t.token
+    from regexp_matches(p_line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.cited_ids(text, text[]) is
+  'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
+  'The citation rule for writing records (memory_private.line_citations) and for showing the '
+  'sources of the lines a search finds.';
+
 create function memory_private.line_citations(p_summary text, p_ids text[])
   returns table (line_no integer, message_id text)
   language sql immutable parallel safe
   as $$
-  -- Each line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
-  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text.
-  select distinct l.n::integer, t.token
+  -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
+  select distinct l.n::integer, c.id
     from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
-   cross join lateral regexp_matches(l.line, '\[([^][]+)\]', 'g') as b(inner_text)
-   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
-   where t.token = any(p_ids)
+   cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
 $$;
 comment on function memory_private.line_citations(text, text[]) is
   'The citations of a summary, line by line: every id of p_ids written in square brackets on '
-  'a line ([m1] or [m1, m2]), with the line''s number (from 1).';
+  'a line ([m1] or [m1, m2], memory_private.cited_ids), with the line''s number (from 1).';
 
 -- Scope resolution -------------------------------------------------------------------------
 
-create function memory_private.scope_of_request(
-  p_workspace_id text, p_request_id text
+create function memory_private.request_scope(
+  p_request memory_private.requests
 ) returns memory_private.scopes
   language plpgsql volatile
   as $$
 declare
-  v_request memory_private.requests;
+  v_request memory_private.requests := p_request;
+  v_ws text := p_request.workspace_id;
   v_chat memory_private.chats;
   v_scope memory_private.scopes;
+begin
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      v_request.request_id using errcode = 'MB005';
+  end if;
+  select * into v_chat from memory_private.chats
+   where workspace_id = v_ws and chat_id = v_request.chat_id;
+
+  if v_chat.kind = 'private' then
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
+      values (v_ws, 'private', v_request.bot_id, v_chat.chat_id,
+              v_chat.private_user_id, memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    end if;
+  else
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
+      values (v_ws, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
+              memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    end if;
+  end if;
+  return v_scope;
+end
+$$;
+comment on function memory_private.request_scope(memory_private.requests) is
+  'The one scope of an interactive request (a row the caller has read), created on first use: '
+  'private for a private chat, shared (group + topic) for a group. Raises MB005 for scheduled '
+  'requests (V5).';
+
+create function memory_private.known_request(p_workspace_id text, p_request_id text)
+  returns memory_private.requests
+  language plpgsql stable
+  as $$
+declare
+  v_request memory_private.requests;
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('request_id', p_request_id);
@@ -238,48 +304,29 @@ begin
    where workspace_id = p_workspace_id and request_id = p_request_id;
   if not found then
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
-      using errcode = 'MB002';
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
   end if;
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
-  select * into v_chat from memory_private.chats
-   where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
+  return v_request;
+end
+$$;
+comment on function memory_private.known_request(text, text) is
+  'The request row after validating the workspace and request ids (MB001/MB002). The caller '
+  'decides what a scheduled request gets.';
 
-  if v_chat.kind = 'private' then
-    select * into v_scope from memory_private.scopes
-     where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
-       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
-    if not found then
-      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
-      values (p_workspace_id, 'private', v_request.bot_id, v_chat.chat_id,
-              v_chat.private_user_id, memory_private.clock_now())
-      on conflict do nothing;
-      select * into strict v_scope from memory_private.scopes
-       where workspace_id = p_workspace_id and kind = 'private' and bot_id = v_request.bot_id
-         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
-    end if;
-  else
-    select * into v_scope from memory_private.scopes
-     where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
-       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
-    if not found then
-      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
-      values (p_workspace_id, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
-              memory_private.clock_now())
-      on conflict do nothing;
-      select * into strict v_scope from memory_private.scopes
-       where workspace_id = p_workspace_id and kind = 'shared' and bot_id = v_request.bot_id
-         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
-    end if;
-  end if;
-  return v_scope;
+create function memory_private.scope_of_request(
+  p_workspace_id text, p_request_id text
+) returns memory_private.scopes
+  language plpgsql volatile
+  as $$
+begin
+  return memory_private.request_scope(
+           memory_private.known_request(p_workspace_id, p_request_id));
 end
 $$;
 comment on function memory_private.scope_of_request(text, text) is
-  'The one scope of an interactive request, created on first use: private for a private chat, '
-  'shared (group + topic) for a group. Raises MB005 for scheduled requests (V5).';
+  'The one scope of an interactive request given by its ids (memory_private.known_request: '
+  'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
+  'scheduled requests (V5).';
 
 create function memory_private.requests_scope() returns trigger
   language plpgsql
@@ -395,58 +442,48 @@ comment on function memory_private.dependency_state(timestamptz, boolean, timest
 create function memory_private.scope_checks(
   p_workspace_id text, p_scope_id bigint, p_requester text
 ) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
-  language plpgsql stable
+  language sql stable
   as $$
-declare
-  v_scope memory_private.scopes;
-  v_bot memory_private.bots;
-  v_linked boolean;
-  v_reader text;
-  v_member memory_private.members;
-begin
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if not found then
-    return;
-  end if;
-  select * into v_bot from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id;
-  select c.linked into v_linked from memory_private.chats c
-   where c.workspace_id = p_workspace_id and c.chat_id = v_scope.chat_id;
-  -- The reader: the private scope's user, or the requester of a shared scope (none for
-  -- background work, which then checks no membership).
-  v_reader := coalesce(v_scope.user_id, p_requester);
-  if v_reader is not null then
-    select * into v_member from memory_private.members
-     where workspace_id = p_workspace_id and user_id = v_reader;
-  end if;
-  return query values
-    (1, 'recall_enabled', 'recall_disabled', v_scope.recall_enabled,
-     case when v_scope.recall_enabled then 'recall is on in the scope'
+  -- One query (inlined into its callers' plans): the scope, its bot, its chat's link and the
+  -- reader's membership. The reader: the private scope's user, or the requester of a shared
+  -- scope (none for background work, which then checks no membership). No scope, no rows.
+  select c.rank, c.check_name, c.reason, c.ok, c.detail
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+    left join memory_private.chats ch
+      on ch.workspace_id = s.workspace_id and ch.chat_id = s.chat_id
+    left join memory_private.members m
+      on m.workspace_id = s.workspace_id and m.user_id = coalesce(s.user_id, p_requester)
+   cross join lateral (values
+    (1, 'recall_enabled', 'recall_disabled', s.recall_enabled,
+     case when s.recall_enabled then 'recall is on in the scope'
           else 'recall is off in the scope (records kept, not read)' end),
-    (2, 'bot_active', 'bot_inactive', coalesce(v_bot.active, false),
-     case when v_bot.bot_id is null then format('bot %s is unknown', v_scope.bot_id)
-          when v_bot.active then format('bot %s is active', v_bot.bot_id)
-          else format('bot %s is inactive', v_bot.bot_id) end),
-    (3, 'group_linked', 'group_unlinked', v_scope.kind = 'private' or coalesce(v_linked, false),
-     case when v_scope.kind = 'private' then 'private scope: no group link needed'
-          when v_linked then format('group %s is linked', v_scope.chat_id)
-          else format('group %s is not linked', v_scope.chat_id) end),
-    (4, 'membership', 'membership', v_reader is null or coalesce(v_member.active, false),
-     case when v_reader is null
+    (2, 'bot_active', 'bot_inactive', coalesce(b.active, false),
+     case when b.bot_id is null then format('bot %s is unknown', s.bot_id)
+          when b.active then format('bot %s is active', b.bot_id)
+          else format('bot %s is inactive', b.bot_id) end),
+    (3, 'group_linked', 'group_unlinked', s.kind = 'private' or coalesce(ch.linked, false),
+     case when s.kind = 'private' then 'private scope: no group link needed'
+          when ch.linked then format('group %s is linked', s.chat_id)
+          else format('group %s is not linked', s.chat_id) end),
+    (4, 'membership', 'membership',
+     coalesce(s.user_id, p_requester) is null or coalesce(m.active, false),
+     case when coalesce(s.user_id, p_requester) is null
             then 'shared scope and no requester: per-requester membership not checked'
-          when v_member.user_id is null
-            then format('user %s is not a member of the workspace', v_reader)
-          when v_member.active then format('user %s is an active %s', v_reader, v_member.role)
-          else format('user %s is an inactive member', v_reader) end),
+          when m.user_id is null
+            then format('user %s is not a member of the workspace',
+                        coalesce(s.user_id, p_requester))
+          when m.active then format('user %s is an active %s', m.user_id, m.role)
+          else format('user %s is an inactive member', m.user_id) end),
     (4, 'requester_is_scope_user', 'membership',
-     p_requester is null or v_scope.kind <> 'private' or p_requester = v_scope.user_id,
+     p_requester is null or s.kind <> 'private' or p_requester = s.user_id,
      case when p_requester is null then 'no requester given'
-          when v_scope.kind <> 'private' then 'shared scope: any active member'
-          when p_requester = v_scope.user_id then 'the requester owns the private scope'
-          else format('the private scope belongs to %s, not %s', v_scope.user_id,
-                      p_requester) end);
-end
+          when s.kind <> 'private' then 'shared scope: any active member'
+          when p_requester = s.user_id then 'the requester owns the private scope'
+          else format('the private scope belongs to %s, not %s', s.user_id,
+                      p_requester) end)
+   ) as c(rank, check_name, reason, ok, detail)
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
 $$;
 comment on function memory_private.scope_checks(text, bigint, text) is
   'The checks of the validity rule that depend on the scope and the reader, not on a record, '
@@ -457,10 +494,14 @@ comment on function memory_private.scope_checks(text, bigint, text) is
 create function memory_private.scope_reason(
   p_workspace_id text, p_scope_id bigint, p_requester text
 ) returns text
-  language sql stable
+  language plpgsql stable
   as $$
-  select c.reason from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
-   where not c.ok order by c.rank limit 1
+begin
+  -- plpgsql: the plan (scope_checks inlined) is kept for the session.
+  return (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1);
+end
 $$;
 comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';

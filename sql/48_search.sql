@@ -76,7 +76,6 @@ create table memory_private.record_lines (
   record_id bigint not null,
   line_no integer not null check (line_no >= 1),
   document tsvector not null,
-  folded text not null,
   primary key (workspace_id, record_id, line_no),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade
 );
@@ -85,9 +84,6 @@ comment on table memory_private.record_lines is
   'memory_private.text_document), written by the same trigger as record_documents: what a '
   'search reads to find which lines of a found record it matched (memory_private.matching_lines), '
   'so that their sources are shown first.';
-comment on column memory_private.record_lines.folded is
-  'The line case-folded (lower): what a literal search finds in the line, without splitting and '
-  'folding the summary at every call.';
 
 
 create function memory_private.cjk_bigrams(p_text text) returns text
@@ -149,7 +145,7 @@ create function memory_private.index_records(
   as $$
   -- What the searches read of the given records, derived from their title and summary: the
   -- word search's document, the literal search's folded text and, with p_lines, the documents
-  -- and folded texts of the summary's lines.
+  -- of the summary's lines.
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
@@ -170,17 +166,17 @@ create function memory_private.index_records(
         search_text = excluded.search_text;
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_lines (workspace_id, record_id, line_no, document, folded)
-  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line), lower(l.line)
+  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
     from memory_private.records r
    cross join regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
    where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
   'Writes what the searches read of the given records: their documents (record_documents), '
-  'their folded texts (record_texts) and, with p_lines, their lines'' documents and folded '
-  'texts (record_lines). The records trigger calls it for one record; a bulk load with '
-  'triggers off calls it for all it loaded.';
+  'their folded texts (record_texts) and, with p_lines, their lines'' documents '
+  '(record_lines). The records trigger calls it for one record; a bulk load with triggers off '
+  'calls it for all it loaded.';
 
 create function memory_private.index_record() returns trigger
   language plpgsql volatile

@@ -190,28 +190,6 @@ $$;
 comment on function memory_private.arg_integer(jsonb, text, bigint, bigint) is
   'An optional integer argument within bounds (JSON null or absent = NULL); raises MB001.';
 
-create function memory_private.known_request(p_workspace_id text, p_request_id text)
-  returns memory_private.requests
-  language plpgsql stable
-  as $$
-declare
-  v_request memory_private.requests;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('request_id', p_request_id);
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  if not found then
-    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
-      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
-  end if;
-  return v_request;
-end
-$$;
-comment on function memory_private.known_request(text, text) is
-  'The request row after validating the workspace and request ids (MB001/MB002). The caller '
-  'decides what a scheduled request gets.';
-
 create function memory_private.begin_tool_call(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
   p_allowed_keys text[],
@@ -234,7 +212,7 @@ begin
       p_request_id using errcode = 'MB005';
   end if;
   perform memory_private.lock_workspace(p_workspace_id);
-  scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  scope := memory_private.request_scope(request);
   select * into previous from memory_private.tool_calls c
    where c.workspace_id = p_workspace_id and c.request_id = p_request_id
      and c.tool_call_id = p_tool_call_id;
@@ -280,7 +258,9 @@ create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
   p_last_used_at timestamptz
 ) returns jsonb
-  language sql immutable
+  language sql stable
+  -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
+  -- function calling them is not inlined (a separate execution for every record shown).
   as $$
   select jsonb_build_object(
            'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
@@ -380,7 +360,7 @@ begin
   if v_request.kind <> 'interactive' then
     return jsonb_build_object('mode', 'none');  -- V5: scheduled work reads no memories
   end if;
-  v_scope := memory_private.scope_of_request(p_workspace_id, p_request_id);
+  v_scope := memory_private.request_scope(v_request);
 
   select * into v_frozen from memory_private.request_recall
    where workspace_id = p_workspace_id and request_id = p_request_id;
@@ -443,68 +423,85 @@ comment on function memory.recall(text, text) is
 -- query_memories -------------------------------------------------------------------------------
 
 create function memory_private.matching_lines(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_terms tsquery[]
-) returns table (record_id bigint, line_no integer)
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_word_ids bigint[],
+  p_terms tsquery[]
+) returns table (record_id bigint, line_no integer, line text)
   language sql stable
   as $$
-  -- The lines (from 1) of the records' summaries that a query finds: it is part of the line
-  -- (case-folded), or one of its words is (p_terms, memory_private.search_terms of the query,
-  -- against the line's stored document: as written or English-stemmed, CJK bigrams). One pass
-  -- over the lines stored with the records (record_lines).
-  select d.record_id, d.line_no
-    from memory_private.record_lines d
+  -- The lines (from 1) of the records' summaries that a query finds, with their text: the query
+  -- is part of the line (case-folded), or, in the records found by their words (p_word_ids), the
+  -- line holds one of the words (p_terms, memory_private.search_terms of the query, against the
+  -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
+  -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
+  -- just read).
+  select r.record_id, l.n::integer, l.line
+    from memory_private.records r
+   cross join lateral string_to_table(r.summary, e'\n') with ordinality as l(line, n)
    where p_query is not null
-     and d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and (strpos(d.folded, lower(p_query)) > 0 or d.document @@ any(p_terms))
+     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and (strpos(lower(l.line), lower(p_query)) > 0
+          -- not correlated: one index read of the word-found records' lines, then a hash
+          -- probe per line (a correlated EXISTS may be hashed over every line of the table)
+          or (r.record_id, l.n) in (
+               select d.record_id, d.line_no::bigint
+                 from memory_private.record_lines d
+                where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
+                  and d.document @@ any(p_terms)))
 $$;
-comment on function memory_private.matching_lines(text, bigint[], text, tsquery[]) is
-  'The summary lines (record, line number) a query_memories search finds among the given '
-  'records: literal, or by one of its words given as p_terms, read from the lines'' stored '
+comment on function memory_private.matching_lines(text, bigint[], text, bigint[], tsquery[]) is
+  'The summary lines (record, line number, text) a query_memories search finds among the given '
+  'records: those holding the query (case-insensitive), and in the records found by their words '
+  '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
   'documents (record_lines).';
 
 create function memory_private.shown_sources(
-  p_workspace_id text, p_record_ids bigint[], p_query text
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
 ) returns table (record_id bigint, source_ids text[], total integer)
   language plpgsql stable
   as $$
 declare
   v_terms tsquery[];
+  v_word_ids bigint[] := array(select m.key::bigint from jsonb_each_text(p_matches) m
+                                where m.value <> 'literal');
 begin
   -- Each record's sources in the order its summary uses them; for a search, those cited by the
-  -- lines the query finds (literally, or by one of its words) come first. The first
-  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept
-  -- for the session (plpgsql); a record without sources has no row.
-  if p_query is not null then
+  -- lines the query finds (memory_private.matching_lines; a line's citations are its bracketed
+  -- ids, memory_private.cited_ids, as when the record was written) come first. The first
+  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept for
+  -- the session (plpgsql); a record without sources has no row. The words are looked for only
+  -- in the records found by them (p_matches: record id -> how it matched), not in literal
+  -- matches.
+  if p_query is not null and cardinality(v_word_ids) > 0 then
     v_terms := memory_private.search_terms(p_query);
   end if;
   return query
-    with found as materialized (
-      select f.record_id, f.line_no
-        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_terms) f
+    with src as materialized (
+      select rs.record_id, rs.message_id, rs.position
+        from memory_private.record_sources rs
+       where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
     ), first_line as materialized (
-      select ls.record_id, ls.message_id, min(ls.line_no) as line_no
-        from found f
-       cross join lateral (
-         select x.record_id, x.message_id, x.line_no
-           from memory_private.record_line_sources x
-          where x.workspace_id = p_workspace_id and x.record_id = f.record_id and x.line_no = f.line_no
-         offset 0) ls  -- a lookup per line found, not a pass over the workspace's lines
-       group by ls.record_id, ls.message_id
+      select f.record_id, c.id as message_id, min(f.line_no) as line_no
+        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_word_ids,
+                                           v_terms) f
+        join (select s.record_id, array_agg(s.message_id) as ids
+                from src s group by s.record_id) k on k.record_id = f.record_id
+       cross join lateral memory_private.cited_ids(f.line, k.ids) as c(id)  -- inlined
+       group by f.record_id, c.id
     )
-    select rs.record_id,
-           (array_agg(rs.message_id order by h.line_no nulls last, rs.position))
+    select s.record_id,
+           (array_agg(s.message_id order by h.line_no nulls last, s.position))
              [1:(memory_private.policy()).shown_sources],
            count(*)::integer
-      from memory_private.record_sources rs
-      left join first_line h on h.record_id = rs.record_id and h.message_id = rs.message_id
-     where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
-     group by rs.record_id;
+      from src s
+      left join first_line h on h.record_id = s.record_id and h.message_id = s.message_id
+     group by s.record_id;
 end
 $$;
-comment on function memory_private.shown_sources(text, bigint[], text) is
+comment on function memory_private.shown_sources(text, bigint[], text, jsonb) is
   'The source ids query_memories shows of each record (at most policy shown_sources), in the '
-  'order the summary uses them, the sources of the lines a search query finds first '
-  '(memory_private.matching_lines), and how many sources the record has.';
+  'order the summary uses them, the sources cited on the lines a search query finds first '
+  '(memory_private.matching_lines: literally in every record, by its words in those p_matches '
+  'says were found by words or fuzzy), and how many sources the record has.';
 
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
@@ -585,7 +582,7 @@ begin
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
   with shown as materialized (
-    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query)
+    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
                     to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)

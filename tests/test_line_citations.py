@@ -89,3 +89,23 @@ def test_line_citations_are_read_line_by_line(conn: psycopg.Connection) -> None:
         "'- a [x1, x2]\n- b [x3] and [not-an-id]\n\n- c [x2]', array['x1', 'x2', 'x3']) "
         "order by 1, 2").fetchall()
     assert rows == [(1, "x1"), (1, "x2"), (2, "x3"), (4, "x2")]
+
+
+def test_a_literal_match_shows_first_the_sources_of_the_lines_holding_the_query(
+        conn: psycopg.Connection) -> None:
+    # Line 1 holds the query's words, line 3 the query itself: a literal match was found
+    # through line 3, so its source comes first (the words' lines count for word matches).
+    w, job = batch(conn, 4)
+    checkpoint(conn, job, {"title": "office",
+                           "summary": "- the machine is old and broken [m01]\n- tea [m02]\n"
+                                      "- The Espresso Machine is broken [m03]",
+                           "source_ids": ["m01", "m02", "m03"]})
+    record = commit(conn, job)["record_id"]
+    w.request("ws1", "q", chat="dm-alice", user="alice", status="running")
+    found = value(conn, "select memory.query_memories('ws1', 'q', 'c1', %s)",
+                  Jsonb({"query": "espresso machine IS"}))["records"][0]
+    assert found["id"] == record and found["match"] == "literal"
+    assert found["source_ids"] == ["m03", "m01", "m02"]
+    words = value(conn, "select memory.query_memories('ws1', 'q', 'c2', %s)",
+                  Jsonb({"query": "broken machines"}))["records"][0]
+    assert words["match"] == "words" and words["source_ids"] == ["m01", "m03", "m02"]

@@ -58,8 +58,8 @@ def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection
     def found(query: str) -> list[int]:
         rows = conn.execute(
             "select m.record_id, m.line_no from memory_private.matching_lines('ws1', "
-            "array[%s::bigint], %s, memory_private.search_terms(%s)) m order by 2",
-            (rec, query, query)).fetchall()
+            "array[%s::bigint], %s, array[%s::bigint], memory_private.search_terms(%s)) m "
+            "order by 2", (rec, query, rec, query)).fetchall()
         assert all(r == rec for r, _ in rows)
         return [n for _, n in rows]
 
