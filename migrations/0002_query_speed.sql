@@ -12,7 +12,8 @@
 --   index alone (record_sources' position key includes message_id; record_dependencies' primary
 --   key includes content_hash).
 -- - A tool call resolves its request once (memory_private.request_scope); the scope's checks are
---   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined.
+--   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined;
+--   upsert_message reads its request through known_request, as the tools do.
 -- - The literal search reads record_texts, the records' folded texts in narrow rows, instead of
 --   records.search_text in the records themselves (about half the pages, nothing to decompress).
 -- - A search or browse validates as many records as it shows first (was four more).
@@ -375,6 +376,102 @@ comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request given by its ids (memory_private.known_request: '
   'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
   'scheduled requests (V5).';
+
+create or replace function memory.upsert_message(
+  p_workspace_id text,
+  p_message_id text,
+  p_request_id text,
+  p_role text,
+  p_speaker_id text,
+  p_text text,
+  p_directed boolean default true,
+  p_retain_until timestamptz default null,
+  p_repositories text[] default '{}'
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_chat_kind text;
+  v_old memory_private.messages;
+  v_repos text[];
+  v_hash text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('message_id', p_message_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  perform memory_private.check_id('speaker_id', p_speaker_id);
+  perform memory_private.check_choice('role', p_role, array['user', 'assistant']);
+  perform memory_private.check_text('text', p_text, (memory_private.policy()).message_bytes);
+  if p_directed is null then
+    raise exception 'directed is required' using errcode = 'MB001';
+  end if;
+  v_repos := memory_private.check_ids('repositories', p_repositories);
+
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  select kind into v_chat_kind from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
+
+  v_hash := memory_private.content_hash(p_text);
+  select * into v_old from memory_private.messages
+   where workspace_id = p_workspace_id and message_id = p_message_id;
+  if found then
+    if (v_old.request_id, v_old.role, v_old.speaker_id)
+       is distinct from (p_request_id, p_role, p_speaker_id) then
+      raise exception 'message % cannot move to another request, role or speaker', p_message_id
+        using errcode = 'MB003';
+    end if;
+  end if;
+  -- V10: ordinary group traffic is never collected. A message first reported as directed and
+  -- now as not directed loses its stored copy, exactly as remove_message would erase it: its
+  -- text and hash go, and every memory built on it stops being recalled.
+  if v_chat_kind = 'group' and not p_directed then
+    if v_old.message_id is null then
+      return 'ignored';
+    end if;
+    update memory_private.messages
+       set body = null, content_hash = null, removed_at = v_now, removal_reason = 'removed',
+           scrub_pending = true
+     where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+    return case when found then 'updated' else 'unchanged' end;
+  end if;
+  if v_old.message_id is not null then
+    if v_old.removed_at is not null then
+      raise exception 'message % was removed; a removed message cannot be edited', p_message_id
+        using errcode = 'MB003';
+    end if;
+    if v_old.body is null then
+      raise exception 'message % is past its retention; it cannot be edited', p_message_id
+        using errcode = 'MB003';
+    end if;
+    if (v_old.content_hash, v_old.directed, v_old.retain_until, v_old.repositories)
+       is not distinct from (v_hash, p_directed, p_retain_until, v_repos) then
+      return 'unchanged';
+    end if;
+    update memory_private.messages
+       set body = p_text, content_hash = v_hash, directed = p_directed,
+           retain_until = p_retain_until, repositories = v_repos,
+           edited_at = case when content_hash <> v_hash then v_now else edited_at end
+     where workspace_id = p_workspace_id and message_id = p_message_id;
+    return 'updated';
+  end if;
+
+  insert into memory_private.messages
+    (workspace_id, message_id, request_id, role, speaker_id, body, content_hash, directed,
+     retain_until, repositories, created_at)
+  values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
+          p_directed, p_retain_until, v_repos, v_now);
+  return 'inserted';
+end
+$$;
+comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
+                                          timestamptz, text[]) is
+  'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
+  'here; an edit changes it, which invalidates memories built on the old text. A group message '
+  'that is not directed at the bot is not stored and the call answers ''ignored'' (V10); one '
+  'stored earlier as directed is removed as remove_message would remove it (''updated'').';
 
 create or replace function memory_private.begin_tool_call(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,

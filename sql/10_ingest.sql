@@ -212,6 +212,28 @@ $$;
 comment on function memory_private.require_workspace(text) is
   'Raises MB001/MB002 unless the workspace identifier is valid and known.';
 
+create function memory_private.known_request(p_workspace_id text, p_request_id text)
+  returns memory_private.requests
+  language plpgsql stable
+  as $$
+declare
+  v_request memory_private.requests;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if not found then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
+  end if;
+  return v_request;
+end
+$$;
+comment on function memory_private.known_request(text, text) is
+  'The request row after validating the workspace and request ids (MB001/MB002). The caller '
+  'decides what a scheduled request gets.';
+
 create function memory_private.lock_workspace(p_workspace_id text) returns void
   language plpgsql volatile
   as $$
@@ -586,12 +608,7 @@ begin
   end if;
   v_repos := memory_private.check_ids('repositories', p_repositories);
 
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  if not found then
-    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
-      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
-  end if;
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
   select kind into v_chat_kind from memory_private.chats
    where workspace_id = p_workspace_id and chat_id = v_request.chat_id;
 

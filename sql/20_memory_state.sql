@@ -291,28 +291,6 @@ comment on function memory_private.request_scope(memory_private.requests) is
   'private for a private chat, shared (group + topic) for a group. Raises MB005 for scheduled '
   'requests (V5).';
 
-create function memory_private.known_request(p_workspace_id text, p_request_id text)
-  returns memory_private.requests
-  language plpgsql stable
-  as $$
-declare
-  v_request memory_private.requests;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('request_id', p_request_id);
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  if not found then
-    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
-      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
-  end if;
-  return v_request;
-end
-$$;
-comment on function memory_private.known_request(text, text) is
-  'The request row after validating the workspace and request ids (MB001/MB002). The caller '
-  'decides what a scheduled request gets.';
-
 create function memory_private.scope_of_request(
   p_workspace_id text, p_request_id text
 ) returns memory_private.scopes
