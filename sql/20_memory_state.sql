@@ -107,23 +107,49 @@ comment on table memory_private.record_usage is
   'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
   'Retention prunes the least recently used (memory_private.prune_records).';
 
+create function memory_private.text_grams(p_text text) returns bit(1024)
+  language sql immutable strict parallel safe
+  as $$
+  -- Every run of three characters of the text (at every offset: three passes of
+  -- non-overlapping matches, from the first, second and third character) sets one of 1021 bits,
+  -- chosen by its characters' code points: a text holding another holds all of its runs, so
+  -- its bits cover the other's. Code points, not a hash function of the server's, so that the
+  -- bits a record keeps mean the same after any upgrade.
+  select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
+    from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
+                            * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
+            from (select regexp_matches(p_text, '...', 'g')
+                  union all
+                  select regexp_matches(substr(p_text, 2), '...', 'g')
+                  union all
+                  select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+$$;
+comment on function memory_private.text_grams(text) is
+  'The text''s three-character runs as a 1024-bit signature (a bit per run, by its code points): '
+  'if a text contains another, text_grams(text) & text_grams(other) = text_grams(other). '
+  'A text shorter than three characters sets no bit. What the literal search skips texts with.';
+
 create table memory_private.record_texts (
   workspace_id text not null,
   record_id bigint not null,
   scope_id bigint not null,
   created_at timestamptz not null,
   search_text text not null,
+  grams bit(1024) not null,
   primary key (workspace_id, record_id),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade
 );
 comment on table memory_private.record_texts is
-  'Each record''s title and summary case-folded at write time (lower(title), a newline, '
-  'lower(summary)), with its scope and date, written by a trigger on records '
-  '(memory_private.index_record): what query_memories'' literal search reads in every record of '
-  'the scope, newest first. Kept apart from records so that the scan reads narrow rows (about '
-  'half the pages of the records themselves) and folds nothing.';
+  'Each record''s title and summary case-folded at write time (search_text: lower(title), a '
+  'newline, lower(summary)) and the three-character runs of both (grams: '
+  'memory_private.text_grams of each, OR-ed), with its scope and date, written by a trigger on '
+  'records (memory_private.index_record): what query_memories'' literal search reads. It scans '
+  'the scope''s grams newest first in the index alone and reads the folded text only of the '
+  'records holding every run of the query. Kept apart from records so that nothing wide is read '
+  'and nothing is folded at search time.';
 create index record_texts_scope_idx
-  on memory_private.record_texts (workspace_id, scope_id, created_at desc, record_id desc);
+  on memory_private.record_texts (workspace_id, scope_id, created_at desc, record_id desc)
+  include (grams);
 create statistics memory_private.record_texts_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.record_texts;
 comment on statistics memory_private.record_texts_scope_stats is
@@ -762,6 +788,7 @@ declare
   v_size integer := p_limit;
   v_offset integer := 0;
   v_query text := lower(p_query);
+  v_grams bit(1024) := memory_private.text_grams(lower(p_query));
 begin
   -- Newest first, a page at a time (limit, then four times more), each page validated as
   -- one set: a scope whose newest records are valid costs one short index scan and one
@@ -775,20 +802,28 @@ begin
          order by r.created_at desc, r.record_id desc
          limit v_size offset v_offset);
     else
-      -- search_text is the folded title, a newline and the folded summary: a query without a
-      -- newline found in it is in one of the two; one with a newline is re-checked on each
-      -- apart (a query spanning the title's end is no match).
+      -- The scope's grams newest first from the index alone; the folded text (search_text:
+      -- the folded title, a newline and the folded summary) only of the records holding every
+      -- three-character run of the query. A query without a newline found in search_text is in
+      -- one of the two; one with a newline is re-checked on each apart (a query spanning the
+      -- title's end is no match).
       v_chunk := array(
-        select t.record_id from memory_private.record_texts t
-         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
-           and (p_record_id is null or t.record_id = p_record_id)
-           and strpos(t.search_text, v_query) > 0
+        select g.record_id
+          from (select g.record_id, g.created_at from memory_private.record_texts g
+                 where g.workspace_id = p_workspace_id and g.scope_id = p_scope_id
+                   and (p_record_id is null or g.record_id = p_record_id)
+                   and g.grams & v_grams = v_grams
+                 order by g.created_at desc, g.record_id desc
+                 offset 0) g  -- kept apart: PostgreSQL 18 would merge the two reads into one
+          join memory_private.record_texts t
+            on t.workspace_id = p_workspace_id and t.record_id = g.record_id
+         where strpos(t.search_text, v_query) > 0
            and (strpos(v_query, e'\n') = 0
                 or exists (select 1 from memory_private.records r
                             where r.workspace_id = t.workspace_id and r.record_id = t.record_id
                               and (strpos(lower(r.title), v_query) > 0
                                    or strpos(lower(r.summary), v_query) > 0)))
-         order by t.created_at desc, t.record_id desc
+         order by g.created_at desc, g.record_id desc
          limit v_size offset v_offset);
     end if;
     v_valid := v_valid || memory_private.first_valid_records(

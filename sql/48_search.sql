@@ -156,14 +156,16 @@ create function memory_private.index_records(
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
   insert into memory_private.record_texts
-    (workspace_id, record_id, scope_id, created_at, search_text)
+    (workspace_id, record_id, scope_id, created_at, search_text, grams)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
-         lower(r.title) || e'\n' || lower(r.summary)
+         f.title || e'\n' || f.summary,
+         memory_private.text_grams(f.title) | memory_private.text_grams(f.summary)
     from memory_private.records r
+   cross join lateral (select lower(r.title) as title, lower(r.summary) as summary) f
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
-        search_text = excluded.search_text;
+        search_text = excluded.search_text, grams = excluded.grams;
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
   insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
@@ -174,8 +176,8 @@ create function memory_private.index_records(
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
   'Writes what the searches read of the given records: their documents (record_documents), '
-  'their folded texts (record_texts) and, with p_lines, their lines'' documents '
-  '(record_lines). The records trigger calls it for one record; a bulk load with triggers off '
+  'their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
+  'documents (record_lines). The records trigger calls it for one record; a bulk load with triggers off '
   'calls it for all it loaded.';
 
 create function memory_private.index_record() returns trigger

@@ -346,6 +346,8 @@ comment on function memory_private.recall_payload(memory_private.request_recall,
 create function memory.recall(p_workspace_id text, p_request_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  -- Every statement under it keeps one plan for the session (see query_memories).
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_request memory_private.requests;
@@ -541,6 +543,8 @@ create function memory.query_memories(
 ) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  -- One plan per statement for the session (re-planning cost ms: docs/benchmarks.md).
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_request memory_private.requests;

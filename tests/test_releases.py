@@ -345,7 +345,8 @@ def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_b
             "select count(*) from memory_private.records r left join memory_private.record_texts t "
             "using (workspace_id, record_id) where t.search_text is distinct from "
             "lower(r.title) || e'\\n' || lower(r.summary) or t.scope_id <> r.scope_id "
-            "or t.created_at <> r.created_at").fetchone() == (0,)
+            "or t.created_at <> r.created_at or t.grams <> memory_private.text_grams("
+            "lower(r.title)) | memory_private.text_grams(lower(r.summary))").fetchone() == (0,)
     smoke(dsn)
 
 

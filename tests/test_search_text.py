@@ -1,7 +1,9 @@
 """query_memories' literal search reads the case-folded copy of title and summary stored on the
 record (record_texts.search_text, written by a trigger); the answer is the same as folding title
-and summary apart. The
-word search's document (record_documents, written by a trigger) follows the text the same way,
+and summary apart. It reads that text only in records whose three-character runs
+(record_texts.grams, memory_private.text_grams) hold every run of the query: a signature that
+never loses a record that contains the query, checked here on every part of texts in several
+scripts. The word search's document (record_documents, written by a trigger) follows the text the same way,
 and so do the documents of the summary's lines (record_lines) that tell which lines a search
 found."""
 
@@ -13,18 +15,26 @@ from tests.factory import World
 from tests.test_recall import ids, make_record, query
 
 
-def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
-        conn: psycopg.Connection) -> None:
+def live_request_and_message(conn: psycopg.Connection) -> str:
+    """A running request "live" of alice in her private chat, and a message to make records of."""
     w = World(conn)
     w.basic()
     w.request("ws1", "live", chat="dm-alice", user="alice", status="running")
     u, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice")
+    return str(u)
+
+
+def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
+        conn: psycopg.Connection) -> None:
+    u = live_request_and_message(conn)
     rec = make_record(conn, "ws1", "h1", [u], title="Green ΣΟΦΊΑ",
                       summary="Alpha\nBeta 花生 ÄÖÜ")
-    row = conn.execute("select t.search_text = lower(r.title) || e'\\n' || lower(r.summary) "
+    row = conn.execute("select t.search_text = lower(r.title) || e'\\n' || lower(r.summary), "
+                       "  t.grams = memory_private.text_grams(lower(r.title)) "
+                       "            | memory_private.text_grams(lower(r.summary)) "
                        "from memory_private.records r join memory_private.record_texts t "
                        "using (workspace_id, record_id) where record_id = %s", (rec,)).fetchone()
-    assert row == (True,)
+    assert row == (True, True)
     assert ids(query(conn, "ws1", "live", "q1", {"query": "σοφία"})) == [rec]
     assert ids(query(conn, "ws1", "live", "q2", {"query": "äöü"})) == [rec]
     assert ids(query(conn, "ws1", "live", "q3", {"query": "alpha\nbeta"})) == [rec]
@@ -37,6 +47,59 @@ def test_search_text_is_the_folded_title_and_summary_and_follows_no_boundary(
                  "where record_id = %s", (rec,))
     assert ids(query(conn, "ws1", "live", "q5", {"query": "COFFEE"})) == [rec]
     assert ids(query(conn, "ws1", "live", "q6", {"query": "green"})) == []
+    assert conn.execute("select t.grams = memory_private.text_grams('black coffee') "
+                        "  | memory_private.text_grams(lower(r.summary)) "
+                        "from memory_private.records r join memory_private.record_texts t "
+                        "using (workspace_id, record_id) where record_id = %s",
+                        (rec,)).fetchone() == (True,)
+
+
+TEXTS = ["The Kubernetes cluster moved to eu-west-1 on 2026-03-04.\nAlice (PM) owns it.",
+         "Ünïcödé straße ΣΟΦΊΑ σοφία ÅÄÖ",
+         "我喜欢喝咖啡，也喜欢茶。日本語のテキスト。한국어 문장.",
+         "emoji 🙂🙃 and tabs\tand\r\nnewlines ",
+         "aaaaaaaaab abab"]
+
+
+def test_a_text_holds_every_three_character_run_of_each_of_its_parts(
+        conn: psycopg.Connection) -> None:
+    # Every part of every text, from one character to twelve, at every offset: the text's
+    # signature covers the part's. This is what makes skipping by signature lose nothing.
+    missed = conn.execute(
+        """select t.text, p.part
+             from unnest(%s::text[]) as t(text)
+            cross join lateral (
+              select substr(lower(t.text), i, n) as part
+                from generate_series(1, char_length(t.text)) i, generate_series(1, 12) n) p
+            where memory_private.text_grams(lower(t.text)) & memory_private.text_grams(p.part)
+                  <> memory_private.text_grams(p.part)""", (TEXTS,)).fetchall()
+    assert missed == []
+    # Fewer than three characters set no bit (every record is read), a run sets one.
+    rows = conn.execute(
+        "select length(replace(memory_private.text_grams(x)::text, '0', '')) "
+        "from unnest(array['', 'a', '咖啡', 'abc', 'abcabc']) x").fetchall()
+    assert [r[0] for r in rows] == [0, 0, 0, 1, 3]
+
+
+def test_the_literal_search_finds_what_the_text_holds_and_not_its_runs_apart(
+        conn: psycopg.Connection) -> None:
+    u = live_request_and_message(conn)
+    # Every run of "abcd" is in `apart` (abc, bcd), but "abcd" is not: the text decides.
+    apart = make_record(conn, "ws1", "h1", [u], title="Apart", summary="abcx then bcd")
+    holds = make_record(conn, "ws1", "h1", [u], title="Holds", summary="xabcdx")
+    short = make_record(conn, "ws1", "h1", [u], title="Short", summary="喝咖啡 é")
+    assert conn.execute(
+        "select bool_and(t.grams & memory_private.text_grams('abcd') "
+        "                = memory_private.text_grams('abcd')) "
+        "from memory_private.record_texts t where record_id = any(%s)",
+        ([apart, holds],)).fetchone() == (True,)
+    found = [(r["id"], r["match"]) for r in query(conn, "ws1", "live", "q1",
+                                                   {"query": "ABCD"})["records"]]
+    assert [i for i, how in found if how == "literal"] == [holds], found
+    # Queries too short to have a run read every record's text.
+    assert ids(query(conn, "ws1", "live", "q2", {"query": "咖啡"})) == [short]
+    assert ids(query(conn, "ws1", "live", "q3", {"query": "É"})) == [short]
+    assert ids(query(conn, "ws1", "live", "q4", {"query": "bc"})) == [holds, apart]
 
 
 def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection) -> None:
