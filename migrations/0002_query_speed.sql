@@ -7,7 +7,8 @@
 --   once, at the end.
 -- - The lines a literal search finds are read from the shown records' summaries, and the sources
 --   they cite from the lines themselves (memory_private.cited_ids, the rule the record was written
---   with), instead of an index lookup per line in record_lines and record_line_sources.
+--   with), instead of an index lookup per line in record_lines and record_line_sources; that
+--   table goes (explain_record reads a line's sources from the summary too: one form of the fact).
 -- - A record's sources in order and a record's dependencies with their hashes are read from an
 --   index alone (record_sources' position key includes message_id; record_dependencies' primary
 --   key includes content_hash).
@@ -139,6 +140,9 @@ alter table memory_private.record_dependencies
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
 drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
 drop function memory_private.shown_sources(text, bigint[], text);
+-- Which line cites which source is read from the summary itself (memory_private.line_citations,
+-- the rule the record was written with), not kept a second time.
+drop table memory_private.record_line_sources;
 
 create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
@@ -153,8 +157,9 @@ create function memory_private.cited_ids(p_line text, p_ids text[]) returns seto
 $$;
 comment on function memory_private.cited_ids(text, text[]) is
   'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
-  'The citation rule for writing records (memory_private.line_citations) and for showing the '
-  'sources of the lines a search finds.';
+  'The citation rule, read from the summary wherever lines and sources meet: ordering a new '
+  'record''s sources (memory_private.line_citations), explain_record''s lines, and the sources '
+  'of the lines a search finds first.';
 
 create function memory_private.request_scope(
   p_request memory_private.requests
@@ -989,15 +994,19 @@ begin
                                where rs.workspace_id = p_workspace_id
                                  and rs.record_id = p_record_id
                                order by rs.position)),
-    -- Which line of the summary cites which source (by number, never the text).
+    -- Which line of the summary cites which source (by number, never the text): read from the
+    -- summary by the rule the record was written with (memory_private.line_citations).
     'lines', coalesce((
       select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
         from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
-                from memory_private.record_line_sources l
+                from memory_private.line_citations(
+                       v_record.summary,
+                       array(select s.message_id from memory_private.record_sources s
+                              where s.workspace_id = p_workspace_id
+                                and s.record_id = p_record_id)) l
                 join memory_private.record_sources rs
-                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                  on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
                  and rs.message_id = l.message_id
-               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
                group by l.line_no) x), '[]'),
     -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
     -- state by the rule (memory_private.dependency_state).
@@ -1032,6 +1041,89 @@ comment on function memory.explain_record(text, bigint, text) is
   'reused or repeated) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';
+
+create or replace function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_cited text[] := array(select jsonb_array_elements_text(p_output -> 'source_ids'));
+  v_reused bigint[] := array(select jsonb_array_elements_text(p_output -> 'reused_ids')::bigint);
+  v_dep_ids text[];
+  v_dep_hashes text[];
+  v_dep_via text[];
+  v_record_id bigint;
+begin
+  -- The dependencies: the cited messages at the hash the job saw, every dependency of the
+  -- memories the output declared it reused (P5: existing memory accompanies the batch; what it
+  -- rests on stays tracked without resending it), and uncited messages the summary repeats.
+  -- A message that counts twice is kept once, under its first reason in that order.
+  select array_agg(d.message_id order by d.message_id),
+         array_agg(d.content_hash order by d.message_id),
+         array_agg(d.via order by d.message_id)
+    into v_dep_ids, v_dep_hashes, v_dep_via
+    from (select distinct on (u.message_id) u.message_id, u.content_hash, u.via
+            from (select s.id as message_id, s.hash as content_hash, 'cited' as via, 1 as rank
+                    from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+                   where s.id = any (v_cited)
+                  union all
+                  select rd.message_id, rd.content_hash, 'reused', 2
+                    from memory_private.record_dependencies rd
+                   where rd.workspace_id = p_job.workspace_id and rd.record_id = any (v_reused)
+                  union all
+                  select r.message_id, r.content_hash, 'repeated', 3
+                    from memory_private.repeated_sources(p_job, p_output ->> 'summary', v_cited) r
+                 ) u
+           order by u.message_id, u.rank) d;
+
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
+         p_output ->> 'summary',
+         -- Statements are attributed to the people whose messages the record rests on (V9);
+         -- grants follow every repository those messages drew on (V6).
+         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
+                    filter (where m.role = 'user'), '{}'),
+         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
+         coalesce(array(select distinct x from memory_private.messages mm,
+                                              unnest(mm.repositories) as x
+                         where mm.workspace_id = p_job.workspace_id
+                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
+         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
+    from memory_private.messages m
+    join memory_private.requests q
+      on q.workspace_id = m.workspace_id and q.request_id = m.request_id
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
+  returning record_id into v_record_id;
+  -- The sources in the order the summary uses them: by the first line that cites each, then
+  -- those no line cites, in the order the output listed them.
+  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
+  select p_job.workspace_id, v_record_id, o.id,
+         row_number() over (order by o.first_line nulls last, o.n)
+    from (select c.id, c.n,
+                 (select min(l.line_no)
+                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
+                   where l.message_id = c.id) as first_line
+            from unnest(v_cited) with ordinality as c(id, n)) o;
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via)
+  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
+    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
+  perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
+  return jsonb_build_object('record_id', v_record_id,
+                            'sources', cardinality(v_cited),
+                            'dependencies', cardinality(v_dep_ids),
+                            'repeated', (select count(*) from unnest(v_dep_via) v
+                                          where v = 'repeated'));
+end
+$$;
+comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
+  'Writes the record of a validated, non-empty extraction output: its sources (the cited '
+  'messages in the order given), its dependencies (cited, reused, repeated) with the hashes '
+  'the job saw, speakers, threads and repositories taken from the dependencies; marks the '
+  'scope due for consolidation. Returns the record id and the counts.';
 
 create or replace function memory_private.index_records(
   p_workspace_id text, p_record_ids bigint[], p_lines boolean

@@ -172,20 +172,6 @@ comment on table memory_private.record_sources is
   'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
   'dependency (memory_private.record_dependencies holds its content hash).';
 
-create table memory_private.record_line_sources (
-  workspace_id text not null,
-  record_id bigint not null,
-  line_no integer not null check (line_no >= 1),
-  message_id text not null,
-  primary key (workspace_id, record_id, line_no, message_id),
-  foreign key (workspace_id, record_id, message_id) references memory_private.record_sources
-    on delete cascade
-);
-comment on table memory_private.record_line_sources is
-  'Which line of a record''s summary (line_no, from 1) cites which of its sources: the ids in '
-  'square brackets at the line, [m1] or [m1, m2]. A line cites only sources of its record (the '
-  'foreign key). query_memories shows first the sources of the lines a search found.';
-
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
@@ -246,8 +232,9 @@ create function memory_private.cited_ids(p_line text, p_ids text[]) returns seto
 $$;
 comment on function memory_private.cited_ids(text, text[]) is
   'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
-  'The citation rule for writing records (memory_private.line_citations) and for showing the '
-  'sources of the lines a search finds.';
+  'The citation rule, read from the summary wherever lines and sources meet: ordering a new '
+  'record''s sources (memory_private.line_citations), explain_record''s lines, and the sources '
+  'of the lines a search finds first.';
 
 create function memory_private.line_citations(p_summary text, p_ids text[])
   returns table (line_no integer, message_id text)

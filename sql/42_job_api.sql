@@ -344,9 +344,6 @@ begin
                     from memory_private.line_citations(p_output ->> 'summary', v_cited) l
                    where l.message_id = c.id) as first_line
             from unnest(v_cited) with ordinality as c(id, n)) o;
-  insert into memory_private.record_line_sources (workspace_id, record_id, line_no, message_id)
-  select p_job.workspace_id, v_record_id, l.line_no, l.message_id
-    from memory_private.line_citations(p_output ->> 'summary', v_cited) l;
   insert into memory_private.record_dependencies
     (workspace_id, record_id, message_id, content_hash, via)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via

@@ -502,15 +502,19 @@ begin
                                where rs.workspace_id = p_workspace_id
                                  and rs.record_id = p_record_id
                                order by rs.position)),
-    -- Which line of the summary cites which source (by number, never the text).
+    -- Which line of the summary cites which source (by number, never the text): read from the
+    -- summary by the rule the record was written with (memory_private.line_citations).
     'lines', coalesce((
       select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
         from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
-                from memory_private.record_line_sources l
+                from memory_private.line_citations(
+                       v_record.summary,
+                       array(select s.message_id from memory_private.record_sources s
+                              where s.workspace_id = p_workspace_id
+                                and s.record_id = p_record_id)) l
                 join memory_private.record_sources rs
-                  on rs.workspace_id = l.workspace_id and rs.record_id = l.record_id
+                  on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
                  and rs.message_id = l.message_id
-               where l.workspace_id = p_workspace_id and l.record_id = p_record_id
                group by l.line_no) x), '[]'),
     -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
     -- state by the rule (memory_private.dependency_state).

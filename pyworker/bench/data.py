@@ -163,8 +163,6 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         "record_dependencies": Copy("record_dependencies", ("workspace_id", "record_id",
                                                             "message_id", "content_hash", "via"),
                                     []),
-        "record_line_sources": Copy("record_line_sources", ("workspace_id", "record_id",
-                                                            "line_no", "message_id"), []),
     }
     scope_ids = _ids(conn, "scopes", "scope_id", len(indexes))
     record_ids = _ids(conn, "records", "record_id", len(indexes) * RECORDS_PER_WORKSPACE)
@@ -237,8 +235,6 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
                 t["record_sources"].rows.append((ws, record_id, mid, pos))
                 t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited"))
-            for line_no, mid in enumerate(cites, start=1):
-                t["record_line_sources"].rows.append((ws, record_id, line_no, mid))
         # The index as a consolidation leaves it: built from the 48 newest records (its
         # candidates, all of which it depends on), naming the 12 newest.
         candidates = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
@@ -258,7 +254,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
                      "requests", "messages", "scopes", "records", "record_sources",
-                     "record_dependencies", "record_line_sources"):
+                     "record_dependencies"):
             _copy(conn, tables[name])
         # What each index rests on, as the consolidation that built it keeps it.
         conn.execute(
