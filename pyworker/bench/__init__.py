@@ -333,6 +333,11 @@ def verdict(result: Section) -> list[dict[str, Any]]:
                              TARGETS["query_p50_x_floor"]))
     else:
         out.append({"name": "query_memories", "met": None, "note": "not available yet"})
+    wide = result.get("explain", {}).get("wide_reads")
+    if wide:
+        nodes = sum(len(v) for v in wide["nodes"].values())
+        out.append(db.target(f"hot-path plan nodes reading > {wide['limit_rows']} rows of a "
+                             "tenant table (whole-table reads)", nodes, 0))
     ingest = result.get("ingest", {})
     if ingest.get("status") == "ok":
         pc = ingest["per_commit"]
@@ -505,6 +510,12 @@ def markdown(result: Section) -> str:
                 text = r["statement"].replace("|", "\\|")
                 lines.append(f"| {_fmt(r['ms'])} | {r['calls']} | `{text}` |")
             lines.append("")
+        wide = explain.get("wide_reads", {})
+        found = [(name, n) for name, nodes in wide.get("nodes", {}).items() for n in nodes]
+        lines.append(f"Plan nodes reading more than {wide.get('limit_rows')} rows of a tenant "
+                     f"table: {len(found)}"
+                     + "".join(f"\n- {name}: {n['node']} on {n['table']}, {n['rows']:.0f} rows"
+                               for name, n in found))
     ds = result.get("dataset", {})
     lines += ["", "## Dataset", "",
               (f"{ds.get('records_per_workspace')} records per workspace; sizes "

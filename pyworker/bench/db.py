@@ -9,6 +9,7 @@ bot backend would run them.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -286,6 +287,12 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
             calls.append(("query_memories search",
                           "select memory.query_memories(%s, %s, %s, %s::jsonb)",
                           (*pairs[0], "ex-1", search)))
+            calls.append(("query_memories search (ranked words)",
+                          "select memory.query_memories(%s, %s, %s, %s::jsonb)",
+                          (*pairs[1], "ex-2", json.dumps({"query": data.QUESTION}))))
+            calls.append(("query_memories browse",
+                          "select memory.query_memories(%s, %s, %s, %s::jsonb)",
+                          (*pairs[0], "ex-3", "{}")))
         calls.append(("upsert_message", UPSERT_SQL, ingest_rows(width, 1, "ex-ing")[0]))
         if has_function(conn, "memory.claim_job(text)"):
             # Rolled back below: the claim is explained, the job stays pending.
@@ -303,15 +310,56 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
         conn.remove_notice_handler(on_notice)
         conn.execute("reset client_min_messages")
         conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
+    limit = data.RECORDS_PER_WORKSPACE * 2  # two full scopes
     return {"status": "ok", "workspaces": width, "plans": plans,
-            "top_statements": {name: top_statements(p) for name, p in plans.items()}}
+            "top_statements": {name: top_statements(p) for name, p in plans.items()},
+            "wide_reads": {"limit_rows": limit,
+                           "nodes": {name: wide_reads(p, limit) for name, p in plans.items()
+                                     if not name.startswith("claim_job")}}}
+
+
+# The tables that grow with the workspaces. A hot path reads a few of their rows by key, or one
+# scope's rows through its index; a plan node that reads more rows than two full scopes is a
+# whole-table read (a planner's choice that costs W times more at W workspaces: the hashed
+# subplan over every summary line of 2026-12-01, docs/benchmarks.md).
+TENANT_TABLES = frozenset({
+    "records", "record_texts", "record_documents", "record_lines", "record_sources",
+    "record_dependencies", "record_usage", "messages", "requests", "tool_calls", "scopes",
+    "tombstones", "index_dependencies", "request_recall", "members", "bots", "chats", "topics",
+    "repository_grants"})
+_NODE = re.compile(r"(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Tid Scan)"
+                   r"(?: Backward)?(?: using \S+)? on (?:\w+\.)?(\w+)")
+_ACTUAL = re.compile(r"actual (?:time=[\d.]+\.\.[\d.]+ )?rows=([\d.]+) loops=(\d+)")
+_REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
+
+
+def wide_reads(plans: Sequence[str], limit: int) -> list[dict[str, Any]]:
+    """The scan nodes of the given auto_explain plans (ANALYZE) that read more than ``limit``
+    rows of a tenant table (rows returned and removed by a filter, over all loops)."""
+    found: list[dict[str, Any]] = []
+    for plan in plans:
+        node: dict[str, Any] | None = None
+        for line in plan.splitlines() + ["->"]:
+            m = _NODE.search(line)
+            if m or "->" in line:
+                if node and node["table"] in TENANT_TABLES and node["rows"] > limit:
+                    found.append(node)
+                node = None
+            if m:
+                a = _ACTUAL.search(line)
+                rows, loops = (float(a.group(1)), int(a.group(2))) if a else (0.0, 1)
+                node = {"node": m.group(1), "table": m.group(2), "rows": rows * loops,
+                        "loops": loops}
+            elif node is not None:
+                r = _REMOVED.search(line)
+                if r:
+                    node["rows"] += int(r.group(1)) * node["loops"]
+    return found
 
 
 def top_statements(plans: Sequence[str], n: int = 8) -> list[dict[str, Any]]:
     """The statements that took longest in one call (auto_explain's duration, under ANALYZE,
     so inflated alike), grouped by their text; the call itself comes first."""
-    import re
-
     totals: dict[str, list[float]] = {}
     for plan in plans:
         d = re.search(r"duration: ([\d.]+) ms", plan)
