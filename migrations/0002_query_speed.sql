@@ -1164,8 +1164,8 @@ $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
   'Writes what the searches read of the given records: their documents (record_documents), '
   'their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
-  'documents (record_lines). The records trigger calls it for one record; a bulk load with triggers off '
-  'calls it for all it loaded.';
+  'documents (record_lines). The records trigger calls it for one record; a bulk load with '
+  'triggers off calls it for all it loaded.';
 
 create or replace function memory_private.index_record() returns trigger
   language plpgsql volatile
