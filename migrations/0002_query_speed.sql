@@ -752,11 +752,12 @@ begin
          order by r.created_at desc, r.record_id desc
          limit v_size offset v_offset);
     else
-      -- The scope's grams newest first from the index alone; the folded text (search_text:
-      -- the folded title, a newline and the folded summary) only of the records holding every
-      -- three-character run of the query. A query without a newline found in search_text is in
-      -- one of the two; one with a newline is re-checked on each apart (a query spanning the
-      -- title's end is no match).
+      -- The scope's grams newest first from the index alone; then, of the records holding
+      -- every three-character run of the query, the record itself (its pages are read for
+      -- validation and the answer anyway): the query as typed in its title or summary is a
+      -- match with nothing folded; otherwise the folded text decides (search_text: the folded
+      -- title, a newline and the folded summary; a query holding a newline is re-checked on
+      -- each apart: one spanning the title's end is no match).
       v_chunk := array(
         select g.record_id
           from (select g.record_id, g.created_at from memory_private.record_texts g
@@ -764,15 +765,16 @@ begin
                    and (p_record_id is null or g.record_id = p_record_id)
                    and g.grams & v_grams = v_grams
                  order by g.created_at desc, g.record_id desc
-                 offset 0) g  -- kept apart: PostgreSQL 18 would merge the two reads into one
-          join memory_private.record_texts t
-            on t.workspace_id = p_workspace_id and t.record_id = g.record_id
-         where strpos(t.search_text, v_query) > 0
-           and (strpos(v_query, e'\n') = 0
-                or exists (select 1 from memory_private.records r
-                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
-                              and (strpos(lower(r.title), v_query) > 0
-                                   or strpos(lower(r.summary), v_query) > 0)))
+                 offset 0) g  -- kept apart: PostgreSQL 18 would merge it into a full read
+          join memory_private.records r
+            on r.workspace_id = p_workspace_id and r.record_id = g.record_id
+         where strpos(r.title, v_query) > 0 or strpos(r.summary, v_query) > 0
+            or exists (select 1 from memory_private.record_texts t
+                        where t.workspace_id = r.workspace_id and t.record_id = r.record_id
+                          and strpos(t.search_text, v_query) > 0
+                          and (strpos(v_query, e'\n') = 0
+                               or strpos(lower(r.title), v_query) > 0
+                               or strpos(lower(r.summary), v_query) > 0))
          order by g.created_at desc, g.record_id desc
          limit v_size offset v_offset);
     end if;
