@@ -751,6 +751,21 @@ begin
            and (p_record_id is null or r.record_id = p_record_id)
          order by r.created_at desc, r.record_id desc
          limit v_size offset v_offset);
+    elsif char_length(v_query) < 3 then
+      -- Too short for a three-character run (a two-character Chinese word): every folded text
+      -- of the scope newest first, narrow rows, rather than every record itself.
+      v_chunk := array(
+        select t.record_id from memory_private.record_texts t
+         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+           and (p_record_id is null or t.record_id = p_record_id)
+           and strpos(t.search_text, v_query) > 0
+           and (strpos(v_query, e'\n') = 0
+                or exists (select 1 from memory_private.records r
+                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
+                              and (strpos(lower(r.title), v_query) > 0
+                                   or strpos(lower(r.summary), v_query) > 0)))
+         order by t.created_at desc, t.record_id desc
+         limit v_size offset v_offset);
     else
       -- The scope's grams newest first from the index alone; then, of the records holding
       -- every three-character run of the query, the record itself (its pages are read for

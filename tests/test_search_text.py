@@ -100,6 +100,9 @@ def test_the_literal_search_finds_what_the_text_holds_and_not_its_runs_apart(
     assert ids(query(conn, "ws1", "live", "q2", {"query": "咖啡"})) == [short]
     assert ids(query(conn, "ws1", "live", "q3", {"query": "É"})) == [short]
     assert ids(query(conn, "ws1", "live", "q4", {"query": "bc"})) == [holds, apart]
+    # ... and a short one spanning the title's end is no match ("Holds", "xabcdx").
+    found = query(conn, "ws1", "live", "q5", {"query": "S\n"})["records"]
+    assert [r["id"] for r in found if r["match"] == "literal"] == []
 
 
 def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection) -> None:
