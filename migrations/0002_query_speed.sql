@@ -144,6 +144,17 @@ drop function memory_private.shown_sources(text, bigint[], text);
 -- the rule the record was written with), not kept a second time.
 drop table memory_private.record_line_sources;
 
+create function memory_private.summary_lines(p_summary text)
+  returns table (line_no integer, line text)
+  language sql immutable parallel safe
+  as $$
+  -- Inlined where it is used: a summary's lines are numbered the same way everywhere.
+  select l.n::integer, l.line from string_to_table(p_summary, e'\n') with ordinality as l(line, n)
+$$;
+comment on function memory_private.summary_lines(text) is
+  'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
+  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+
 create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
   as $$
@@ -226,16 +237,16 @@ create function memory_private.matching_lines(
   -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
   -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
   -- just read).
-  select r.record_id, l.n::integer, l.line
+  select r.record_id, l.line_no, l.line
     from memory_private.records r
-   cross join lateral string_to_table(r.summary, e'\n') with ordinality as l(line, n)
+   cross join lateral memory_private.summary_lines(r.summary) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
      and (strpos(lower(l.line), lower(p_query)) > 0
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
-          or (r.record_id, l.n) in (
-               select d.record_id, d.line_no::bigint
+          or (r.record_id, l.line_no) in (
+               select d.record_id, d.line_no
                  from memory_private.record_lines d
                 where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
                   and d.document @@ any(p_terms)))
@@ -324,8 +335,8 @@ create or replace function memory_private.line_citations(p_summary text, p_ids t
   language sql immutable parallel safe
   as $$
   -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
-  select distinct l.n::integer, c.id
-    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+  select distinct l.line_no, c.id
+    from memory_private.summary_lines(p_summary) l
    cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
 $$;
 comment on function memory_private.line_citations(text, text[]) is
@@ -1173,9 +1184,9 @@ create or replace function memory_private.index_records(
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
   insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
+  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
     from memory_private.records r
-   cross join regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
+   cross join lateral memory_private.summary_lines(r.summary) l
    where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is

@@ -219,6 +219,17 @@ comment on table memory_private.index_dependencies is
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
   'with one look at each message. Written with the index, dropped with it.';
 
+create function memory_private.summary_lines(p_summary text)
+  returns table (line_no integer, line text)
+  language sql immutable parallel safe
+  as $$
+  -- Inlined where it is used: a summary's lines are numbered the same way everywhere.
+  select l.n::integer, l.line from string_to_table(p_summary, e'\n') with ordinality as l(line, n)
+$$;
+comment on function memory_private.summary_lines(text) is
+  'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
+  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+
 create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
   as $$
@@ -241,8 +252,8 @@ create function memory_private.line_citations(p_summary text, p_ids text[])
   language sql immutable parallel safe
   as $$
   -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
-  select distinct l.n::integer, c.id
-    from regexp_split_to_table(p_summary, '\n') with ordinality as l(line, n)
+  select distinct l.line_no, c.id
+    from memory_private.summary_lines(p_summary) l
    cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
 $$;
 comment on function memory_private.line_citations(text, text[]) is

@@ -169,9 +169,9 @@ create function memory_private.index_records(
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
   insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-  select r.workspace_id, r.record_id, l.n, memory_private.text_document(l.line)
+  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
     from memory_private.records r
-   cross join regexp_split_to_table(r.summary, e'\n') with ordinality as l(line, n)
+   cross join lateral memory_private.summary_lines(r.summary) l
    where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is

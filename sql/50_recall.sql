@@ -436,16 +436,16 @@ create function memory_private.matching_lines(
   -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
   -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
   -- just read).
-  select r.record_id, l.n::integer, l.line
+  select r.record_id, l.line_no, l.line
     from memory_private.records r
-   cross join lateral string_to_table(r.summary, e'\n') with ordinality as l(line, n)
+   cross join lateral memory_private.summary_lines(r.summary) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
      and (strpos(lower(l.line), lower(p_query)) > 0
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
-          or (r.record_id, l.n) in (
-               select d.record_id, d.line_no::bigint
+          or (r.record_id, l.line_no) in (
+               select d.record_id, d.line_no
                  from memory_private.record_lines d
                 where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
                   and d.document @@ any(p_terms)))

@@ -310,6 +310,8 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
         conn.remove_notice_handler(on_notice)
         conn.execute("reset client_min_messages")
         conn.execute("select set_config('auto_explain.log_min_duration', '-1', false)")
+    # claim_job is left out: it is the job machinery's path, which picks among every workspace's
+    # jobs by design (FOR UPDATE SKIP LOCKED over the queue), not an interactive read.
     limit = data.RECORDS_PER_WORKSPACE * 2  # two full scopes
     return {"status": "ok", "workspaces": width, "plans": plans,
             "top_statements": {name: top_statements(p) for name, p in plans.items()},
