@@ -9,9 +9,10 @@
 --   they cite from the lines themselves (memory_private.cited_ids, the rule the record was written
 --   with), instead of an index lookup per line in record_lines and record_line_sources; that
 --   table goes (explain_record reads a line's sources from the summary too: one form of the fact).
--- - A record's sources in order and a record's dependencies with their hashes are read from an
---   index alone (record_sources' position key includes message_id; record_dependencies' primary
---   key includes content_hash).
+-- - A record's sources in order, a record's dependencies with their hashes and the state of the
+--   messages they are on are read from an index alone (record_sources' position key includes
+--   message_id; record_dependencies' primary key includes content_hash; messages_state_idx
+--   holds a message's hash, removal and retention).
 -- - A tool call resolves its request once (memory_private.request_scope); the scope's checks are
 --   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined;
 --   upsert_message reads its request through known_request, as the tools do.
@@ -137,6 +138,7 @@ alter table memory_private.record_dependencies
   add constraint record_dependencies_pkey
     primary key (workspace_id, record_id, message_id) include (content_hash);
 
+
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
 drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
 drop function memory_private.shown_sources(text, bigint[], text);
@@ -242,7 +244,7 @@ create function memory_private.matching_lines(
    cross join lateral memory_private.summary_lines(r.summary) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(lower(l.line), lower(p_query)) > 0
+     and (strpos(lower(l.line), (select lower(p_query))) > 0  -- the query folded once
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
           or (r.record_id, l.line_no) in (
@@ -259,7 +261,7 @@ comment on function memory_private.matching_lines(text, bigint[], text, bigint[]
 
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
-  p_last_used_at timestamptz
+  p_last_used_at timestamptz, p_match text
 ) returns jsonb
   language sql stable
   -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
@@ -272,12 +274,14 @@ create function memory_private.record_detail(
            'source_ids', p_source_ids,
            'source_count', p_source_count,
            'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-           'created_at', p_record.created_at, 'last_used_at', p_last_used_at)
+           'created_at', p_record.created_at, 'last_used_at', p_last_used_at,
+           'match', p_match)
 $$;
 comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
-                                                  timestamptz) is
+                                                  timestamptz, text) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5). '
+  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
+  'matched (literal, words, fuzzy; null when browsing). '
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
 
@@ -640,6 +644,42 @@ comment on function memory.recall(text, text) is
   'only while every record it was built from still is (R3). Those records are the request''s '
   'provenance (T2).';
 
+create or replace function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
+) returns table (record_id bigint, reason text, message_id text)
+  language sql stable
+  as $$
+  -- The bot replaced since the record was made ...
+  select r.record_id, 'bot_replaced', null::text
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+     and r.bot_identity <> (select b.identity
+                              from memory_private.scopes s
+                              join memory_private.bots b
+                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
+  union all
+  -- ... and every dependency that is not current.
+  select d.record_id, x.state, d.message_id
+    from memory_private.record_dependencies d
+    join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
+   cross join lateral (
+     select memory_private.dependency_state(
+              m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
+              t.message_id is not null, p_now) as state) x
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and x.state is not null
+$$;
+comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
+  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
+  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
+  'message. A record that fails none has no row. The retention sweep deletes the records with a '
+  'permanent one.';
+
 create or replace function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
 ) returns table (record_id bigint, reason text)
@@ -704,6 +744,56 @@ comment on function memory_private.invalid_records(text, bigint, bigint[], text)
   'repository grant the reader lacks. One query for the whole set; every reader of records uses '
   'it (V6, T1). With no requester (background work on a shared scope) the requester''s '
   'membership and grants are not checked.';
+
+create or replace function memory_private.index_holds(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns boolean
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_reader text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The validity rule for every candidate of the scope's index at once, in the form the index
+  -- keeps (its candidates' dependencies, bot identity and repositories, taken when it was built):
+  -- what invalid_records would say of each candidate, without reading them one by one. A test
+  -- keeps the two equal for every reason (tests/test_provenance.py,
+  -- test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader).
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if not found or v_scope.index_text is null then
+    return false;
+  end if;
+  v_reader := coalesce(v_scope.user_id, p_requester);
+  return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
+     and (select b.identity from memory_private.bots b
+           where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
+         = v_scope.index_bot_identity
+     and (v_reader is null
+          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
+                          where not exists (select 1 from memory_private.repository_grants g
+                                             where g.workspace_id = p_workspace_id
+                                               and g.user_id = v_reader
+                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.tombstones t
+                      join memory_private.index_dependencies d
+                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
+                       and d.message_id = t.message_id
+                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+     and not exists (select 1 from memory_private.index_dependencies d
+                      join memory_private.messages m
+                        on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+                     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                       and memory_private.dependency_state(m.removed_at, m.body is not null,
+                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                           is not null);
+end
+$$;
+comment on function memory_private.index_holds(text, bigint, text) is
+  'Whether the scope''s index may be given to the requester now: every record it was built from '
+  'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
+  'dependency current and not forgotten), checked from what the index kept when it was built.';
 
 create or replace function memory_private.first_valid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
@@ -873,8 +963,8 @@ begin
     select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)
-                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at,
+                    v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb),
          (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
     into v_records, v_shown

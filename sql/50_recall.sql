@@ -256,7 +256,7 @@ comment on function memory_private.record_brief(memory_private.records, boolean)
 
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
-  p_last_used_at timestamptz
+  p_last_used_at timestamptz, p_match text
 ) returns jsonb
   language sql stable
   -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
@@ -269,12 +269,14 @@ create function memory_private.record_detail(
            'source_ids', p_source_ids,
            'source_count', p_source_count,
            'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-           'created_at', p_record.created_at, 'last_used_at', p_last_used_at)
+           'created_at', p_record.created_at, 'last_used_at', p_last_used_at,
+           'match', p_match)
 $$;
 comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
-                                                  timestamptz) is
+                                                  timestamptz, text) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5). '
+  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
+  'matched (literal, words, fuzzy; null when browsing). '
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
 
@@ -441,7 +443,7 @@ create function memory_private.matching_lines(
    cross join lateral memory_private.summary_lines(r.summary) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(lower(l.line), lower(p_query)) > 0
+     and (strpos(lower(l.line), (select lower(p_query))) > 0  -- the query folded once
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
           or (r.record_id, l.line_no) in (
@@ -589,8 +591,8 @@ begin
     select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
   )
   select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at)
-                    || jsonb_build_object('match', v_matches ->> f.record_id::text)
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at,
+                    v_matches ->> f.record_id::text)
                   order by f.pos), '[]'::jsonb),
          (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
     into v_records, v_shown
