@@ -185,6 +185,12 @@ comment on column memory_private.messages.scrub_pending is
   'inputs and checkpoints, extraction markers) and clears the flag.';
 
 create index messages_request_idx on memory_private.messages (workspace_id, request_id);
+-- What the validity rule reads of a message a record or an index depends on (its hash, removal
+-- and retention; content_hash is NULL exactly when the text is gone, by the table's check), so
+-- that validating a record reads the messages from this index alone, a few pages per scope
+-- instead of a heap page per message (memory_private.record_reasons, index_holds).
+create index messages_state_idx on memory_private.messages (workspace_id, message_id)
+  include (content_hash, removed_at, retain_until);
 create index messages_retention_idx on memory_private.messages (retain_until)
   where body is not null and retain_until is not null;
 create index messages_scrub_idx on memory_private.messages (workspace_id)

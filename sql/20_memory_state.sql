@@ -532,9 +532,10 @@ create function memory_private.record_reasons(
       on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
      and t.message_id = d.message_id
    cross join lateral (
+     -- content_hash, not body: NULL exactly when the text is gone, and in messages_state_idx
      select memory_private.dependency_state(
-              m.removed_at, m.body is not null, m.retain_until, m.content_hash, d.content_hash,
-              t.message_id is not null, p_now) as state) x
+              m.removed_at, m.content_hash is not null, m.retain_until, m.content_hash,
+              d.content_hash, t.message_id is not null, p_now) as state) x
    where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
      and x.state is not null
 $$;
@@ -551,35 +552,34 @@ create function memory_private.invalid_records(
   as $$
 declare
   v_scope_reason text;
-  v_reader text;
   v_ids bigint[];
   v_no_grant bigint[];
   v_now timestamptz := memory_private.clock_now();
 begin
-  -- The scope's facts are read once; then one query decides every record of the set: the first
-  -- reason in rank order among its record reasons and its repository grants. plpgsql so that the
-  -- plans are cached for the session; the ids are a variable so that record_reasons is inlined
-  -- into that plan. Ids that are not records of the scope are not returned.
-  select s.user_id into v_reader from memory_private.scopes s
-   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
-  if not found then
-    return;  -- no scope, no records of it
-  end if;
-  v_reader := coalesce(v_reader, p_requester);
-  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
-  -- The records of the set that are the scope's, and those drawing on a repository the reader
-  -- may not read, in one read of the records.
-  select coalesce(array_agg(r.record_id), '{}'),
+  -- Two queries. The first reads the scope's first failing check for the reader (scope_reason's
+  -- query, inlined), the records of the set that are the scope's, and those drawing on a
+  -- repository the reader (the private scope's user, else the requester) may not read. The
+  -- second decides every record of the set: the first reason in rank order among its record
+  -- reasons and its repository grants. plpgsql so that the plans are cached for the session; the
+  -- ids are a variable so that record_reasons is inlined into that plan. Ids that are not
+  -- records of the scope are not returned (no scope, no records of it).
+  select (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1),
+         coalesce(array_agg(r.record_id), '{}'),
          coalesce(array_agg(r.record_id) filter (
-           where v_reader is not null
+           where rd.id is not null
              and exists (select 1 from unnest(r.repositories) as repo(repository_id)
                           where not exists (select 1 from memory_private.repository_grants g
                                              where g.workspace_id = p_workspace_id
-                                               and g.user_id = v_reader
+                                               and g.user_id = rd.id
                                                and g.repository_id = repo.repository_id))),
            '{}')
-    into v_ids, v_no_grant
+    into v_scope_reason, v_ids, v_no_grant
     from memory_private.records r
+   cross join (select coalesce((select s.user_id from memory_private.scopes s
+                                 where s.workspace_id = p_workspace_id
+                                   and s.scope_id = p_scope_id), p_requester) as id) rd
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
      and r.scope_id = p_scope_id;
   return query
@@ -649,8 +649,10 @@ begin
                       join memory_private.messages m
                         on m.workspace_id = d.workspace_id and m.message_id = d.message_id
                      where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
-                       and memory_private.dependency_state(m.removed_at, m.body is not null,
-                             m.retain_until, m.content_hash, d.content_hash, false, v_now)
+                       -- content_hash is not null: the text is there (messages_state_idx)
+                       and memory_private.dependency_state(m.removed_at,
+                             m.content_hash is not null, m.retain_until, m.content_hash,
+                             d.content_hash, false, v_now)
                            is not null);
 end
 $$;

@@ -123,6 +123,26 @@ def test_set_validity_agrees_with_the_rule_for_every_reason_and_requester(
     assert REASONS | {None} <= seen, sorted(REASONS - seen)
 
 
+def test_the_rule_reads_a_records_messages_from_an_index_alone(conn: psycopg.Connection) -> None:
+    """What the rule reads of a message (hash, removal, retention) is in messages_state_idx, so a
+    scope's validation reads a few index pages, not a heap page per message: with plain index
+    scans (which read the heap) off, the messages are still read from that index alone. Reading
+    another column of messages (the body, say) makes this plan impossible."""
+    _world(conn)
+    scope = scope_of(conn, "ws1", "ra")
+    ids = [int(r[0]) for r in conn.execute(
+        "select record_id from memory_private.records where workspace_id = 'ws1' "
+        "and scope_id = %s", (scope,)).fetchall()]
+    with conn.transaction():
+        conn.execute("set local enable_seqscan = off")
+        conn.execute("set local enable_bitmapscan = off")
+        conn.execute("set local enable_indexscan = off")
+        plan = "\n".join(str(r[0]) for r in conn.execute(
+            "explain select * from memory_private.record_reasons('ws1', %s, %s)",
+            (scope, ids)).fetchall())
+    assert "Index Only Scan using messages_state_idx on messages" in plan, plan
+
+
 def test_the_sweep_deletes_exactly_the_records_with_a_permanent_reason(
         conn: psycopg.Connection) -> None:
     _world(conn)
