@@ -15,7 +15,8 @@
 --   holds a message's hash, removal and retention).
 -- - A tool call resolves its request once (memory_private.request_scope); the scope's checks are
 --   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined;
---   upsert_message reads its request through known_request, as the tools do.
+--   upsert_message reads its request through known_request, as the tools do; known_request
+--   looks the request up first and checks the workspace only when it finds nothing.
 -- - The literal search reads record_texts, the records' folded texts in narrow rows, instead of
 --   records.search_text in the records themselves (nothing wide, nothing to decompress), and
 --   reads the text only of records holding every three-character run of the query (their
@@ -434,6 +435,32 @@ comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request given by its ids (memory_private.known_request: '
   'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
   'scheduled requests (V5).';
+
+create or replace function memory_private.known_request(p_workspace_id text, p_request_id text)
+  returns memory_private.requests
+  language plpgsql stable
+  as $$
+declare
+  v_request memory_private.requests;
+begin
+  -- A request found has a known workspace and a valid id (both were checked when it was
+  -- stored), so the lookup comes first; the errors, only when it finds nothing, come in the
+  -- order the checks name them: the workspace's id, the workspace, the request's id.
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if not found then
+    perform memory_private.require_workspace(p_workspace_id);
+    perform memory_private.check_id('request_id', p_request_id);
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
+  end if;
+  return v_request;
+end
+$$;
+comment on function memory_private.known_request(text, text) is
+  'The request row after validating the workspace and request ids (MB001/MB002). The caller '
+  'decides what a scheduled request gets.';
 
 create or replace function memory.upsert_message(
   p_workspace_id text,

@@ -225,11 +225,15 @@ create function memory_private.known_request(p_workspace_id text, p_request_id t
 declare
   v_request memory_private.requests;
 begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('request_id', p_request_id);
+  -- A request found has a known workspace and a valid id (both were checked when it was
+  -- stored), so the lookup comes first; the errors, only when it finds nothing, come in the
+  -- order the checks name them: the workspace's id, the workspace, the request's id.
+  perform memory_private.check_id('workspace_id', p_workspace_id);
   select * into v_request from memory_private.requests
    where workspace_id = p_workspace_id and request_id = p_request_id;
   if not found then
+    perform memory_private.require_workspace(p_workspace_id);
+    perform memory_private.check_id('request_id', p_request_id);
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002', hint = 'Report it first with memory.upsert_request.';
   end if;

@@ -154,3 +154,29 @@ def test_a_finished_request_cannot_be_reopened_or_moved(conn: psycopg.Connection
         with pytest.raises(psycopg.Error) as err:
             w.request("ws1", "r1", **{"chat": "grp", "user": "bob", **kwargs})  # type: ignore[arg-type]
         assert err.value.sqlstate == "MB003"
+
+
+def test_a_request_by_its_ids_fails_on_the_first_bad_part_in_order(
+        conn: psycopg.Connection) -> None:
+    """memory_private.known_request (every call made for a request: recall, the tools, ingest of
+    its messages) looks the request up first and checks only when it finds nothing; the error
+    still names the first bad part: the workspace id, the workspace, the request id, the
+    request."""
+    w = World(conn)
+    w.basic()
+    w.request("ws1", "r1", chat="dm-alice", user="alice")
+    cases = [
+        (("", "r1"), "MB001", "workspace_id is required"),
+        (("x" * 201, ""), "MB001", "workspace_id is longer than 200 bytes"),
+        (("nope", ""), "MB002", "workspace nope is unknown"),
+        (("nope", "r1"), "MB002", "workspace nope is unknown"),
+        (("ws1", ""), "MB001", "request_id is required"),
+        (("ws1", None), "MB001", "request_id is required"),
+        (("ws1", "x" * 201), "MB001", "request_id is longer than 200 bytes"),
+        (("ws1", "r2"), "MB002", "request r2 is unknown in workspace ws1"),
+    ]
+    for args, code, text in cases:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("select memory.recall(%s, %s)", args)
+        assert (err.value.sqlstate, err.value.diag.message_primary) == (code, text), args
+    assert conn.execute("select memory.recall('ws1', 'r1') ->> 'mode'").fetchone() is not None
