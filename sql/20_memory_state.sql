@@ -776,6 +776,21 @@ comment on function memory_private.first_valid_records(text, bigint, bigint[], i
   'The first p_limit of the given record ids (in their order) that are records of the scope '
   'and valid now for the requester (memory_private.invalid_records).';
 
+create function memory_private.within_a_part(p_title text, p_summary text, p_query text)
+  returns boolean
+  language sql immutable parallel safe
+  as $$
+  -- Inlined (no SET clause). A folded query found in search_text (the folded title, a newline,
+  -- the folded summary) is a literal match only within one part: a query holding a newline may
+  -- have matched across the title's end, so it is looked for in each part apart.
+  select strpos(p_query, e'\n') = 0
+      or strpos(lower(p_title), p_query) > 0 or strpos(lower(p_summary), p_query) > 0
+$$;
+comment on function memory_private.within_a_part(text, text, text) is
+  'Whether a folded query that search_text holds is a literal match of the record: it holds no '
+  'newline, or the folded title or the folded summary holds it (a match across the title''s end '
+  'is none). The literal search''s re-check (recent_valid_records).';
+
 create function memory_private.recent_valid_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
   p_query text default null, p_record_id bigint default null
@@ -812,8 +827,7 @@ begin
            and (strpos(v_query, e'\n') = 0
                 or exists (select 1 from memory_private.records r
                             where r.workspace_id = t.workspace_id and r.record_id = t.record_id
-                              and (strpos(lower(r.title), v_query) > 0
-                                   or strpos(lower(r.summary), v_query) > 0)))
+                              and memory_private.within_a_part(r.title, r.summary, v_query)))
          order by t.created_at desc, t.record_id desc
          limit v_size offset v_offset);
     else
@@ -822,7 +836,7 @@ begin
       -- validation and the answer anyway): the query as typed in its title or summary is a
       -- match with nothing folded; otherwise the folded text decides (search_text: the folded
       -- title, a newline and the folded summary; a query holding a newline is re-checked on
-      -- each apart: one spanning the title's end is no match).
+      -- each apart, memory_private.within_a_part: one spanning the title's end is no match).
       v_chunk := array(
         select g.record_id
           from (select g.record_id, g.created_at from memory_private.record_texts g
@@ -837,9 +851,7 @@ begin
             or exists (select 1 from memory_private.record_texts t
                         where t.workspace_id = r.workspace_id and t.record_id = r.record_id
                           and strpos(t.search_text, v_query) > 0
-                          and (strpos(v_query, e'\n') = 0
-                               or strpos(lower(r.title), v_query) > 0
-                               or strpos(lower(r.summary), v_query) > 0))
+                          and memory_private.within_a_part(r.title, r.summary, v_query))
          order by g.created_at desc, g.record_id desc
          limit v_size offset v_offset);
     end if;

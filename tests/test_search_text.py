@@ -103,6 +103,18 @@ def test_the_literal_search_finds_what_the_text_holds_and_not_its_runs_apart(
     # ... and a short one spanning the title's end is no match ("Holds", "xabcdx").
     found = query(conn, "ws1", "live", "q5", {"query": "S\n"})["records"]
     assert [r["id"] for r in found if r["match"] == "literal"] == []
+    # A longer one too, when the summary holds each of its runs elsewhere: the signature passes
+    # and the folded text holds it only across the title's end ("Zab" + newline + "cy ...").
+    spans = make_record(conn, "ws1", "h1", [u], title="Zab",
+                        summary="cy then ab\nc and b\ncy")
+    assert conn.execute(
+        "select t.grams & memory_private.text_grams('ab\ncy') = memory_private.text_grams('ab\ncy'),"
+        "       strpos(t.search_text, 'ab\ncy') > 0 "
+        "from memory_private.record_texts t where record_id = %s", (spans,)).fetchone() == (
+            True, True)
+    found = query(conn, "ws1", "live", "q6", {"query": "AB\nCY"})["records"]
+    assert [r["id"] for r in found if r["match"] == "literal"] == []
+    assert ids(query(conn, "ws1", "live", "q7", {"query": "ab\nc AND"})) == [spans]
 
 
 def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection) -> None:
