@@ -35,6 +35,49 @@ comment on statistics memory_private.record_documents_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 analyze memory_private.records, memory_private.record_documents;
 
+-- A source is a cited dependency with its place among the sources: record_sources becomes a
+-- view of record_dependencies (one row per message a record rests on, its hash and, for a
+-- source, its position), so query_memories reads a record's sources in order from the pages
+-- validation reads its dependencies from (the primary key includes hash and position).
+alter table memory_private.record_dependencies
+  add column position integer constraint record_dependencies_position_check
+    check (position >= 1);
+comment on column memory_private.record_dependencies.position is
+  'For a source (via = cited): its place among the record''s sources, in the order the summary '
+  'uses them; NULL for any other dependency.';
+update memory_private.record_dependencies d
+   set position = s.position
+  from memory_private.record_sources s
+ where s.workspace_id = d.workspace_id and s.record_id = d.record_id
+   and s.message_id = d.message_id;
+-- Every source was a cited dependency and every cited dependency a source (commit_job and
+-- control_remember wrote both); the constraint refuses an upgrade of data where that fails.
+alter table memory_private.record_dependencies
+  drop constraint record_dependencies_pkey,
+  add constraint record_dependencies_pkey
+    primary key (workspace_id, record_id, message_id) include (content_hash, position),
+  add constraint record_dependencies_cited_position
+    check ((via = 'cited') = (position is not null)),
+  add constraint record_dependencies_workspace_id_record_id_position_key
+    unique (workspace_id, record_id, position);
+comment on table memory_private.record_dependencies is
+  'What a record''s content was made from: each message with the content hash it had when used, '
+  'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
+  'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
+  'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
+  'source: position numbers the sources in the order the summary uses them (position 1 first; '
+  'memory_private.record_sources lists them).';
+alter table memory_private.record_sources rename to record_sources_moved;
+create view memory_private.record_sources as
+  select d.workspace_id, d.record_id, d.message_id, d.position
+    from memory_private.record_dependencies d
+   where d.position is not null;
+comment on view memory_private.record_sources is
+  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
+  'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
+  'and its hash are one fact). What query_memories shows and what enters the citation set (R5, '
+  'R6).';
+
 create table memory_private.record_usage (
   workspace_id text not null,
   record_id bigint not null,
@@ -129,15 +172,6 @@ select workspace_id, record_id, scope_id, created_at, search_text,
 analyze memory_private.record_texts;
 alter table memory_private.records drop column search_text;
 
--- Sources in order and dependencies with their hashes, from the index alone.
-alter table memory_private.record_sources
-  drop constraint record_sources_workspace_id_record_id_position_key,
-  add constraint record_sources_workspace_id_record_id_position_key
-    unique (workspace_id, record_id, position) include (message_id);
-alter table memory_private.record_dependencies
-  drop constraint record_dependencies_pkey,
-  add constraint record_dependencies_pkey
-    primary key (workspace_id, record_id, message_id) include (content_hash);
 -- What the validity rule reads of a message a record or an index depends on (its hash, removal
 -- and retention; content_hash is NULL exactly when the text is gone, by the table's check), so
 -- that validating a record reads the messages from this index alone, a few pages per scope
@@ -152,6 +186,8 @@ drop function memory_private.shown_sources(text, bigint[], text);
 -- Which line cites which source is read from the summary itself (memory_private.line_citations,
 -- the rule the record was written with), not kept a second time.
 drop table memory_private.record_line_sources;
+-- The sources' old table (its rows are the cited dependencies' positions now).
+drop table memory_private.record_sources_moved;
 
 create function memory_private.within_a_part(p_title text, p_summary text, p_query text)
   returns boolean
@@ -691,6 +727,93 @@ comment on function memory.recall(text, text) is
   'call: later calls return the same content minus records no longer valid, and the index text '
   'only while every record it was built from still is (R3). Those records are the request''s '
   'provenance (T2).';
+
+create or replace function memory_private.control_remember(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_source_id text,
+  p_title text, out outcome jsonb, out authority text
+)
+  language plpgsql volatile
+  as $$
+declare
+  v_ws text := p_request.workspace_id;
+  v_now timestamptz := memory_private.clock_now();
+  v_source memory_private.messages;
+  v_refusal text;
+  v_record memory_private.records;
+  v_summary text;
+  v_title text;
+  c_action constant text := 'remember';
+begin
+  select * into strict v_source from memory_private.messages
+   where workspace_id = v_ws and message_id = p_source_id;
+  authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      'Not remembered: ' || v_refusal || '.');
+    return;
+  end if;
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat, so nothing is stored; turn it on first.');
+    return;
+  end if;
+  if exists (select 1 from memory_private.tombstones
+              where workspace_id = v_ws and scope_id = p_scope.scope_id
+                and message_id = v_source.message_id) then
+    outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
+      'This message was forgotten in this chat and is not stored again.');
+    return;
+  end if;
+  select r.* into v_record from memory_private.records r
+    join memory_private.record_dependencies d
+      on d.workspace_id = r.workspace_id and d.record_id = r.record_id
+   where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
+     and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
+   limit 1;
+  if found then
+    outcome := memory_private.control_outcome('done', c_action, 'already_remembered',
+      format('This message is already remembered as memory %s.', v_record.record_id),
+      v_record.record_id);
+    return;
+  end if;
+  v_summary := memory_private.note_redact(v_source.body);
+  if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
+    outcome := memory_private.control_outcome('refused', c_action, 'too_long',
+      format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+             'for a shorter message to remember.', octet_length(v_summary),
+             (memory_private.policy()).summary_bytes));
+    return;
+  end if;
+  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+  v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
+         array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
+         v_now
+    from memory_private.bots b
+   where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
+  returning * into strict v_record;
+  -- A note cites, and rests on, exactly the message that asked for it (C3).
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited', 1);
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = v_ws and scope_id = p_scope.scope_id;
+  outcome := memory_private.control_outcome('done', c_action, 'remembered',
+    format('Saved the message as memory %s, attributed to %s. It is historical reference, '
+           'not an instruction.', v_record.record_id, v_source.speaker_id),
+    v_record.record_id);
+end
+$$;
+comment on function memory_private.control_remember(memory_private.requests,
+                                                    memory_private.scopes, text, text) is
+  'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
+  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
+  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
 
 create or replace function memory_private.record_reasons(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
@@ -1262,20 +1385,21 @@ begin
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
    where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
   returning record_id into v_record_id;
-  -- The sources in the order the summary uses them: by the first line that cites each, then
-  -- those no line cites, in the order the output listed them.
-  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, o.id,
-         row_number() over (order by o.first_line nulls last, o.n)
-    from (select c.id, c.n,
-                 (select min(l.line_no)
-                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
-                   where l.message_id = c.id) as first_line
-            from unnest(v_cited) with ordinality as c(id, n)) o;
+  -- The dependencies; the cited ones are the sources, numbered in the order the summary uses
+  -- them: by the first line that cites each, then those no line cites, in the order the
+  -- output listed them.
   insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via)
-  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
-    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via, o.position
+    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via)
+    left join (select c.id, row_number() over (order by c.first_line nulls last, c.n) as position
+                 from (select c.id, c.n,
+                              (select min(l.line_no)
+                                 from memory_private.line_citations(p_output ->> 'summary',
+                                                                    v_cited) l
+                                where l.message_id = c.id) as first_line
+                         from unnest(v_cited) with ordinality as c(id, n)) c) o
+      on d.via = 'cited' and o.id = d.id;
   perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
   return jsonb_build_object('record_id', v_record_id,
                             'sources', cardinality(v_cited),

@@ -34,10 +34,8 @@ begin
   values (p_ws, v_scope, 'extracted', p_name, p_text, array[p_user], array['h-' || p_name],
           'bot-id', memory_private.clock_now())
   returning record_id into v_id;
-  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  values (p_ws, v_id, 'u-' || p_name, 1);
   insert into memory_private.record_dependencies
-  select p_ws, v_id, message_id, content_hash, 'cited' from memory_private.messages
+  select p_ws, v_id, message_id, content_hash, 'cited', 1 from memory_private.messages
    where workspace_id = p_ws and message_id = 'u-' || p_name;
   perform memory_private.advance_clock('1 second');
   insert into made values (p_name, p_ws, v_id);

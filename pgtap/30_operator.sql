@@ -19,14 +19,10 @@ insert into memory_private.records (workspace_id, scope_id, kind, title, summary
 select 'ops', scope_id, 'extracted', 'Tea', 'Alice prefers tea.', '{alice}', '{r1}',
        'bot1-identity', 'r1', memory_private.clock_now()
   from memory.resolve_scope('ops', 'r1');
-insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-select 'ops', r.record_id, m.message_id,
-       row_number() over (partition by r.record_id order by m.message_id)
-  from memory_private.records r, memory_private.messages m
- where r.workspace_id = 'ops' and m.workspace_id = 'ops';
 insert into memory_private.record_dependencies
-  (workspace_id, record_id, message_id, content_hash, via)
-select 'ops', r.record_id, m.message_id, m.content_hash, 'cited'
+  (workspace_id, record_id, message_id, content_hash, via, position)
+select 'ops', r.record_id, m.message_id, m.content_hash, 'cited',
+       row_number() over (partition by r.record_id order by m.message_id)
   from memory_private.records r, memory_private.messages m
  where r.workspace_id = 'ops' and m.workspace_id = 'ops';
 

@@ -155,31 +155,20 @@ create statistics memory_private.record_texts_scope_stats (dependencies, ndistin
 comment on statistics memory_private.record_texts_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
-create table memory_private.record_sources (
-  workspace_id text not null,
-  record_id bigint not null,
-  message_id text not null,
-  position integer not null check (position >= 1),
-  primary key (workspace_id, record_id, message_id),
-  -- message_id included: query_memories reads a record's sources in order from the index alone.
-  constraint record_sources_workspace_id_record_id_position_key
-    unique (workspace_id, record_id, position) include (message_id),
-  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
-  foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
-);
-comment on table memory_private.record_sources is
-  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
-  'what query_memories shows and what enters the citation set (R5, R6). Every source is also a '
-  'dependency (memory_private.record_dependencies holds its content hash).';
-
 create table memory_private.record_dependencies (
   workspace_id text not null,
   record_id bigint not null,
   message_id text not null,
   content_hash text not null,
   via text not null check (via in ('cited', 'reused', 'repeated')),
-  -- content_hash included: validating a record reads its dependencies from the index alone.
-  primary key (workspace_id, record_id, message_id) include (content_hash),
+  position integer constraint record_dependencies_position_check check (position >= 1),
+  -- content_hash and position included: validating a record reads its dependencies, and
+  -- query_memories its sources in order, from the index alone (the same pages).
+  primary key (workspace_id, record_id, message_id) include (content_hash, position),
+  -- A cited dependency is a source and has a place among the record's sources; no other has.
+  constraint record_dependencies_cited_position check ((via = 'cited') = (position is not null)),
+  constraint record_dependencies_workspace_id_record_id_position_key
+    unique (workspace_id, record_id, position),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
@@ -187,7 +176,22 @@ comment on table memory_private.record_dependencies is
   'What a record''s content was made from: each message with the content hash it had when used, '
   'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
   'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
-  'Validity, forgetting, retention and grants act on these (T1, T7, T8).';
+  'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
+  'source: position numbers the sources in the order the summary uses them (position 1 first; '
+  'memory_private.record_sources lists them).';
+comment on column memory_private.record_dependencies.position is
+  'For a source (via = cited): its place among the record''s sources, in the order the summary '
+  'uses them; NULL for any other dependency.';
+
+create view memory_private.record_sources as
+  select d.workspace_id, d.record_id, d.message_id, d.position
+    from memory_private.record_dependencies d
+   where d.position is not null;
+comment on view memory_private.record_sources is
+  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
+  'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
+  'and its hash are one fact). What query_memories shows and what enters the citation set (R5, '
+  'R6).';
 
 create index record_dependencies_message_idx
   on memory_private.record_dependencies (workspace_id, message_id);

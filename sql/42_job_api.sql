@@ -334,20 +334,21 @@ begin
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
    where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
   returning record_id into v_record_id;
-  -- The sources in the order the summary uses them: by the first line that cites each, then
-  -- those no line cites, in the order the output listed them.
-  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  select p_job.workspace_id, v_record_id, o.id,
-         row_number() over (order by o.first_line nulls last, o.n)
-    from (select c.id, c.n,
-                 (select min(l.line_no)
-                    from memory_private.line_citations(p_output ->> 'summary', v_cited) l
-                   where l.message_id = c.id) as first_line
-            from unnest(v_cited) with ordinality as c(id, n)) o;
+  -- The dependencies; the cited ones are the sources, numbered in the order the summary uses
+  -- them: by the first line that cites each, then those no line cites, in the order the
+  -- output listed them.
   insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via)
-  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via
-    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via);
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via, o.position
+    from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via)
+    left join (select c.id, row_number() over (order by c.first_line nulls last, c.n) as position
+                 from (select c.id, c.n,
+                              (select min(l.line_no)
+                                 from memory_private.line_citations(p_output ->> 'summary',
+                                                                    v_cited) l
+                                where l.message_id = c.id) as first_line
+                         from unnest(v_cited) with ordinality as c(id, n)) c) o
+      on d.via = 'cited' and o.id = d.id;
   perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
   return jsonb_build_object('record_id', v_record_id,
                             'sources', cardinality(v_cited),

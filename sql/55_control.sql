@@ -464,11 +464,9 @@ begin
    where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
   returning * into strict v_record;
   -- A note cites, and rests on, exactly the message that asked for it (C3).
-  insert into memory_private.record_sources (workspace_id, record_id, message_id, position)
-  values (v_ws, v_record.record_id, v_source.message_id, 1);
   insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via)
-  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited');
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited', 1);
   update memory_private.scopes
      set consolidation_due_at = coalesce(consolidation_due_at, v_now)
    where workspace_id = v_ws and scope_id = p_scope.scope_id;

@@ -50,20 +50,18 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
     ).fetchone()
     assert row is not None
     record_id = int(row[0])
+    # The sources are the cited dependencies, numbered in the order given.
     inserted = conn.execute(
         """insert into memory_private.record_dependencies (workspace_id, record_id, message_id,
-                                                           content_hash, via)
-           select workspace_id, %s, message_id, content_hash,
-                  case when message_id = any(%s) then 'cited' else 'reused' end
-             from memory_private.messages
-            where workspace_id = %s and message_id = any(%s) and content_hash is not null""",
-        (record_id, sources, ws, deps)).rowcount
+                                                           content_hash, via, position)
+           select m.workspace_id, %s, m.message_id, m.content_hash,
+                  case when s.n is not null then 'cited' else 'reused' end, s.n
+             from memory_private.messages m
+             left join unnest(%s::text[]) with ordinality as s(id, n) on s.id = m.message_id
+            where m.workspace_id = %s and m.message_id = any(%s)
+              and m.content_hash is not null""",
+        (record_id, list(dict.fromkeys(sources)), ws, deps)).rowcount
     assert inserted == len(deps), "every source must be a retained message"
-    conn.execute(
-        """insert into memory_private.record_sources (workspace_id, record_id, message_id,
-                                                      position)
-           select %s, %s, s.id, s.n from unnest(%s::text[]) with ordinality as s(id, n)""",
-        (ws, record_id, list(dict.fromkeys(sources))))
     # Each record a moment after the previous one, so "newest first" is well defined.
     conn.execute("select memory_private.advance_clock('1 second')")
     return record_id

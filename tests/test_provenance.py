@@ -119,6 +119,24 @@ def test_a_summary_repeating_eight_words_of_an_uncited_message_depends_on_it(
     assert invalid_reason(conn, "ws1", result["record_id"]) == "source_removed"
 
 
+def test_a_source_is_a_cited_dependency_with_a_place_and_nothing_else_has_one(
+        conn: psycopg.Connection) -> None:
+    """record_sources lists the cited dependencies by their place; the database refuses a cited
+    dependency without a place, a place on another dependency and two sources in one place."""
+    w = World(conn)
+    w.basic()
+    u, a = w.conversation("ws1", "h1", chat="dm-alice", user="alice")
+    rec = make_record(conn, "ws1", "h1", [a, u])
+    assert conn.execute("select message_id, position from memory_private.record_sources "
+                        "where record_id = %s order by position", (rec,)).fetchall() == [
+        (a, 1), (u, 2)]
+    for change in ("position = null", "via = 'reused'", "position = 1"):
+        with pytest.raises(psycopg.errors.IntegrityError), conn.transaction():
+            conn.execute(f"update memory_private.record_dependencies set {change} "
+                         "where record_id = %s and message_id = 'h1-u'", (rec,))
+    assert deps(conn, rec) == [("h1-a", "cited"), ("h1-u", "cited")]
+
+
 def test_passages_are_runs_of_eight_words_and_a_cjk_character_is_a_word(
         conn: psycopg.Connection) -> None:
     assert value(conn, "select memory_private.passages('One two three four five six seven')") \

@@ -294,6 +294,7 @@ def upgrade(server: Server, name: str, release_dir: Path, head_dir: Path | None,
     usage = usage_of(dsn)
     assert any(n == 1 for _, _, n, _ in usage), usage
     line_sources = stored_line_sources(dsn)
+    sources = record_sources_of(dsn)
     head = head_dir or schema.MIGRATIONS_DIR
     applied = schema.migrate(dsn, directory=head_dir)
     assert applied == [p.stem for p in schema.migration_files(head)
@@ -307,12 +308,17 @@ def upgrade(server: Server, name: str, release_dir: Path, head_dir: Path | None,
     if "record_line_sources" in dropped:
         # What the table kept is what the summaries say, read by the rule they were written with.
         assert line_sources and read_line_sources(dsn) == line_sources
+    if "record_sources" in dropped:
+        # Each source kept its place, now as a cited dependency.
+        assert sources and record_sources_of(dsn) == sources
     return dsn
 
 
 # Tables a later migration drops on purpose, with where their facts are read from instead.
 DROPPED_TABLES = {
     "record_line_sources": "the summary's lines (memory_private.line_citations, 0002)",
+    "record_sources": "the cited dependencies (record_dependencies.position; a view of that "
+                      "name lists them, 0002)",
 }
 
 
@@ -323,6 +329,13 @@ def stored_line_sources(dsn: str) -> set[tuple[object, ...]]:
             return set()
         return set(conn.execute("select workspace_id, record_id, line_no, message_id "
                                 "from memory_private.record_line_sources").fetchall())
+
+
+def record_sources_of(dsn: str) -> set[tuple[object, ...]]:
+    """Every source with its place (a table up to 0001, then a view of the cited dependencies)."""
+    with psycopg.connect(dsn) as conn:
+        return set(conn.execute("select workspace_id, record_id, message_id, position "
+                                "from memory_private.record_sources").fetchall())
 
 
 def read_line_sources(dsn: str) -> set[tuple[object, ...]]:

@@ -384,10 +384,8 @@ def test_a_note_alone_triggers_consolidation(conn: psycopg.Connection) -> None:
         "('ws1', %s, 'note', 'Tea', 'Alice prefers tea.', '{alice}', '{r1}', 'bot1-identity', "
         "'r1', now()) returning record_id", (scope[0],)).fetchone()
     assert rec is not None
-    conn.execute("insert into memory_private.record_sources values ('ws1', %s, 'r1-u', 1)",
-                 (rec[0],))
     conn.execute("insert into memory_private.record_dependencies values ('ws1', %s, 'r1-u', "
-                 "memory_private.content_hash('hello'), 'cited')", (rec[0],))
+                 "memory_private.content_hash('hello'), 'cited', 1)", (rec[0],))
     conn.execute("select memory_private.mark_consolidation_due('ws1', %s)", (scope[0],))
     counts = maintenance(conn, "ws1")  # not idle yet: no extraction, but consolidation
     assert counts["extract_jobs_created"] == 0 and counts["consolidate_jobs_created"] == 1

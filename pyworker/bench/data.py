@@ -158,11 +158,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
                                     "bot_identity", "origin_request_id", "created_at"), []),
-        "record_sources": Copy("record_sources", ("workspace_id", "record_id", "message_id",
-                                                  "position"), []),
         "record_dependencies": Copy("record_dependencies", ("workspace_id", "record_id",
-                                                            "message_id", "content_hash", "via"),
-                                    []),
+                                                            "message_id", "content_hash", "via",
+                                                            "position"), []),
     }
     scope_ids = _ids(conn, "scopes", "scope_id", len(indexes))
     record_ids = _ids(conn, "records", "record_id", len(indexes) * RECORDS_PER_WORKSPACE)
@@ -231,10 +229,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             t["records"].rows.append((ws, record_id, scope_id, "extracted", title, summary,
                                       speakers, threads, repos, "b1-identity", f"r{k:03d}",
                                       created))
-            # Every message of the record is cited (a source) and so a dependency.
+            # Every message of the record is cited: a dependency that is a source, numbered.
             for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
-                t["record_sources"].rows.append((ws, record_id, mid, pos))
-                t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited"))
+                t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited", pos))
         # The index as a consolidation leaves it: built from the 48 newest records (its
         # candidates, all of which it depends on), naming the 12 newest.
         candidates = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
@@ -253,8 +250,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
-                     "requests", "messages", "scopes", "records", "record_sources",
-                     "record_dependencies"):
+                     "requests", "messages", "scopes", "records", "record_dependencies"):
             _copy(conn, tables[name])
         # What each index rests on, as the consolidation that built it keeps it.
         conn.execute(
@@ -321,5 +317,5 @@ def settle(conn: psycopg.Connection) -> None:
                  "memory_private.bots, memory_private.chats, memory_private.topics, "
                  "memory_private.repository_grants, memory_private.requests, "
                  "memory_private.messages, memory_private.scopes, memory_private.records, "
-                 "memory_private.record_sources, memory_private.record_dependencies")
+                 "memory_private.record_dependencies")
     conn.execute("checkpoint")
