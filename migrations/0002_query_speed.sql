@@ -57,9 +57,7 @@ alter table memory_private.record_dependencies
   add constraint record_dependencies_pkey
     primary key (workspace_id, record_id, message_id) include (content_hash, position),
   add constraint record_dependencies_cited_position
-    check ((via = 'cited') = (position is not null)),
-  add constraint record_dependencies_workspace_id_record_id_position_key
-    unique (workspace_id, record_id, position);
+    check ((via = 'cited') = (position is not null));
 comment on table memory_private.record_dependencies is
   'What a record''s content was made from: each message with the content hash it had when used, '
   'and why it counts: cited (a source of the record), reused (a dependency of a memory the '

@@ -166,9 +166,10 @@ create table memory_private.record_dependencies (
   -- query_memories its sources in order, from the index alone (the same pages).
   primary key (workspace_id, record_id, message_id) include (content_hash, position),
   -- A cited dependency is a source and has a place among the record's sources; no other has.
+  -- (The writers number a record's sources 1..n in one statement. No unique index on the
+  -- places: the planner would read a record's sources through it and the heap instead of from
+  -- the primary key's pages that validation has just read.)
   constraint record_dependencies_cited_position check ((via = 'cited') = (position is not null)),
-  constraint record_dependencies_workspace_id_record_id_position_key
-    unique (workspace_id, record_id, position),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
