@@ -51,7 +51,20 @@ update memory_private.record_dependencies d
  where s.workspace_id = d.workspace_id and s.record_id = d.record_id
    and s.message_id = d.message_id;
 -- Every source was a cited dependency and every cited dependency a source (commit_job and
--- control_remember wrote both); the constraint refuses an upgrade of data where that fails.
+-- control_remember wrote both); a source without a dependency, and the constraint below,
+-- refuse an upgrade of data where that fails, rather than lose a source.
+do $$
+begin
+  if exists (select 1 from memory_private.record_sources s
+              where not exists (select 1 from memory_private.record_dependencies d
+                                 where d.workspace_id = s.workspace_id
+                                   and d.record_id = s.record_id
+                                   and d.message_id = s.message_id)) then
+    raise exception 'a record has a source that is not among its dependencies: '
+      'not upgraded (0002 keeps the sources as cited dependencies)';
+  end if;
+end
+$$;
 alter table memory_private.record_dependencies
   drop constraint record_dependencies_pkey,
   add constraint record_dependencies_pkey
@@ -1390,13 +1403,13 @@ begin
     (workspace_id, record_id, message_id, content_hash, via, position)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via, o.position
     from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via)
-    left join (select c.id, row_number() over (order by c.first_line nulls last, c.n) as position
+    left join (select f.id, row_number() over (order by f.first_line nulls last, f.n) as position
                  from (select c.id, c.n,
                               (select min(l.line_no)
                                  from memory_private.line_citations(p_output ->> 'summary',
                                                                     v_cited) l
                                 where l.message_id = c.id) as first_line
-                         from unnest(v_cited) with ordinality as c(id, n)) c) o
+                         from unnest(v_cited) with ordinality as c(id, n)) f) o
       on d.via = 'cited' and o.id = d.id;
   perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
   return jsonb_build_object('record_id', v_record_id,

@@ -341,13 +341,13 @@ begin
     (workspace_id, record_id, message_id, content_hash, via, position)
   select p_job.workspace_id, v_record_id, d.id, d.hash, d.via, o.position
     from unnest(v_dep_ids, v_dep_hashes, v_dep_via) as d(id, hash, via)
-    left join (select c.id, row_number() over (order by c.first_line nulls last, c.n) as position
+    left join (select f.id, row_number() over (order by f.first_line nulls last, f.n) as position
                  from (select c.id, c.n,
                               (select min(l.line_no)
                                  from memory_private.line_citations(p_output ->> 'summary',
                                                                     v_cited) l
                                 where l.message_id = c.id) as first_line
-                         from unnest(v_cited) with ordinality as c(id, n)) c) o
+                         from unnest(v_cited) with ordinality as c(id, n)) f) o
       on d.via = 'cited' and o.id = d.id;
   perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
   return jsonb_build_object('record_id', v_record_id,

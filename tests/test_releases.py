@@ -396,6 +396,31 @@ def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_b
     smoke(dsn)
 
 
+@pytest.mark.parametrize("release", real_releases())
+def test_an_upgrade_refuses_a_source_that_is_not_a_dependency_and_changes_nothing(
+        release: releases.Release, pg_server: Server, tmp_path: Path) -> None:
+    """0002 keeps a record's sources as its cited dependencies: data where a source has no
+    dependency row (no writer made it, but a hand edit could) stops the upgrade instead of
+    losing the source, and the database stays at the release."""
+    release_dir = releases.copy_release(release, schema.MIGRATIONS_DIR, tmp_path / "release")
+    dsn = empty_db(pg_server, "t_refuse_" + release.version.replace(".", "_"))
+    schema.migrate(dsn, directory=release_dir)
+    load_world(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("delete from memory_private.record_dependencies d using "
+                     "(select workspace_id, record_id, message_id from memory_private.record_sources "
+                     " limit 1) s where (d.workspace_id, d.record_id, d.message_id) = "
+                     "(s.workspace_id, s.record_id, s.message_id)")
+    sources = record_sources_of(dsn)
+    with pytest.raises(Exception, match="not among its dependencies"):
+        schema.migrate(dsn)
+    assert record_sources_of(dsn) == sources
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("select to_regclass('memory_private.record_sources') is not null, "
+                            "(select relkind from pg_class where oid = "
+                            " 'memory_private.record_sources'::regclass)").fetchone() == (True, "r")
+
+
 # (c) The rolling-upgrade rule ------------------------------------------------------------------
 
 
