@@ -75,14 +75,32 @@ create table memory_private.records (
   bot_identity text not null,
   origin_request_id text,
   created_at timestamptz not null,
+  -- The record's dependencies and sources as its own row holds them, written by the database
+  -- only (memory_private.follow_record_dependencies, from record_dependencies): validating a
+  -- record and listing its sources read the page the record is on, not an index leaf each.
+  dependency_ids text[] not null default '{}',
+  dependency_hashes text[] not null default '{}',
+  source_ids text[] not null default '{}',
   primary key (workspace_id, record_id),
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  constraint records_dependency_hashes_check
+    check (cardinality(dependency_hashes) = cardinality(dependency_ids))
 );
 comment on table memory_private.records is
   'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
-  'repositories they came from and the bot identity that made them. Validity is decided from '
-  'current facts on every read; the retention sweep deletes records that can never be valid '
-  'again.';
+  'repositories they came from and the bot identity that made them, and what they rest on '
+  '(dependency_ids, dependency_hashes, source_ids: the database''s copy of '
+  'record_dependencies). Validity is decided from current facts on every read; the retention '
+  'sweep deletes records that can never be valid again.';
+comment on column memory_private.records.dependency_ids is
+  'The messages the record depends on (record_dependencies.message_id, in bytewise id '
+  'order), kept by the database (memory_private.follow_record_dependencies); what the validity '
+  'rule checks.';
+comment on column memory_private.records.dependency_hashes is
+  'The content hash each of dependency_ids had when the record was made (same order).';
+comment on column memory_private.records.source_ids is
+  'The record''s sources (its cited dependencies) in the order its summary uses them '
+  '(record_dependencies.position), kept by the database; what query_memories shows.';
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
 -- A scope belongs to one workspace: without this the planner multiplies the two columns'
@@ -196,6 +214,99 @@ comment on view memory_private.record_sources is
 
 create index record_dependencies_message_idx
   on memory_private.record_dependencies (workspace_id, message_id);
+
+-- The records' own copy of what they rest on. record_dependencies is where every writer puts a
+-- record's dependencies (and where forgetting and retention find the records of a message);
+-- after each statement that writes it, the database copies the touched records' dependencies,
+-- hashes and sources into the records themselves, which is what the validity rule and
+-- query_memories read (the record's page, read anyway, instead of an index leaf per record).
+create function memory_private.copy_dependencies(p_workspace_ids text[], p_record_ids bigint[])
+  returns void
+  language sql volatile
+  as $$
+  update memory_private.records r
+     set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
+    from (select k.workspace_id, k.record_id,
+                 coalesce(array_agg(d.message_id order by d.message_id collate "C")
+                            filter (where d.message_id is not null), '{}') as ids,
+                 coalesce(array_agg(d.content_hash order by d.message_id collate "C")
+                            filter (where d.message_id is not null), '{}') as hashes,
+                 coalesce(array_agg(d.message_id order by d.position)
+                            filter (where d.position is not null), '{}') as sources
+            from (select distinct w, id from unnest(p_workspace_ids, p_record_ids) as u(w, id))
+                 as k(workspace_id, record_id)
+            left join memory_private.record_dependencies d
+              on d.workspace_id = k.workspace_id and d.record_id = k.record_id
+           group by k.workspace_id, k.record_id) x
+   where r.workspace_id = x.workspace_id and r.record_id = x.record_id
+     and (r.dependency_ids, r.dependency_hashes, r.source_ids)
+         is distinct from (x.ids, x.hashes, x.sources)
+$$;
+comment on function memory_private.copy_dependencies(text[], bigint[]) is
+  'Sets the given records'' dependency_ids, dependency_hashes (in bytewise message id order) '
+  'and source_ids (in source order) to what record_dependencies holds for them now.';
+
+create function memory_private.follow_record_dependencies() returns trigger
+  language plpgsql volatile
+  as $$
+begin
+  -- Statement-level, with the statement's rows: one copy for every record it touched.
+  if tg_op in ('INSERT', 'UPDATE') then
+    perform memory_private.copy_dependencies(array(select n.workspace_id from new_rows n),
+                                             array(select n.record_id from new_rows n));
+  end if;
+  if tg_op in ('UPDATE', 'DELETE') then
+    perform memory_private.copy_dependencies(array(select o.workspace_id from old_rows o),
+                                             array(select o.record_id from old_rows o));
+  end if;
+  return null;
+end
+$$;
+comment on function memory_private.follow_record_dependencies() is
+  'Trigger (after each statement writing record_dependencies): copies the touched records'' '
+  'dependencies into the records (memory_private.copy_dependencies).';
+
+create trigger record_dependencies_follow_insert
+  after insert on memory_private.record_dependencies
+  referencing new table as new_rows
+  for each statement execute function memory_private.follow_record_dependencies();
+create trigger record_dependencies_follow_update
+  after update on memory_private.record_dependencies
+  referencing old table as old_rows new table as new_rows
+  for each statement execute function memory_private.follow_record_dependencies();
+create trigger record_dependencies_follow_delete
+  after delete on memory_private.record_dependencies
+  referencing old table as old_rows
+  for each statement execute function memory_private.follow_record_dependencies();
+
+create function memory_private.refuse_dependency_copy() returns trigger
+  language plpgsql
+  as $$
+begin
+  raise exception 'records.dependency_ids, dependency_hashes and source_ids are the database''s '
+    'copy of record_dependencies; write record_dependencies instead'
+    using errcode = 'check_violation';
+end
+$$;
+comment on function memory_private.refuse_dependency_copy() is
+  'Trigger: refuses a statement that writes a record''s copy of its dependencies itself (only '
+  'memory_private.copy_dependencies, run by the record_dependencies triggers, does).';
+
+-- pg_trigger_depth() is 0 for a statement of its own, 1 inside the record_dependencies trigger.
+create trigger records_refuse_dependency_copy_insert
+  before insert on memory_private.records
+  for each row
+  when (pg_trigger_depth() = 0
+        and (cardinality(new.dependency_ids) > 0 or cardinality(new.dependency_hashes) > 0
+             or cardinality(new.source_ids) > 0))
+  execute function memory_private.refuse_dependency_copy();
+create trigger records_refuse_dependency_copy_update
+  before update of dependency_ids, dependency_hashes, source_ids on memory_private.records
+  for each row
+  when (pg_trigger_depth() = 0
+        and (new.dependency_ids, new.dependency_hashes, new.source_ids)
+            is distinct from (old.dependency_ids, old.dependency_hashes, old.source_ids))
+  execute function memory_private.refuse_dependency_copy();
 
 create table memory_private.tombstones (
   workspace_id text not null,
@@ -529,19 +640,22 @@ create function memory_private.record_reasons(
                                 on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
                              where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
   union all
-  -- ... and every dependency that is not current.
-  select d.record_id, x.state, d.message_id
-    from memory_private.record_dependencies d
-    join memory_private.messages m on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+  -- ... and every dependency that is not current (the record's copy of its dependencies:
+  -- read from its own page, which every reader of the record reads anyway).
+  select r.record_id, x.state, d.message_id
+    from memory_private.records r
+   cross join lateral unnest(r.dependency_ids, r.dependency_hashes) as d(message_id, content_hash)
+    join memory_private.messages m
+      on m.workspace_id = r.workspace_id and m.message_id = d.message_id
     left join memory_private.tombstones t
-      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+      on t.workspace_id = r.workspace_id and t.scope_id = p_scope_id
      and t.message_id = d.message_id
    cross join lateral (
      -- content_hash, not body: NULL exactly when the text is gone, and in messages_state_idx
      select memory_private.dependency_state(
               m.removed_at, m.content_hash is not null, m.retain_until, m.content_hash,
               d.content_hash, t.message_id is not null, p_now) as state) x
-   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
      and x.state is not null
 $$;
 comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is

@@ -480,9 +480,11 @@ begin
   end if;
   return query
     with src as materialized (
-      select rs.record_id, rs.message_id, rs.position
-        from memory_private.record_sources rs
-       where rs.workspace_id = p_workspace_id and rs.record_id = any(p_record_ids)
+      -- the records' copy of their sources, in order (memory_private.copy_dependencies)
+      select r.record_id, s.message_id, s.position
+        from memory_private.records r
+       cross join lateral unnest(r.source_ids) with ordinality as s(message_id, position)
+       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
     ), first_line as materialized (
       select f.record_id, c.id as message_id, min(f.line_no) as line_no
         from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_word_ids,

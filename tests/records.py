@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
+from pyworker.bench.data import DEPENDENCY_COPIES_DIFFERING
+
 
 def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:
     row = conn.execute("select scope_id from memory.resolve_scope(%s, %s)", (ws, request)).fetchone()
@@ -69,6 +71,24 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
 
 
 scope_id = scope_of
+
+
+def record_copy(conn: psycopg.Connection, ws: str, record_id: int
+                ) -> tuple[list[str], list[str], list[str]]:
+    """A record's own copy of what it rests on: dependency ids, their hashes, its sources."""
+    row = conn.execute("select dependency_ids, dependency_hashes, source_ids "
+                       "from memory_private.records where workspace_id = %s and record_id = %s",
+                       (ws, record_id)).fetchone()
+    assert row is not None
+    return list(row[0]), list(row[1]), list(row[2])
+
+
+def copies_differing(conn: psycopg.Connection) -> int:
+    """How many records' copies of their dependencies differ from record_dependencies (ids and
+    hashes in bytewise id order, sources in their order): always 0."""
+    row = conn.execute(DEPENDENCY_COPIES_DIFFERING).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def invalid_reason(conn: psycopg.Connection, ws: str, record_id: int,

@@ -54,7 +54,7 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     assert sorted(int(w) for w in report["recall"]) == list(report["profile"]["sizes"])
     assert report["dataset"]["consistency"] == {
         "sources_without_message": 0, "records_without_scope": 0,
-        "hash_mismatches_in_sample": 0}
+        "hash_mismatches_in_sample": 0, "dependency_copies_differing": 0}
     assert report["floor"]["round_trip"]["n"] > 0
     assert report["ingest"]["per_commit"]["upsert_message"]["n"] > 0
     for row in report["verdict"]:

@@ -28,7 +28,7 @@ from tests.jobs_world import (
     run_one_extraction,
     start,
 )
-from tests.records import invalid_reason
+from tests.records import copies_differing, invalid_reason, record_copy
 
 
 def claimed(conn: psycopg.Connection, worker: str = "w1") -> dict[str, Any]:
@@ -116,6 +116,10 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
                         "using (workspace_id, message_id) order by 1").fetchall()
     assert deps == [("r1-a", True, "cited"), ("r1-u", True, "cited")], \
         "bob's uncited exchange is no dependency"
+    # The record's own copy, which the validity rule and query_memories read, says the same.
+    assert record_copy(conn, "ws1", result["record_id"])[::2] == (["r1-a", "r1-u"],
+                                                                  ["r1-u", "r1-a"])
+    assert copies_differing(conn) == 0
     # ... so removing it leaves the record valid, and removing a cited message does not.
     w.remove("ws1", "r2-u")
     assert invalid_reason(conn, "ws1", result["record_id"]) is None
@@ -168,6 +172,9 @@ def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
     _, second = _second_extraction(conn, w, True)
     assert _dependencies(conn, second) == [("r1-a", "reused"), ("r1-u", "reused"),
                                            ("r2-a", "cited"), ("r2-u", "cited")]
+    assert record_copy(conn, "ws1", second)[::2] == (["r1-a", "r1-u", "r2-a", "r2-u"],
+                                                     ["r2-u", "r2-a"])
+    assert copies_differing(conn) == 0
     assert [r[0] for r in conn.execute(
         "select message_id from memory_private.record_sources where record_id = %s "
         "order by position", (second,))] == ["r2-u", "r2-a"], "reuse cites nothing new"

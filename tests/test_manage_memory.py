@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.records import scope_id, set_index
+from tests.records import copies_differing, record_copy, scope_id, set_index
 from tests.test_recall import ids, make_record, manage, query, recall
 
 PHRASINGS: list[dict[str, Any]] = json.loads(
@@ -142,6 +142,8 @@ def test_remember_saves_the_actual_message_attributed_to_its_speaker(
              join memory_private.messages m using (workspace_id, message_id)
             where rs.record_id = %s""",
         (outcome["memory_id"],)).fetchall() == [(source, 1, True, "cited")]
+    assert record_copy(conn, "ws1", outcome["memory_id"])[::2] == ([source], [source])
+    assert copies_differing(conn) == 0
     due = conn.execute("select consolidation_due_at from memory_private.scopes "
                        "where scope_id = %s", (scope_id(conn, "ws1", "r1"),)).fetchone()
     assert due is not None and due[0] is not None, "a note marks the scope for consolidation"

@@ -157,7 +157,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                   "index_repositories", "index_built_at", "created_at"), []),
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
-                                    "bot_identity", "origin_request_id", "created_at"), []),
+                                    "bot_identity", "origin_request_id", "created_at",
+                                    "dependency_ids", "dependency_hashes", "source_ids"), []),
         "record_dependencies": Copy("record_dependencies", ("workspace_id", "record_id",
                                                             "message_id", "content_hash", "via",
                                                             "position"), []),
@@ -226,9 +227,13 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             created = start + timedelta(minutes=150 * k + 75 * (j // CONVERSATIONS_PER_WORKSPACE),
                                         seconds=j)
             repos = ["repo-docs"] if any(p % REPO_RECORD_EVERY == 0 for p in pairs) else []
+            # The record's copy of its dependencies, as the record_dependencies triggers write
+            # it when triggers are on (memory_private.copy_dependencies): ids in bytewise order.
+            deps = sorted((s[0], s[2]) for s in sources)
             t["records"].rows.append((ws, record_id, scope_id, "extracted", title, summary,
                                       speakers, threads, repos, "b1-identity", f"r{k:03d}",
-                                      created))
+                                      created, [d[0] for d in deps], [d[1] for d in deps],
+                                      [s[0] for s in sources]))
             # Every message of the record is cited: a dependency that is a source, numbered.
             for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
                 t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited", pos))
@@ -275,6 +280,24 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
     return len(tables["records"].rows)
 
 
+# How many records' own copies of their dependencies (ids and hashes in bytewise id order,
+# sources in their order) differ from record_dependencies: always 0 (the database writes them,
+# memory_private.copy_dependencies; the bench's loader writes them itself with triggers off).
+DEPENDENCY_COPIES_DIFFERING = """
+    select count(*) from memory_private.records r
+     cross join lateral (
+           select coalesce(array_agg(d.message_id order by d.message_id collate "C"),
+                           '{}') as ids,
+                  coalesce(array_agg(d.content_hash order by d.message_id collate "C"),
+                           '{}') as hashes,
+                  coalesce(array_agg(d.message_id order by d.position)
+                             filter (where d.position is not null), '{}') as sources
+             from memory_private.record_dependencies d
+            where d.workspace_id = r.workspace_id and d.record_id = r.record_id) x
+     where (r.dependency_ids, r.dependency_hashes, r.source_ids)
+           is distinct from (x.ids, x.hashes, x.sources)"""
+
+
 def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
     """Counts what would have failed a foreign-key check or a hash check (all zero when good)."""
     row = conn.execute(
@@ -293,9 +316,11 @@ def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
                                   where workspace_id like 'bench-%%' limit 2000) m
             where m.content_hash <> memory_private.content_hash(m.body))
         """).fetchone()
-    assert row is not None
+    copies = conn.execute(DEPENDENCY_COPIES_DIFFERING).fetchone()
+    assert row is not None and copies is not None
     return {"sources_without_message": int(row[0]), "records_without_scope": int(row[1]),
-            "hash_mismatches_in_sample": int(row[2])}
+            "hash_mismatches_in_sample": int(row[2]),
+            "dependency_copies_differing": int(copies[0])}
 
 
 def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,

@@ -1,0 +1,105 @@
+"""A record's own copy of what it rests on (records.dependency_ids, dependency_hashes,
+source_ids) is written by the database alone, from record_dependencies, after every statement
+that writes that table; the validity rule and query_memories read it from the record's page.
+Writing the copy any other way is refused."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.factory import World
+from tests.records import copies_differing, make_record, record_copy, scope_of
+
+
+def _world(conn: psycopg.Connection) -> list[str]:
+    w = World(conn)
+    w.basic("ws1", users=("alice",))
+    w.request("ws1", "r1", chat="dm-alice", user="alice")
+    ids = []
+    for i in range(4):
+        mid = f"m{i}"
+        w.message("ws1", mid, "r1", "user" if i % 2 == 0 else "assistant",
+                  "alice" if i % 2 == 0 else "bot1", f"message {i}")
+        ids.append(mid)
+    return ids
+
+
+def _hash(conn: psycopg.Connection, mid: str) -> str:
+    row = conn.execute("select content_hash from memory_private.messages "
+                       "where workspace_id = 'ws1' and message_id = %s", (mid,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_the_copy_follows_every_statement_that_writes_record_dependencies(
+        conn: psycopg.Connection) -> None:
+    m = _world(conn)
+    rid = make_record(conn, "ws1", "r1", [m[2], m[0]], reused=[m[1]])
+    # Ids and hashes in bytewise id order; sources in the order the summary uses them.
+    assert record_copy(conn, "ws1", rid) == ([m[0], m[1], m[2]],
+                                             [_hash(conn, x) for x in (m[0], m[1], m[2])],
+                                             [m[2], m[0]])
+    # A second statement adds a dependency: the copy has both statements' rows.
+    conn.execute("insert into memory_private.record_dependencies "
+                 "(workspace_id, record_id, message_id, content_hash, via, position) "
+                 "values ('ws1', %s, %s, %s, 'cited', 3)", (rid, m[3], _hash(conn, m[3])))
+    assert record_copy(conn, "ws1", rid)[0] == [m[0], m[1], m[2], m[3]]
+    assert record_copy(conn, "ws1", rid)[2] == [m[2], m[0], m[3]]
+    # An update of a kept hash, and a delete, are followed too.
+    conn.execute("update memory_private.record_dependencies set content_hash = 'x' "
+                 "where workspace_id = 'ws1' and record_id = %s and message_id = %s", (rid, m[1]))
+    assert record_copy(conn, "ws1", rid)[1][1] == "x"
+    conn.execute("delete from memory_private.record_dependencies "
+                 "where workspace_id = 'ws1' and record_id = %s and message_id in (%s, %s)",
+                 (rid, m[1], m[3]))
+    assert record_copy(conn, "ws1", rid) == ([m[0], m[2]],
+                                             [_hash(conn, m[0]), _hash(conn, m[2])],
+                                             [m[2], m[0]])
+    assert copies_differing(conn) == 0
+
+
+def test_the_rule_reads_the_copy_so_a_changed_hash_there_is_an_edit(
+        conn: psycopg.Connection) -> None:
+    """The validity rule reads a record's dependencies from the record, and its plan never reads
+    record_dependencies."""
+    m = _world(conn)
+    rid = make_record(conn, "ws1", "r1", [m[0], m[1]])
+    scope = scope_of(conn, "ws1", "r1")
+
+    def reasons() -> list[tuple[str, str | None]]:
+        return [(r[0], r[1]) for r in conn.execute(
+            "select reason, message_id from memory_private.record_reasons('ws1', %s, %s)",
+            (scope, [rid])).fetchall()]
+
+    assert reasons() == []
+    conn.execute("update memory_private.record_dependencies set content_hash = 'x' "
+                 "where workspace_id = 'ws1' and record_id = %s and message_id = %s", (rid, m[1]))
+    assert reasons() == [("source_edited", m[1])]
+    plan = "\n".join(str(r[0]) for r in conn.execute(
+        "explain select * from memory_private.record_reasons('ws1', %s, %s)",
+        (scope, [rid])).fetchall())
+    assert "record_dependencies" not in plan, plan
+
+
+@pytest.mark.parametrize("column", ["dependency_ids", "dependency_hashes", "source_ids"])
+def test_writing_the_copy_directly_is_refused_and_changes_nothing(
+        conn: psycopg.Connection, column: str) -> None:
+    m = _world(conn)
+    rid = make_record(conn, "ws1", "r1", [m[0]])
+    before = record_copy(conn, "ws1", rid)
+    with pytest.raises(psycopg.errors.CheckViolation, match="copy of record_dependencies"):
+        conn.execute(f"update memory_private.records set {column} = '{{}}' "
+                     "where workspace_id = 'ws1' and record_id = %s", (rid,))
+    assert record_copy(conn, "ws1", rid) == before
+    # An update that leaves the copy as it is (of another column) is not refused.
+    conn.execute("update memory_private.records set title = 'renamed' "
+                 "where workspace_id = 'ws1' and record_id = %s", (rid,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="copy of record_dependencies"):
+        conn.execute(
+            f"""insert into memory_private.records
+                  (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids,
+                   bot_identity, created_at, {column})
+                values ('ws1', %s, 'note', 't', 's', '{{}}', '{{}}', 'b', now(), '{{m0}}')""",
+            (scope_of(conn, "ws1", "r1"),))
+    assert conn.execute("select count(*) from memory_private.records").fetchone() == (1,)
