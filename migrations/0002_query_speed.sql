@@ -89,8 +89,8 @@ create view memory_private.record_sources as
 comment on view memory_private.record_sources is
   'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
   'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
-  'and its hash are one fact). What query_memories shows and what enters the citation set (R5, '
-  'R6).';
+  'and its hash are one fact). What query_memories shows (from the records'' copy, '
+  'records.source_ids) and what enters the citation set (R5, R6).';
 
 create table memory_private.record_usage (
   workspace_id text not null,

@@ -180,13 +180,14 @@ create table memory_private.record_dependencies (
   content_hash text not null,
   via text not null check (via in ('cited', 'reused', 'repeated')),
   position integer constraint record_dependencies_position_check check (position >= 1),
-  -- content_hash and position included: validating a record reads its dependencies, and
-  -- query_memories its sources in order, from the index alone (the same pages).
+  -- content_hash and position included: a record's dependencies and sources in order are read
+  -- from the index alone (memory_private.copy_dependencies after every write, and the readers
+  -- of record_sources: request_citations, record_status, explain_record).
   primary key (workspace_id, record_id, message_id) include (content_hash, position),
   -- A cited dependency is a source and has a place among the record's sources; no other has.
   -- (The writers number a record's sources 1..n in one statement. No unique index on the
   -- places: the planner would read a record's sources through it and the heap instead of from
-  -- the primary key's pages that validation has just read.)
+  -- the primary key alone.)
   constraint record_dependencies_cited_position check ((via = 'cited') = (position is not null)),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
@@ -209,8 +210,8 @@ create view memory_private.record_sources as
 comment on view memory_private.record_sources is
   'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
   'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
-  'and its hash are one fact). What query_memories shows and what enters the citation set (R5, '
-  'R6).';
+  'and its hash are one fact). What query_memories shows (from the records'' copy, '
+  'records.source_ids) and what enters the citation set (R5, R6).';
 
 create index record_dependencies_message_idx
   on memory_private.record_dependencies (workspace_id, message_id);

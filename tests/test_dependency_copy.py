@@ -103,3 +103,18 @@ def test_writing_the_copy_directly_is_refused_and_changes_nothing(
                 values ('ws1', %s, 'note', 't', 's', '{{}}', '{{}}', 'b', now(), '{{m0}}')""",
             (scope_of(conn, "ws1", "r1"),))
     assert conn.execute("select count(*) from memory_private.records").fetchone() == (1,)
+
+
+def test_a_copy_with_ids_and_hashes_of_different_lengths_is_refused_even_with_triggers_off(
+        conn: psycopg.Connection) -> None:
+    """A superuser loading with triggers off (as the bench's loader) writes the copy itself; the
+    table's check still keeps ids and hashes in step."""
+    m = _world(conn)
+    rid = make_record(conn, "ws1", "r1", [m[0], m[1]])
+    with (pytest.raises(psycopg.errors.CheckViolation, match="records_dependency_hashes_check"),
+          conn.transaction()):
+        conn.execute("set local session_replication_role = replica")
+        conn.execute("update memory_private.records set dependency_hashes = '{x}' "
+                     "where workspace_id = 'ws1' and record_id = %s", (rid,))
+    assert copies_differing(conn) == 0
+
