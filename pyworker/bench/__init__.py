@@ -196,9 +196,10 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                 question = db.measure_query(conn, pairs, max(20, profile.query_samples // 4),
                                             {"query": data.QUESTION}, f"qq{width}")
                 if query.get("status") == "ok":
-                    query["browse"] = {"floor": browse["floor"], "query": browse["query"]}
+                    query["browse"] = {"floor": browse["floor"], "query": browse["query"],
+                                       "reads": browse.get("reads")}
                     query["question"] = {"floor": question["floor"], "query": question["query"],
-                                         "args": question["args"]}
+                                         "args": question["args"], "reads": question.get("reads")}
                 result["recall"][str(width)] = recall
                 result["query"][str(width)] = query
             result["dataset"]["consistency"] = data.check_consistency(conn)
@@ -422,35 +423,40 @@ def markdown(result: Section) -> str:
             lines.append(f"| {v['name']} | {_fmt(v['value'])}{extra} | {v['op']} "
                          f"{_fmt(v['limit'])} | {'yes' if v['met'] else '**no**'} |")
     lines += ["", "## Latency beside the floor (ms)", "",
-              "| figure | W | n | p50 | p99 | floor p50 | floor p99 | p50 ratio | p99 ratio |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              ("| figure | W | n | p50 | p99 | floor p50 | floor p99 | p50 ratio | p99 ratio | "
+               "pages read a call | read ms a call |"),
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
-    def row(name: str, width: Any, s: Section, f: Section) -> None:
+    def row(name: str, width: Any, s: Section, f: Section, reads: Section | None = None) -> None:
+        io = (f"{_fmt(reads['pages'])} | {_fmt(reads['read_ms'])}" if reads else " | ")
         lines.append(f"| {name} | {width} | {s['n']} | {_fmt(s['p50_ms'])} | "
                      f"{_fmt(s['p99_ms'])} | {_fmt(f['p50_ms'])} | {_fmt(f['p99_ms'])} | "
                      f"{_fmt(_ratio(s['p50_ms'], f['p50_ms']))} | "
-                     f"{_fmt(_ratio(s['p99_ms'], f['p99_ms']))} |")
+                     f"{_fmt(_ratio(s['p99_ms'], f['p99_ms']))} | {io} |")
 
     for width, rec in result.get("recall", {}).items():
         if rec.get("status") == "ok":
             row(f"recall ({', '.join(f'{k}: {v}' for k, v in rec['modes'].items())})", width,
-                rec["recall"], rec["floor"])
+                rec["recall"], rec["floor"], rec.get("reads"))
         else:
-            lines.append(f"| recall | {width} | {rec.get('reason')} | | | | | | |")
+            lines.append(f"| recall | {width} | {rec.get('reason')} | | | | | | | | |")
     rd = result.get("recall_directory", {})
     if rd.get("status") == "ok":
         row(f"recall, consolidation pending ({', '.join(f'{k}: {v}' for k, v in rd['modes'].items())})",
-            rd["workspaces"], rd["recall"], rd["floor"])
+            rd["workspaces"], rd["recall"], rd["floor"], rd.get("reads"))
     for width, q in result.get("query", {}).items():
         if q.get("status") == "ok":
-            row(f"query_memories search '{q['args'].get('query')}'", width, q["query"], q["floor"])
+            row(f"query_memories search '{q['args'].get('query')}'", width, q["query"], q["floor"],
+                q.get("reads"))
             if "browse" in q:
-                row("query_memories browse", width, q["browse"]["query"], q["browse"]["floor"])
+                row("query_memories browse", width, q["browse"]["query"], q["browse"]["floor"],
+                    q["browse"].get("reads"))
             if "question" in q:
                 row(f"query_memories search '{q['question']['args']['query']}' (ranked words)",
-                    width, q["question"]["query"], q["question"]["floor"])
+                    width, q["question"]["query"], q["question"]["floor"],
+                    q["question"].get("reads"))
         else:
-            lines.append(f"| query_memories | {width} | {q.get('reason')} | | | | | | |")
+            lines.append(f"| query_memories | {width} | {q.get('reason')} | | | | | | | | |")
     ing = result.get("ingest", {})
     if ing.get("status") == "ok":
         row("upsert_message vs plain INSERT, 1 per transaction", ing["workspaces"],
@@ -458,6 +464,11 @@ def markdown(result: Section) -> str:
         b = ing["batched"]
         row(f"upsert_message vs plain INSERT, {b['calls_per_transaction']} per transaction",
             ing["workspaces"], b["upsert_message"], b["floor"])
+    lines += ["", ("Pages read a call: pages a call found outside PostgreSQL's shared buffers "
+                   "(mean over its samples and warm-up; pg_stat_get_backend_io, PostgreSQL 18 and "
+                   "a superuser, else blank), and the milliseconds it waited for them "
+                   "(track_io_timing): the part of a figure that is the machine's storage and "
+                   "page cache, not the work.")]
     lines += ["", "## Job machinery", ""]
     jobs = result.get("jobs", {})
     if jobs.get("status") == "ok":

@@ -342,5 +342,6 @@ def settle(conn: psycopg.Connection) -> None:
                  "memory_private.bots, memory_private.chats, memory_private.topics, "
                  "memory_private.repository_grants, memory_private.requests, "
                  "memory_private.messages, memory_private.scopes, memory_private.records, "
-                 "memory_private.record_dependencies")
+                 "memory_private.record_dependencies, memory_private.record_texts, "
+                 "memory_private.record_documents, memory_private.record_lines")
     conn.execute("checkpoint")

@@ -42,8 +42,11 @@ def summarize(samples_ns: Sequence[int]) -> dict[str, float | int]:
             "per_second": round(len(s) / (total / 1e9), 1) if total else float("nan")}
 
 
+WARMUP = 20  # calls of each before the timed ones
+
+
 def interleaved(floor: Callable[[int], None], subject: Callable[[int], None], n: int, *,
-                warmup: int = 20) -> tuple[list[int], list[int]]:
+                warmup: int = WARMUP) -> tuple[list[int], list[int]]:
     """Runs floor(i) and subject(i) alternately n times (after a warm-up); returns their
     durations in nanoseconds."""
     for i in range(warmup):
@@ -86,6 +89,46 @@ def server_facts(conn: psycopg.Connection) -> dict[str, str]:
         row = conn.execute("select current_setting(%s)", (name,)).fetchone()
         facts[name] = str(row[0]) if row else "?"
     return facts
+
+
+# Page reads -------------------------------------------------------------------------------------
+
+BACKEND_IO = "pg_stat_get_backend_io(integer)"
+
+
+def start_reads(conn: psycopg.Connection) -> tuple[int, float] | None:
+    """This connection's page reads so far (pages that were not in shared buffers, and the
+    milliseconds it waited for them), to set beside a figure: the part of a latency that is the
+    machine's storage rather than the work. Needs PostgreSQL 18's per-backend I/O statistics
+    and a superuser (``track_io_timing`` is set for the session); None otherwise."""
+    row = conn.execute("select current_setting('is_superuser') = 'on'").fetchone()
+    if not (row and row[0]) or not has_function(conn, BACKEND_IO):
+        return None
+    conn.execute("set track_io_timing = on")
+    return _reads(conn)
+
+
+def _reads(conn: psycopg.Connection) -> tuple[int, float]:
+    conn.execute("select pg_stat_force_next_flush()")  # flushed when the session goes idle
+    # bytes, not reads: PostgreSQL 18 reads neighbouring pages in one operation
+    row = conn.execute("select coalesce(sum(read_bytes), 0)::bigint "
+                       "/ current_setting('block_size')::bigint, "
+                       "coalesce(sum(read_time), 0)::float8 "
+                       "from pg_stat_get_backend_io(pg_backend_pid()) "
+                       "where object = 'relation'").fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])
+
+
+def reads_per_call(conn: psycopg.Connection, start: tuple[int, float] | None,
+                   calls: int) -> Section | None:
+    """Pages read and milliseconds spent reading them per call since ``start`` (means over
+    ``calls`` calls; the floor's ``SELECT 1`` reads none)."""
+    if start is None or calls <= 0:
+        return None
+    pages, ms = _reads(conn)
+    return {"pages": round((pages - start[0]) / calls, 2),
+            "read_ms": round((ms - start[1]) / calls, 4)}
 
 
 # The floor --------------------------------------------------------------------------------------
@@ -132,7 +175,7 @@ def measure_recall(conn: psycopg.Connection, width: int, n: int, tag: str = "rc"
     """memory.recall for a request that has not recalled yet, vs the SELECT 1 floor."""
     if not has_function(conn, RECALL_SIGNATURE):
         return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
-    pairs = new_requests(conn, width, n + 20, f"{tag}{width}")
+    pairs = new_requests(conn, width, n + WARMUP, f"{tag}{width}")
     modes: dict[str, int] = {}
 
     def recall(i: int) -> None:
@@ -143,10 +186,11 @@ def measure_recall(conn: psycopg.Connection, width: int, n: int, tag: str = "rc"
             mode = str(row[0].get("mode"))
             modes[mode] = modes.get(mode, 0) + 1
 
-    floor_ns, subject_ns = interleaved(floor_of(conn), recall, n)
+    reads = start_reads(conn)
+    floor_ns, subject_ns = interleaved(floor_of(conn), recall, n, warmup=WARMUP)
     return {"status": "ok", "workspaces": width, "modes": modes,
             "floor": summarize(floor_ns), "recall": summarize(subject_ns),
-            "requests": pairs[:n]}
+            "reads": reads_per_call(conn, reads, n + WARMUP), "requests": pairs[:n]}
 
 
 def measure_recall_directory(conn: psycopg.Connection, width: int, n: int) -> Section:
@@ -181,10 +225,12 @@ def measure_query(conn: psycopg.Connection, pairs: Sequence[tuple[str, str]], n:
         if i >= 0:
             counts.append(int(row[0].get("count", 0)))
 
-    floor_ns, subject_ns = interleaved(floor_of(conn), query, n)
+    reads = start_reads(conn)
+    floor_ns, subject_ns = interleaved(floor_of(conn), query, n, warmup=WARMUP)
     return {"status": "ok", "args": args, "scope_records": data.RECORDS_PER_WORKSPACE,
             "results_mean": round(sum(counts) / len(counts), 2) if counts else 0,
-            "floor": summarize(floor_ns), "query": summarize(subject_ns)}
+            "floor": summarize(floor_ns), "query": summarize(subject_ns),
+            "reads": reads_per_call(conn, reads, n + WARMUP)}
 
 
 # Ingest -----------------------------------------------------------------------------------------
