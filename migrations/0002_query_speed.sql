@@ -27,6 +27,8 @@
 --   rule and query_memories read them from the record's own page.
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
+--   Every record gets its row when it is made (a trigger; never used: count 0, no date), so
+--   counting a use updates it: no insert whose foreign-key check locks the record's row.
 
 create statistics memory_private.records_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.records;
@@ -95,21 +97,45 @@ comment on view memory_private.record_sources is
 create table memory_private.record_usage (
   workspace_id text not null,
   record_id bigint not null,
-  last_used_at timestamptz not null,
-  usage_count integer not null check (usage_count >= 1),
+  last_used_at timestamptz,
+  usage_count integer not null check (usage_count >= 0),
   primary key (workspace_id, record_id),
-  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  constraint record_usage_never_used check ((usage_count = 0) = (last_used_at is null))
 );
 comment on table memory_private.record_usage is
-  'How often and when query_memories last returned a record (R7: once per tool call id); no row '
-  'for a record never returned. Kept apart from records so that counting a call rewrites a few '
-  'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
-  'Retention prunes the least recently used (memory_private.prune_records).';
+  'How often and when query_memories last returned a record (R7: once per tool call id); a row '
+  'for every record, made with it (memory_private.records_add_usage_row: count 0, no date until '
+  'first returned). Kept apart from records so that counting a call rewrites a few narrow rows, '
+  'not twelve whole records (their summaries, indexes and full pages in the WAL); made with the '
+  'record so that counting never inserts: an insert''s foreign-key check would lock each '
+  'returned record''s row, writing its page. Retention prunes the least recently used '
+  '(memory_private.prune_records).';
 
+-- Every record has its row: the use it had, or never used.
 insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
-select workspace_id, record_id, last_used_at, usage_count
-  from memory_private.records
- where usage_count > 0 and last_used_at is not null;
+select workspace_id, record_id,
+       case when usage_count > 0 and last_used_at is not null then last_used_at end,
+       case when usage_count > 0 and last_used_at is not null then usage_count else 0 end
+  from memory_private.records;
+
+create function memory_private.records_add_usage_row() returns trigger
+  language plpgsql
+  as $$
+begin
+  insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
+  select n.workspace_id, n.record_id, null, 0 from added n
+  on conflict do nothing;
+  return null;
+end
+$$;
+comment on function memory_private.records_add_usage_row() is
+  'Trigger: every new record gets its record_usage row (never used) in the same statement, so '
+  'that query_memories counts a use by updating it and never touches the records table.';
+
+create trigger records_add_usage_row after insert on memory_private.records
+  referencing new table as added
+  for each statement execute function memory_private.records_add_usage_row();
 
 create or replace view memory.record_status as
 select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
@@ -1301,7 +1327,7 @@ begin
     set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
         source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
         updated_at = v_now;
-  -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
+  -- Usage once per tool call id (R7; a replay counts nothing): updates the row made with the record.
   if v_first then
     insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
                                                   usage_count)

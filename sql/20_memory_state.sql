@@ -114,16 +114,38 @@ comment on statistics memory_private.records_scope_stats is
 create table memory_private.record_usage (
   workspace_id text not null,
   record_id bigint not null,
-  last_used_at timestamptz not null,
-  usage_count integer not null check (usage_count >= 1),
+  last_used_at timestamptz,
+  usage_count integer not null check (usage_count >= 0),
   primary key (workspace_id, record_id),
-  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
+  constraint record_usage_never_used check ((usage_count = 0) = (last_used_at is null))
 );
 comment on table memory_private.record_usage is
-  'How often and when query_memories last returned a record (R7: once per tool call id); no row '
-  'for a record never returned. Kept apart from records so that counting a call rewrites a few '
-  'narrow rows, not twelve whole records (their summaries, indexes and full pages in the WAL). '
-  'Retention prunes the least recently used (memory_private.prune_records).';
+  'How often and when query_memories last returned a record (R7: once per tool call id); a row '
+  'for every record, made with it (memory_private.records_add_usage_row: count 0, no date until '
+  'first returned). Kept apart from records so that counting a call rewrites a few narrow rows, '
+  'not twelve whole records (their summaries, indexes and full pages in the WAL); made with the '
+  'record so that counting never inserts: an insert''s foreign-key check would lock each '
+  'returned record''s row, writing its page. Retention prunes the least recently used '
+  '(memory_private.prune_records).';
+
+create function memory_private.records_add_usage_row() returns trigger
+  language plpgsql
+  as $$
+begin
+  insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
+  select n.workspace_id, n.record_id, null, 0 from added n
+  on conflict do nothing;
+  return null;
+end
+$$;
+comment on function memory_private.records_add_usage_row() is
+  'Trigger: every new record gets its record_usage row (never used) in the same statement, so '
+  'that query_memories counts a use by updating it and never touches the records table.';
+
+create trigger records_add_usage_row after insert on memory_private.records
+  referencing new table as added
+  for each statement execute function memory_private.records_add_usage_row();
 
 create function memory_private.text_grams(p_text text) returns bit(1024)
   language sql immutable strict parallel safe

@@ -618,7 +618,7 @@ begin
     set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
         source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
         updated_at = v_now;
-  -- Usage once per tool call id (R7): a replay re-reads current state but counts nothing.
+  -- Usage once per tool call id (R7; a replay counts nothing): updates the row made with the record.
   if v_first then
     insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
                                                   usage_count)

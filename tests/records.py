@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from pyworker.bench.data import DEPENDENCY_COPIES_DIFFERING
+from pyworker.bench.data import DEPENDENCY_COPIES_DIFFERING, RECORDS_WITHOUT_USAGE
 
 
 def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:
@@ -87,6 +87,13 @@ def copies_differing(conn: psycopg.Connection) -> int:
     """How many records' copies of their dependencies differ from record_dependencies (ids and
     hashes in bytewise id order, sources in their order): always 0."""
     row = conn.execute(DEPENDENCY_COPIES_DIFFERING).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def usage_rows_missing(conn: psycopg.Connection) -> int:
+    """How many records have no usage row (memory_private.record_usage): always 0."""
+    row = conn.execute(RECORDS_WITHOUT_USAGE).fetchone()
     assert row is not None
     return int(row[0])
 

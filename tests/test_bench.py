@@ -58,7 +58,8 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     assert sorted(int(w) for w in report["recall"]) == list(report["profile"]["sizes"])
     assert report["dataset"]["consistency"] == {
         "sources_without_message": 0, "records_without_scope": 0,
-        "hash_mismatches_in_sample": 0, "dependency_copies_differing": 0}
+        "hash_mismatches_in_sample": 0, "records_without_usage": 0,
+        "dependency_copies_differing": 0}
     assert report["floor"]["round_trip"]["n"] > 0
     # Page reads beside the figures: measured (PostgreSQL 18 and a superuser) or absent, never
     # made up; this server (the machine's own) says which.

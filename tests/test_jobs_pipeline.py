@@ -28,7 +28,7 @@ from tests.jobs_world import (
     run_one_extraction,
     start,
 )
-from tests.records import copies_differing, invalid_reason, record_copy
+from tests.records import copies_differing, invalid_reason, record_copy, usage_rows_missing
 
 
 def claimed(conn: psycopg.Connection, worker: str = "w1") -> dict[str, Any]:
@@ -120,6 +120,7 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
     assert record_copy(conn, "ws1", result["record_id"])[::2] == (["r1-a", "r1-u"],
                                                                   ["r1-u", "r1-a"])
     assert copies_differing(conn) == 0
+    assert usage_rows_missing(conn) == 0
     # ... so removing it leaves the record valid, and removing a cited message does not.
     w.remove("ws1", "r2-u")
     assert invalid_reason(conn, "ws1", result["record_id"]) is None
@@ -175,6 +176,7 @@ def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
     assert record_copy(conn, "ws1", second)[::2] == (["r1-a", "r1-u", "r2-a", "r2-u"],
                                                      ["r2-u", "r2-a"])
     assert copies_differing(conn) == 0
+    assert usage_rows_missing(conn) == 0
     assert [r[0] for r in conn.execute(
         "select message_id from memory_private.record_sources where record_id = %s "
         "order by position", (second,))] == ["r2-u", "r2-a"], "reuse cites nothing new"

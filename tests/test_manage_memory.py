@@ -13,7 +13,13 @@ import psycopg
 import pytest
 
 from tests.factory import World
-from tests.records import copies_differing, record_copy, scope_id, set_index
+from tests.records import (
+    copies_differing,
+    record_copy,
+    scope_id,
+    set_index,
+    usage_rows_missing,
+)
 from tests.test_recall import ids, make_record, manage, query, recall
 
 PHRASINGS: list[dict[str, Any]] = json.loads(
@@ -144,6 +150,7 @@ def test_remember_saves_the_actual_message_attributed_to_its_speaker(
         (outcome["memory_id"],)).fetchall() == [(source, 1, True, "cited")]
     assert record_copy(conn, "ws1", outcome["memory_id"])[::2] == ([source], [source])
     assert copies_differing(conn) == 0
+    assert usage_rows_missing(conn) == 0
     due = conn.execute("select consolidation_due_at from memory_private.scopes "
                        "where scope_id = %s", (scope_id(conn, "ws1", "r1"),)).fetchone()
     assert due is not None and due[0] is not None, "a note marks the scope for consolidation"
@@ -369,7 +376,8 @@ def test_disable_keeps_records_reads_nothing_refuses_notes_and_enable_restores(
     w.request("ws1", "d2", chat="dm-alice", user="alice", status="running")
     assert recall(conn, "ws1", "d2") == {"mode": "disabled"}
     assert query(conn, "ws1", "d2", "q1", {})["records"] == []
-    assert conn.execute("select count(*) from memory_private.record_usage").fetchone() == (0,)
+    assert conn.execute("select coalesce(sum(usage_count), 0) "
+                        "from memory_private.record_usage").fetchone() == (0,)
     source = turn(w, "d3", "remember that I like jazz")
     assert manage(conn, "ws1", "d3", "c1",
                   {"action": "remember", "sourceId": source})["code"] == "recall_disabled"

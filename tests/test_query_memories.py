@@ -146,6 +146,32 @@ def test_usage_counts_once_per_tool_call_and_a_replay_rereads_current_state(
     assert usage(conn, r1)[0] == 3
 
 
+def test_a_record_is_made_with_its_usage_row_and_counting_it_never_touches_the_record(
+        conn: psycopg.Connection, w: World) -> None:
+    u1, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice", user_text="tea")
+    r1 = make_record(conn, "ws1", "h1", [u1], summary="tea")
+    assert conn.execute("select usage_count, last_used_at from memory_private.record_usage "
+                        "where record_id = %s", (r1,)).fetchone() == (0, None)
+    assert usage(conn, r1) == (0, None)
+    # A record's first use updates its usage row: no insert, so no foreign-key check locking
+    # the record's row (a lock writes the record's page: its tuple's xmax, WAL).
+    row_version = "select ctid, xmax from memory_private.records where record_id = %s"
+    before = conn.execute(row_version, (r1,)).fetchone()
+    assert ids(query(conn, "ws1", "live", "first", {})) == [r1]
+    assert usage(conn, r1)[0] == 1
+    assert conn.execute(row_version, (r1,)).fetchone() == before
+    # A row someone removed is made again by the next count (the key checks its record).
+    conn.execute("delete from memory_private.record_usage where record_id = %s", (r1,))
+    query(conn, "ws1", "live", "second", {})
+    assert usage(conn, r1)[0] == 1
+    # Never used is count 0 and no date, and only that.
+    for values in ("0, now()", "1, null", "-1, null"):
+        with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+            conn.execute("update memory_private.record_usage set (usage_count, last_used_at) = "
+                         f"({values}) where record_id = %s", (r1,))
+    assert usage(conn, r1)[0] == 1
+
+
 def test_a_call_id_reused_with_other_arguments_is_a_conflict(
         conn: psycopg.Connection, w: World) -> None:
     query(conn, "ws1", "live", "call-1", {"query": "tea"})

@@ -38,7 +38,7 @@ from pyworker.worker import Worker, WorkerConfig
 from tests.catalog import SCHEMAS, snapshot
 from tests.conftest import Server
 from tests.factory import World
-from tests.records import copies_differing
+from tests.records import copies_differing, usage_rows_missing
 
 RELEASED = releases.load()
 SYNTHETIC_VERSION = "0.0.1"
@@ -396,6 +396,7 @@ def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_b
             "lower(r.title)) | memory_private.text_grams(lower(r.summary))").fetchone() == (0,)
         # Every record's copy of its dependencies and sources is what record_dependencies holds.
         assert copies_differing(conn) == 0
+        assert usage_rows_missing(conn) == 0
         assert conn.execute("select count(*) > 0 from memory_private.records "
                             "where cardinality(source_ids) > 0").fetchone() == (True,)
     smoke(dsn)

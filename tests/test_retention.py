@@ -20,9 +20,10 @@ from tests.records import (
 
 def use(conn: psycopg.Connection, record_id: int, at_sql: str) -> None:
     """Marks a record as last returned by query_memories at ``at_sql`` (a SQL expression)."""
-    conn.execute("insert into memory_private.record_usage "
-                 "select workspace_id, record_id, " + at_sql + ", 1 "
-                 "from memory_private.records where record_id = %s", (record_id,))
+    updated = conn.execute("update memory_private.record_usage "
+                           "set last_used_at = " + at_sql + ", usage_count = 1 "
+                           "where record_id = %s", (record_id,)).rowcount
+    assert updated == 1, "every record has its usage row"
 
 
 @pytest.fixture

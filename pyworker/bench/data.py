@@ -269,6 +269,14 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                 where s.workspace_id = any(%s)
                 order by s.workspace_id, s.scope_id, d.message_id""",
             ([r[0] for r in tables["workspaces"].rows],))
+        # Each record's usage row (never used), which the records trigger writes when triggers
+        # are on (memory_private.records_add_usage_row).
+        conn.execute(
+            """insert into memory_private.record_usage
+                 (workspace_id, record_id, last_used_at, usage_count)
+               select r.workspace_id, r.record_id, null, 0 from memory_private.records r
+                where r.workspace_id = any(%s)""",
+            ([r[0] for r in tables["workspaces"].rows],))
         # What the searches read of the records, which the records trigger writes when triggers
         # are on.
         conn.execute(
@@ -298,6 +306,14 @@ DEPENDENCY_COPIES_DIFFERING = """
            is distinct from (x.ids, x.hashes, x.sources)"""
 
 
+# How many records have no usage row: always 0 (made with the record by
+# memory_private.records_add_usage_row; the bench's loader writes them itself with triggers off).
+RECORDS_WITHOUT_USAGE = """
+    select count(*) from memory_private.records r
+     where not exists (select 1 from memory_private.record_usage u
+                        where u.workspace_id = r.workspace_id and u.record_id = r.record_id)"""
+
+
 def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
     """Counts what would have failed a foreign-key check or a hash check (all zero when good)."""
     row = conn.execute(
@@ -317,9 +333,11 @@ def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
             where m.content_hash <> memory_private.content_hash(m.body))
         """).fetchone()
     copies = conn.execute(DEPENDENCY_COPIES_DIFFERING).fetchone()
-    assert row is not None and copies is not None
+    usage = conn.execute(RECORDS_WITHOUT_USAGE).fetchone()
+    assert row is not None and copies is not None and usage is not None
     return {"sources_without_message": int(row[0]), "records_without_scope": int(row[1]),
             "hash_mismatches_in_sample": int(row[2]),
+            "records_without_usage": int(usage[0]),
             "dependency_copies_differing": int(copies[0])}
 
 
