@@ -100,7 +100,8 @@ def start_reads(conn: psycopg.Connection) -> tuple[int, float] | None:
     """This connection's page reads so far (pages that were not in shared buffers, and the
     milliseconds it waited for them), to set beside a figure: the part of a latency that is the
     machine's storage rather than the work. Needs PostgreSQL 18's per-backend I/O statistics
-    and a superuser (``track_io_timing`` is set for the session); None otherwise."""
+    and a superuser (``track_io_timing`` is set on for the rest of the session); None
+    otherwise."""
     row = conn.execute("select current_setting('is_superuser') = 'on'").fetchone()
     if not (row and row[0]) or not has_function(conn, BACKEND_IO):
         return None
