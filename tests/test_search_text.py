@@ -150,3 +150,29 @@ def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection
                  "where record_id = %s", (rec,))
     assert lines() == [(1, True), (2, True)]
     assert found("painting") == [1] and found("daily") == []
+
+
+def test_the_lines_a_query_finds_are_numbered_and_given_as_written(
+        conn: psycopg.Connection) -> None:
+    # matching_lines folds each summary whole and searches its folded lines: line n of the
+    # folded summary is line n of the summary, and a found line comes back as it was written.
+    u = live_request_and_message(conn)
+    rec = make_record(conn, "ws1", "h1", [u], title="Trips",
+                      summary="ÉTÉ in Σάμος\nNothing here\n\nPlans for the ÉTÉ trip [m1]\nÉté")
+
+    def found(q: str) -> list[tuple[int, str]]:
+        return [(n, line) for _, n, line in conn.execute(
+            "select * from memory_private.matching_lines('ws1', array[%s::bigint], %s, "
+            "'{}', null) order by 2", (rec, q)).fetchall()]
+
+    assert found("été") == [(1, "ÉTÉ in Σάμος"), (4, "Plans for the ÉTÉ trip [m1]"), (5, "Été")]
+    assert found("Σάμος") == [(1, "ÉTÉ in Σάμος")]
+    assert found("absent") == []
+    for q in ("été", "ΣΆΜΟΣ", "nothing", "É", "e", "ÉTÉ TRIP [M1]"):
+        # the same lines as folding each line apart
+        apart = conn.execute(
+            "select l.n::integer, l.line from memory_private.records r "
+            "cross join lateral string_to_table(r.summary, e'\\n') with ordinality l(line, n) "
+            "where r.record_id = %s and strpos(lower(l.line), lower(%s)) > 0 order by 1",
+            (rec, q)).fetchall()
+        assert found(q) == [tuple(row) for row in apart], q
