@@ -34,9 +34,9 @@ SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "recall_
 
 # What the bench's loader writes (pyworker.bench.data.build_workspaces), the searches' derived
 # tables included.
-LOADED = ["workspaces", "members", "bots", "chats", "topics", "repository_grants", "requests",
-          "messages", "scopes", "records", "record_dependencies", "record_usage", "record_texts",
-          "record_documents", "record_lines", "index_dependencies"]
+LOADED = ["workspaces", "workspace_memory", "members", "bots", "chats", "topics",
+          "repository_grants", "requests", "messages", "scopes", "records", "record_dependencies",
+          "record_usage", "record_texts", "record_documents", "record_lines", "index_dependencies"]
 
 
 @pytest.mark.slow  # the whole bench --quick
@@ -66,7 +66,7 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     assert report["dataset"]["consistency"] == {
         "sources_without_message": 0, "records_without_scope": 0,
         "hash_mismatches_in_sample": 0, "records_without_usage": 0,
-        "dependency_copies_differing": 0}
+        "workspaces_without_memory_row": 0, "dependency_copies_differing": 0}
     assert report["floor"]["round_trip"]["n"] > 0
     # The loader settles every table it wrote, as a lived-in database has them (VACUUM sets the
     # visibility map the index-only scans need).

@@ -257,6 +257,12 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
                      "requests", "messages", "scopes", "records", "record_dependencies"):
             _copy(conn, tables[name])
+        # Each workspace's memory row, which the workspaces trigger writes when triggers are on
+        # (memory_private.workspaces_add_memory_row): the row every memory write, a tool call
+        # too, locks first (memory_private.lock_workspace).
+        conn.execute(
+            "insert into memory_private.workspace_memory (workspace_id) select unnest(%s::text[])",
+            ([r[0] for r in tables["workspaces"].rows],))
         # What each index rests on, as the consolidation that built it keeps it.
         conn.execute(
             """insert into memory_private.index_dependencies
@@ -314,6 +320,15 @@ RECORDS_WITHOUT_USAGE = """
                         where u.workspace_id = r.workspace_id and u.record_id = r.record_id)"""
 
 
+# How many workspaces have no memory row: always 0 (made with the workspace by
+# memory_private.workspaces_add_memory_row; the bench's loader writes them itself with triggers
+# off). Without it a tool call's memory lock would lock nothing.
+WORKSPACES_WITHOUT_MEMORY_ROW = """
+    select count(*) from memory_private.workspaces w
+     where not exists (select 1 from memory_private.workspace_memory m
+                        where m.workspace_id = w.workspace_id)"""
+
+
 def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
     """Counts what would have failed a foreign-key check or a hash check (all zero when good)."""
     row = conn.execute(
@@ -334,10 +349,13 @@ def check_consistency(conn: psycopg.Connection) -> dict[str, int]:
         """).fetchone()
     copies = conn.execute(DEPENDENCY_COPIES_DIFFERING).fetchone()
     usage = conn.execute(RECORDS_WITHOUT_USAGE).fetchone()
+    memory_rows = conn.execute(WORKSPACES_WITHOUT_MEMORY_ROW).fetchone()
     assert row is not None and copies is not None and usage is not None
+    assert memory_rows is not None
     return {"sources_without_message": int(row[0]), "records_without_scope": int(row[1]),
             "hash_mismatches_in_sample": int(row[2]),
             "records_without_usage": int(usage[0]),
+            "workspaces_without_memory_row": int(memory_rows[0]),
             "dependency_copies_differing": int(copies[0])}
 
 
@@ -353,8 +371,8 @@ def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
 
 # Every table the loader writes, the searches' derived tables included (an index-only scan of
 # a table whose visibility map is not set reads the table too).
-SETTLED_TABLES = ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
-                  "requests", "messages", "scopes", "records", "record_dependencies",
+SETTLED_TABLES = ("workspaces", "workspace_memory", "members", "bots", "chats", "topics",
+                  "repository_grants", "requests", "messages", "scopes", "records", "record_dependencies",
                   "record_usage", "record_texts", "record_documents", "record_lines",
                   "index_dependencies")
 
