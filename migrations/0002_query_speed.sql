@@ -28,13 +28,7 @@
 -- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
 --   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
 --   Every record gets its row when it is made (a trigger; never used: count 0, no date), so
---   counting a use updates it: no insert whose foreign-key check locks the record's row, and an
---   update, not an upsert, which would lock each usage row before updating it
---   (memory_private.count_usage).
--- - query_memories' answer is made into JSON once: its records are rows of
---   memory_private.record_answer inside a memory_private.query_answer, and to_jsonb turns the
---   whole into JSON at the end (jsonb per record, then per list, then per answer was read again
---   at each step). The lines a search finds are searched in each summary folded whole, once.
+--   counting a use updates it: no insert whose foreign-key check locks the record's row.
 
 create statistics memory_private.records_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.records;
@@ -466,15 +460,13 @@ create function memory_private.matching_lines(
   -- line holds one of the words (p_terms, memory_private.search_terms of the query, against the
   -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
   -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
-  -- just read). Each summary is folded whole, once, and its folded lines are searched: folding
-  -- maps characters and never makes or removes a newline, so folded line n is line n (folding
-  -- line by line costs a call per line). A found line's text is cut from the summary as written.
-  select r.record_id, l.line_no, split_part(r.summary, e'\n', l.line_no)
+  -- just read).
+  select r.record_id, l.line_no, l.line
     from memory_private.records r
-   cross join lateral memory_private.summary_lines(lower(r.summary)) l
+   cross join lateral memory_private.summary_lines(r.summary) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(l.line, (select lower(p_query))) > 0  -- the query folded once
+     and (strpos(lower(l.line), (select lower(p_query))) > 0  -- the query folded once
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
           or (r.record_id, l.line_no) in (
@@ -489,40 +481,25 @@ comment on function memory_private.matching_lines(text, bigint[], text, bigint[]
   '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
   'documents (record_lines).';
 
-create type memory_private.record_answer as (
-  -- A record as query_memories returns it, field by field (R5). The answer is a row
-  -- (memory_private.query_answer) holding these rows, turned into JSON once at the end: jsonb
-  -- built per record, then for the list, then for the answer would be read again, token by
-  -- token, at each step (docs/benchmarks.md).
-  id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
-  source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text
-);
-comment on type memory_private.record_answer is
-  'The fields of one query_memories result, in the order they are named (R5): '
-  'memory_private.record_detail makes it.';
-
-create type memory_private.query_answer as (
-  mode text, label text, scope text, records memory_private.record_answer[], count integer,
-  replayed boolean
-);
-comment on type memory_private.query_answer is
-  'A query_memories answer (mode, label, scope, records, count, replayed), made into JSON '
-  'with to_jsonb once.';
-
 create function memory_private.record_detail(
-  p_record memory_private.records, p_source_ids text[], p_source_count bigint,
+  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
   p_last_used_at timestamptz, p_match text
-) returns memory_private.record_answer
+) returns jsonb
   language sql stable
-  -- One expression, so that it is inlined into query_memories' statement.
+  -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
+  -- function calling them is not inlined (a separate execution for every record shown).
   as $$
-  select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
-             p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
-             greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match)::memory_private.record_answer
+  select jsonb_build_object(
+           'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
+           'summary', p_record.summary, 'speaker_ids', to_jsonb(p_record.speaker_ids),
+           'thread_ids', to_jsonb(p_record.thread_ids),
+           'source_ids', p_source_ids,
+           'source_count', p_source_count,
+           'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
+           'created_at', p_record.created_at, 'last_used_at', p_last_used_at,
+           'match', p_match)
 $$;
-comment on function memory_private.record_detail(memory_private.records, text[], bigint,
+comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
                                                   timestamptz, text) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
   'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
@@ -1274,37 +1251,6 @@ comment on function memory_private.recent_valid_records(text, bigint, integer, t
   'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
   'and searches with it. Validated set-wise a page at a time.';
 
-create function memory_private.count_usage(
-  p_workspace_id text, p_record_ids bigint[], p_now timestamptz
-) returns void
-  language plpgsql volatile
-  as $$
-declare
-  v_counted bigint;
-begin
-  -- One use of each record (R7): an update of the usage rows made with the records (an upsert
-  -- would lock each row before updating it: a WAL record more per row). A row someone removed
-  -- is made again, used once.
-  update memory_private.record_usage u
-     set last_used_at = p_now, usage_count = u.usage_count + 1
-   where u.workspace_id = p_workspace_id and u.record_id = any(p_record_ids);
-  get diagnostics v_counted = row_count;
-  if v_counted < cardinality(p_record_ids) then
-    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
-                                                  usage_count)
-    select p_workspace_id, x, p_now, 1 from unnest(p_record_ids) x
-     where not exists (select 1 from memory_private.record_usage e
-                        where e.workspace_id = p_workspace_id and e.record_id = x)
-    on conflict (workspace_id, record_id)
-      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
-  end if;
-end
-$$;
-comment on function memory_private.count_usage(text, bigint[], timestamptz) is
-  'Counts one use of each given record at p_now (record_usage: usage_count + 1, last_used_at): '
-  'query_memories calls it once per tool call id (R7). The given ids are distinct records.';
-
-
 create or replace function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
 ) returns jsonb
@@ -1319,10 +1265,11 @@ declare
   v_query text;
   v_id bigint;
   v_limit integer;
+  v_call memory_private.tool_calls;
   v_start record;
   v_first boolean;
   v_ids bigint[] := '{}';
-  v_records memory_private.record_answer[];
+  v_records jsonb;
   v_matches jsonb := '{}';
   v_shown text[];
   v_now timestamptz := memory_private.clock_now();
@@ -1332,13 +1279,14 @@ begin
                                         array['query', 'id', 'limit']);
   v_request := v_start.request;
   v_scope := v_start.scope;
+  v_call := v_start.previous;
   v_query := nullif(btrim(memory_private.arg_text(p_args, 'query',
                                                   (memory_private.policy()).query_bytes)), '');
   v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
   v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1,
                                                  (memory_private.policy()).query_limit),
                       (memory_private.policy()).query_limit);
-  v_first := (v_start.previous).tool_call_id is null;
+  v_first := v_call.tool_call_id is null;
 
   -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
   -- replay is recognised.
@@ -1353,10 +1301,10 @@ begin
   with shown as materialized (
     select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
   )
-  select coalesce(array_agg(memory_private.record_detail(r,
-                    coalesce(d.source_ids, '{}'), coalesce(d.total, 0), u.last_used_at,
+  select coalesce(jsonb_agg(memory_private.record_detail(r,
+                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at,
                     v_matches ->> f.record_id::text)
-                  order by f.pos), '{}'),
+                  order by f.pos), '[]'::jsonb),
          (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
     into v_records, v_shown
     from unnest(v_ids) with ordinality as f(record_id, pos)
@@ -1379,9 +1327,13 @@ begin
     set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
         source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
         updated_at = v_now;
-  -- Usage once per tool call id (R7; a replay counts nothing).
+  -- Usage once per tool call id (R7; a replay counts nothing): updates the row made with the record.
   if v_first then
-    perform memory_private.count_usage(p_workspace_id, v_ids, v_now);
+    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
+                                                  usage_count)
+    select p_workspace_id, x, v_now, 1 from unnest(v_ids) x
+    on conflict (workspace_id, record_id)
+      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
   end if;
 
   if not v_scope.recall_enabled then
@@ -1389,10 +1341,14 @@ begin
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
-  return to_jsonb(row(case when v_query is not null then 'search'
-                          when v_id is not null then 'id' else 'browse' end,
-                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
-                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+  return jsonb_build_object(
+           'mode', case when v_query is not null then 'search'
+                        when v_id is not null then 'id' else 'browse' end,
+           'label', memory_private.recall_label(v_scope.kind),
+           'scope', v_scope.kind,
+           'records', v_records,
+           'count', cardinality(v_ids),
+           'replayed', not v_first);
 end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
