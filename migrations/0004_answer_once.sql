@@ -9,6 +9,178 @@
 --   record more per row).
 -- - The lines a search finds are searched in each summary folded whole, once
 --   (memory_private.matching_lines), not line by line.
+-- - The literal search's folding has one home, memory_private.fold: lower() as before, computed
+--   byte by byte for ASCII text where that gives the same result. What record_texts holds is
+--   unchanged, so nothing is rewritten.
+
+
+create function memory_private.fold(p_text text) returns text
+  language sql immutable parallel safe
+  as $$
+  -- The literal search's case folding: lower() in the database's collation, the same wherever
+  -- text and query are folded (record_texts, the query, the lines a search finds). Inlined. A
+  -- text of ASCII characters only, in a database whose collation folds the 26 capitals to the
+  -- 26 small letters (any but a Turkish or Azeri one; the test is a constant, folded when a
+  -- statement is planned), is folded byte by byte (lower() in the "C" collation): the same
+  -- result, without turning every character into a wide character and back
+  -- (docs/benchmarks.md).
+  select case when octet_length(p_text) = char_length(p_text)
+               and lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ') = 'abcdefghijklmnopqrstuvwxyz'
+              then lower(p_text collate "C") else lower(p_text) end
+$$;
+comment on function memory_private.fold(text) is
+  'The case folding of the literal search: lower(p_text) in the database''s collation '
+  '(computed byte by byte for ASCII text where that gives the same).';
+
+comment on table memory_private.record_texts is
+  'Each record''s title and summary case-folded at write time (search_text: the folded title, '
+  'a newline, the folded summary: memory_private.fold) and the three-character runs of both (grams: '
+  'memory_private.text_grams of each, OR-ed), with its scope and date, written by a trigger on '
+  'records (memory_private.index_record): what query_memories'' literal search reads. It scans '
+  'the scope''s grams newest first in the index alone and reads the folded text only of the '
+  'records holding every run of the query. Kept apart from records so that nothing wide is read '
+  'and nothing is folded at search time.';
+
+create or replace function memory_private.within_a_part(p_title text, p_summary text, p_query text)
+  returns boolean
+  language sql immutable parallel safe
+  as $$
+  -- Inlined (no SET clause). A folded query found in search_text (the folded title, a newline,
+  -- the folded summary) is a literal match only within one part: a query holding a newline may
+  -- have matched across the title's end, so it is looked for in each part apart.
+  select strpos(p_query, e'\n') = 0
+      or strpos(memory_private.fold(p_title), p_query) > 0
+      or strpos(memory_private.fold(p_summary), p_query) > 0
+$$;
+comment on function memory_private.within_a_part(text, text, text) is
+  'Whether a folded query that search_text holds is a literal match of the record: it holds no '
+  'newline, or the folded title or the folded summary holds it (a match across the title''s end '
+  'is none). The literal search''s re-check (recent_valid_records).';
+
+create or replace function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
+  language plpgsql stable
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit;
+  v_offset integer := 0;
+  v_query text := memory_private.fold(p_query);
+  v_grams bit(1024) := memory_private.text_grams(memory_private.fold(p_query));
+begin
+  -- Newest first, a page at a time (limit, then four times more), each page validated as
+  -- one set: a scope whose newest records are valid costs one short index scan and one
+  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  loop
+    if v_query is null then
+      v_chunk := array(
+        select r.record_id from memory_private.records r
+         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+           and (p_record_id is null or r.record_id = p_record_id)
+         order by r.created_at desc, r.record_id desc
+         limit v_size offset v_offset);
+    elsif char_length(v_query) < 3 then
+      -- Too short for a three-character run (a two-character Chinese word): every folded text
+      -- of the scope newest first, narrow rows, rather than every record itself.
+      v_chunk := array(
+        select t.record_id from memory_private.record_texts t
+         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+           and (p_record_id is null or t.record_id = p_record_id)
+           and strpos(t.search_text, v_query) > 0
+           and (strpos(v_query, e'\n') = 0
+                or exists (select 1 from memory_private.records r
+                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
+                              and memory_private.within_a_part(r.title, r.summary, v_query)))
+         order by t.created_at desc, t.record_id desc
+         limit v_size offset v_offset);
+    else
+      -- The scope's grams newest first from the index alone; then, of the records holding
+      -- every three-character run of the query, the record itself (its pages are read for
+      -- validation and the answer anyway): the query as typed in its title or summary is a
+      -- match with nothing folded; otherwise the folded text decides (search_text: the folded
+      -- title, a newline and the folded summary; a query holding a newline is re-checked on
+      -- each apart, memory_private.within_a_part: one spanning the title's end is no match).
+      v_chunk := array(
+        select g.record_id
+          from (select g.record_id, g.created_at from memory_private.record_texts g
+                 where g.workspace_id = p_workspace_id and g.scope_id = p_scope_id
+                   and (p_record_id is null or g.record_id = p_record_id)
+                   and g.grams & v_grams = v_grams
+                 order by g.created_at desc, g.record_id desc
+                 offset 0) g  -- kept apart: PostgreSQL 18 would merge it into a full read
+          join memory_private.records r
+            on r.workspace_id = p_workspace_id and r.record_id = g.record_id
+         where strpos(r.title, v_query) > 0 or strpos(r.summary, v_query) > 0
+            or exists (select 1 from memory_private.record_texts t
+                        where t.workspace_id = r.workspace_id and t.record_id = r.record_id
+                          and strpos(t.search_text, v_query) > 0
+                          and memory_private.within_a_part(r.title, r.summary, v_query))
+         order by g.created_at desc, g.record_id desc
+         limit v_size offset v_offset);
+    end if;
+    v_valid := v_valid || memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
+                 p_requester);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid;
+end
+$$;
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Validated set-wise a page at a time.';
+
+create or replace function memory_private.index_records(
+  p_workspace_id text, p_record_ids bigint[], p_lines boolean
+) returns void
+  language sql volatile
+  as $$
+  -- What the searches read of the given records, derived from their title and summary: the
+  -- word search's document, the literal search's folded text and, with p_lines, the documents
+  -- of the summary's lines.
+  insert into memory_private.record_documents
+    (workspace_id, record_id, scope_id, created_at, document)
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         memory_private.search_document(r.title, r.summary)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        document = excluded.document;
+  insert into memory_private.record_texts
+    (workspace_id, record_id, scope_id, created_at, search_text, grams)
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         f.title || e'\n' || f.summary,
+         memory_private.text_grams(f.title) | memory_private.text_grams(f.summary)
+    from memory_private.records r
+   cross join lateral (select memory_private.fold(r.title) as title,
+                              memory_private.fold(r.summary) as summary) f
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        search_text = excluded.search_text, grams = excluded.grams;
+  delete from memory_private.record_lines
+   where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
+    from memory_private.records r
+   cross join lateral memory_private.summary_lines(r.summary) l
+   where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
+$$;
+comment on function memory_private.index_records(text, bigint[], boolean) is
+  'Writes what the searches read of the given records: their documents (record_documents), '
+  'their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
+  'documents (record_lines). The records trigger calls it for one record; a bulk load with '
+  'triggers off calls it for all it loaded.';
 
 drop function memory_private.record_detail(memory_private.records, jsonb, bigint, timestamptz,
                                            text);
@@ -54,7 +226,6 @@ comment on function memory_private.record_detail(memory_private.records, text[],
   'query_memories ranks the sources of all shown records in one pass and passes them in, with '
   'the record''s last use before the call (memory_private.record_usage).';
 
-
 create function memory_private.count_usage(
   p_workspace_id text, p_record_ids bigint[], p_now timestamptz
 ) returns void
@@ -85,7 +256,6 @@ comment on function memory_private.count_usage(text, bigint[], timestamptz) is
   'Counts one use of each given record at p_now (record_usage: usage_count + 1, last_used_at): '
   'query_memories calls it once per tool call id (R7). The given ids are distinct records.';
 
-
 create or replace function memory_private.matching_lines(
   p_workspace_id text, p_record_ids bigint[], p_query text, p_word_ids bigint[],
   p_terms tsquery[]
@@ -102,10 +272,10 @@ create or replace function memory_private.matching_lines(
   -- line by line costs a call per line). A found line's text is cut from the summary as written.
   select r.record_id, l.line_no, split_part(r.summary, e'\n', l.line_no)
     from memory_private.records r
-   cross join lateral memory_private.summary_lines(lower(r.summary)) l
+   cross join lateral memory_private.summary_lines(memory_private.fold(r.summary)) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(l.line, (select lower(p_query))) > 0  -- the query folded once
+     and (strpos(l.line, (select memory_private.fold(p_query))) > 0  -- the query folded once
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
           or (r.record_id, l.line_no) in (
@@ -119,7 +289,6 @@ comment on function memory_private.matching_lines(text, bigint[], text, bigint[]
   'records: those holding the query (case-insensitive), and in the records found by their words '
   '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
   'documents (record_lines).';
-
 
 create or replace function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb

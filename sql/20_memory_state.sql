@@ -147,6 +147,24 @@ create trigger records_add_usage_row after insert on memory_private.records
   referencing new table as added
   for each statement execute function memory_private.records_add_usage_row();
 
+create function memory_private.fold(p_text text) returns text
+  language sql immutable parallel safe
+  as $$
+  -- The literal search's case folding: lower() in the database's collation, the same wherever
+  -- text and query are folded (record_texts, the query, the lines a search finds). Inlined. A
+  -- text of ASCII characters only, in a database whose collation folds the 26 capitals to the
+  -- 26 small letters (any but a Turkish or Azeri one; the test is a constant, folded when a
+  -- statement is planned), is folded byte by byte (lower() in the "C" collation): the same
+  -- result, without turning every character into a wide character and back
+  -- (docs/benchmarks.md).
+  select case when octet_length(p_text) = char_length(p_text)
+               and lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ') = 'abcdefghijklmnopqrstuvwxyz'
+              then lower(p_text collate "C") else lower(p_text) end
+$$;
+comment on function memory_private.fold(text) is
+  'The case folding of the literal search: lower(p_text) in the database''s collation '
+  '(computed byte by byte for ASCII text where that gives the same).';
+
 create function memory_private.text_grams(p_text text) returns bit(1024)
   language sql immutable strict parallel safe
   as $$
@@ -180,8 +198,8 @@ create table memory_private.record_texts (
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade
 );
 comment on table memory_private.record_texts is
-  'Each record''s title and summary case-folded at write time (search_text: lower(title), a '
-  'newline, lower(summary)) and the three-character runs of both (grams: '
+  'Each record''s title and summary case-folded at write time (search_text: the folded title, '
+  'a newline, the folded summary: memory_private.fold) and the three-character runs of both (grams: '
   'memory_private.text_grams of each, OR-ed), with its scope and date, written by a trigger on '
   'records (memory_private.index_record): what query_memories'' literal search reads. It scans '
   'the scope''s grams newest first in the index alone and reads the folded text only of the '
@@ -926,7 +944,8 @@ create function memory_private.within_a_part(p_title text, p_summary text, p_que
   -- the folded summary) is a literal match only within one part: a query holding a newline may
   -- have matched across the title's end, so it is looked for in each part apart.
   select strpos(p_query, e'\n') = 0
-      or strpos(lower(p_title), p_query) > 0 or strpos(lower(p_summary), p_query) > 0
+      or strpos(memory_private.fold(p_title), p_query) > 0
+      or strpos(memory_private.fold(p_summary), p_query) > 0
 $$;
 comment on function memory_private.within_a_part(text, text, text) is
   'Whether a folded query that search_text holds is a literal match of the record: it holds no '
@@ -944,8 +963,8 @@ declare
   v_chunk bigint[];
   v_size integer := p_limit;
   v_offset integer := 0;
-  v_query text := lower(p_query);
-  v_grams bit(1024) := memory_private.text_grams(lower(p_query));
+  v_query text := memory_private.fold(p_query);
+  v_grams bit(1024) := memory_private.text_grams(memory_private.fold(p_query));
 begin
   -- Newest first, a page at a time (limit, then four times more), each page validated as
   -- one set: a scope whose newest records are valid costs one short index scan and one

@@ -161,7 +161,8 @@ create function memory_private.index_records(
          f.title || e'\n' || f.summary,
          memory_private.text_grams(f.title) | memory_private.text_grams(f.summary)
     from memory_private.records r
-   cross join lateral (select lower(r.title) as title, lower(r.summary) as summary) f
+   cross join lateral (select memory_private.fold(r.title) as title,
+                              memory_private.fold(r.summary) as summary) f
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,

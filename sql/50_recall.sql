@@ -457,10 +457,10 @@ create function memory_private.matching_lines(
   -- line by line costs a call per line). A found line's text is cut from the summary as written.
   select r.record_id, l.line_no, split_part(r.summary, e'\n', l.line_no)
     from memory_private.records r
-   cross join lateral memory_private.summary_lines(lower(r.summary)) l
+   cross join lateral memory_private.summary_lines(memory_private.fold(r.summary)) l
    where p_query is not null
      and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(l.line, (select lower(p_query))) > 0  -- the query folded once
+     and (strpos(l.line, (select memory_private.fold(p_query))) > 0  -- the query folded once
           -- not correlated: one index read of the word-found records' lines, then a hash
           -- probe per line (a correlated EXISTS may be hashed over every line of the table)
           or (r.record_id, l.line_no) in (

@@ -176,3 +176,15 @@ def test_the_lines_a_query_finds_are_numbered_and_given_as_written(
             "where r.record_id = %s and strpos(lower(l.line), lower(%s)) > 0 order by 1",
             (rec, q)).fetchall()
         assert found(q) == [tuple(row) for row in apart], q
+
+
+def test_the_folding_is_lower_in_the_databases_collation(conn: psycopg.Connection) -> None:
+    # memory_private.fold computes ASCII text byte by byte; every text folds as lower() does.
+    texts = ["Kubernetes UPGRADE", "ABCDEFGHIJKLMNOPQRSTUVWXYZ @[`{ 0-9 \t\n~", "", "ÉTÉ",
+             "Mixed ASCII and Ωμέγα", "Kelvin \u212a, dotted \u0130", "咖啡 and TEA", "ß STRASSE",
+             "line one [M1]\nLINE TWO [m2]"]
+    rows = conn.execute("select t, memory_private.fold(t) = lower(t), memory_private.fold(t) "
+                        "from unnest(%s::text[]) t", (texts,)).fetchall()
+    assert [r[1] for r in rows] == [True] * len(texts), rows
+    assert rows[0][2] == "kubernetes upgrade"
+    assert conn.execute("select memory_private.fold(null)").fetchone() == (None,)
