@@ -19,27 +19,28 @@ create function memory_private.fold(p_text text) returns text
   as $$
   -- The literal search's case folding: lower() in the database's collation, the same wherever
   -- text and query are folded (record_texts, the query, the lines a search finds). Inlined. A
-  -- text of ASCII characters only, in a database whose collation folds the 26 capitals to the
-  -- 26 small letters (any but a Turkish or Azeri one; the test is a constant, folded when a
-  -- statement is planned), is folded byte by byte (lower() in the "C" collation): the same
-  -- result, without turning every character into a wide character and back
-  -- (docs/benchmarks.md).
+  -- text of ASCII characters only (as many bytes as characters, in a UTF-8 database), where
+  -- the collation folds the 26 capitals to the 26 small letters (any but a Turkish or Azeri
+  -- one), is folded byte by byte (lower() in the "C" collation): the same result, without
+  -- turning every character into a wide character and back (docs/benchmarks.md). The tests of
+  -- the database's encoding and collation are constants, folded when a statement is planned.
   select case when octet_length(p_text) = char_length(p_text)
+               and char_length('é') = 1 and octet_length('é') = 2
                and lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ') = 'abcdefghijklmnopqrstuvwxyz'
               then lower(p_text collate "C") else lower(p_text) end
 $$;
 comment on function memory_private.fold(text) is
   'The case folding of the literal search: lower(p_text) in the database''s collation '
-  '(computed byte by byte for ASCII text where that gives the same).';
+  '(computed byte by byte for ASCII text in a UTF-8 database where that gives the same).';
 
 comment on table memory_private.record_texts is
   'Each record''s title and summary case-folded at write time (search_text: the folded title, '
-  'a newline, the folded summary: memory_private.fold) and the three-character runs of both (grams: '
-  'memory_private.text_grams of each, OR-ed), with its scope and date, written by a trigger on '
-  'records (memory_private.index_record): what query_memories'' literal search reads. It scans '
-  'the scope''s grams newest first in the index alone and reads the folded text only of the '
-  'records holding every run of the query. Kept apart from records so that nothing wide is read '
-  'and nothing is folded at search time.';
+  'a newline, the folded summary: memory_private.fold) and the three-character runs of both '
+  '(grams: memory_private.text_grams of each, OR-ed), with its scope and date, written by a '
+  'trigger on records (memory_private.index_record): what query_memories'' literal search reads. '
+  'It scans the scope''s grams newest first in the index alone and reads the folded text only of '
+  'the records holding every run of the query. Kept apart from records so that nothing wide is '
+  'read and nothing is folded at search time.';
 
 create or replace function memory_private.within_a_part(p_title text, p_summary text, p_query text)
   returns boolean

@@ -180,6 +180,10 @@ def test_the_lines_a_query_finds_are_numbered_and_given_as_written(
 
 def test_the_folding_is_lower_in_the_databases_collation(conn: psycopg.Connection) -> None:
     # memory_private.fold computes ASCII text byte by byte; every text folds as lower() does.
+    # This database takes that path (UTF-8, ASCII capitals fold to small letters):
+    assert conn.execute("select current_setting('server_encoding'), "
+                        "lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ')").fetchone() == (
+        "UTF8", "abcdefghijklmnopqrstuvwxyz")
     texts = ["Kubernetes UPGRADE", "ABCDEFGHIJKLMNOPQRSTUVWXYZ @[`{ 0-9 \t\n~", "", "ÉTÉ",
              "Mixed ASCII and Ωμέγα", "Kelvin \u212a, dotted \u0130", "咖啡 and TEA", "ß STRASSE",
              "line one [M1]\nLINE TWO [m2]"]

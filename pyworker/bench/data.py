@@ -372,9 +372,9 @@ def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
 # Every table the loader writes, the searches' derived tables included (an index-only scan of
 # a table whose visibility map is not set reads the table too).
 SETTLED_TABLES = ("workspaces", "workspace_memory", "members", "bots", "chats", "topics",
-                  "repository_grants", "requests", "messages", "scopes", "records", "record_dependencies",
-                  "record_usage", "record_texts", "record_documents", "record_lines",
-                  "index_dependencies")
+                  "repository_grants", "requests", "messages", "scopes", "records",
+                  "record_dependencies", "record_usage", "record_texts", "record_documents",
+                  "record_lines", "index_dependencies")
 
 
 def settle(conn: psycopg.Connection) -> None:
