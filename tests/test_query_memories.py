@@ -160,10 +160,12 @@ def test_a_record_is_made_with_its_usage_row_and_counting_it_never_touches_the_r
     assert ids(query(conn, "ws1", "live", "first", {})) == [r1]
     assert usage(conn, r1)[0] == 1
     assert conn.execute(row_version, (r1,)).fetchone() == before
-    # A row someone removed is made again by the next count (the key checks its record).
+    # A row someone removed is made again by the next count (the key checks its record), and
+    # the records beside it that kept theirs are counted once, not again by the remaking.
+    r2 = make_record(conn, "ws1", "h1", [u1], summary="more tea")
     conn.execute("delete from memory_private.record_usage where record_id = %s", (r1,))
-    query(conn, "ws1", "live", "second", {})
-    assert usage(conn, r1)[0] == 1
+    assert sorted(ids(query(conn, "ws1", "live", "second", {}))) == sorted([r1, r2])
+    assert usage(conn, r1)[0] == 1 and usage(conn, r2)[0] == 1
     # Never used is count 0 and no date, and only that.
     for values in ("0, now()", "1, null", "-1, null"):
         with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
