@@ -542,12 +542,15 @@ comment on function memory.resolve_scope(text, text) is
 --                     membership (a row per check, with a detail, in rank order);
 --   dependency_state  the state of one message a record depends on: removed, expired, edited,
 --                     forgotten, or current (is_retained says whether a message is retained);
---   record_reasons    every reason a record fails whatever the reader: the bot replaced, and
---                     the state of each of its dependencies.
+--   own_reasons       every reason a record fails whatever the reader, from its columns: the
+--                     bot replaced, and the state of each of its dependencies (record_reasons:
+--                     the same for a set of records, read by id).
 -- invalid_records composes them for a set of records (the one verdict every reader uses:
--- recall, query_memories, citations, candidates, forget); record_checks lists the same checks for
--- one record with details (explain_record). tests/test_validity_set.py keeps the two equal for
--- every reason.
+-- recall, query_memories, citations, candidates, forget); record_failures for one record a
+-- reader has in hand (recent_valid_records, walking a scope newest first, after the scope's
+-- checks); record_checks lists the same checks for one record with details (explain_record).
+-- Repository grants are checked by missing_grants. tests/test_validity_set.py keeps the three
+-- equal for every reason.
 
 create table memory_private.invalid_reasons (
   reason text primary key,
@@ -666,45 +669,89 @@ $$;
 comment on function memory_private.scope_reason(text, bigint, text) is
   'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
 
-create function memory_private.record_reasons(
-  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
-  p_now timestamptz default memory_private.clock_now()
-) returns table (record_id bigint, reason text, message_id text)
+create function memory_private.own_reasons(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_record_identity text,
+  p_dependency_ids text[], p_dependency_hashes text[], p_now timestamptz
+) returns table (reason text, message_id text)
   language sql stable
   as $$
-  -- The bot replaced since the record was made ...
-  select r.record_id, 'bot_replaced', null::text
-    from memory_private.records r
-   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and r.bot_identity <> (select b.identity
-                              from memory_private.scopes s
-                              join memory_private.bots b
-                                on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-                             where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
+  -- Inlined (no SET clause), from columns a reader of the record has in hand: no read of the
+  -- record itself. The bot replaced since the record was made (p_bot_identity: the scope's bot
+  -- now; p_record_identity: the record's) ...
+  select 'bot_replaced', null::text
+   where p_record_identity <> p_bot_identity
   union all
-  -- ... and every dependency that is not current (the record's copy of its dependencies:
-  -- read from its own page, which every reader of the record reads anyway).
-  select r.record_id, x.state, d.message_id
-    from memory_private.records r
-   cross join lateral unnest(r.dependency_ids, r.dependency_hashes) as d(message_id, content_hash)
-    join memory_private.messages m
-      on m.workspace_id = r.workspace_id and m.message_id = d.message_id
+  -- ... and every dependency that is not current (the record's copy of its dependencies, with
+  -- the hashes they had when it was made).
+  select x.state, d.message_id
+    from unnest(p_dependency_ids, p_dependency_hashes) as d(message_id, content_hash)
+   cross join lateral (
+     -- each message by its key (kept apart: joined, a planner that takes the dependencies for
+     -- ten may read every message of the workspace for them)
+     select m.removed_at, m.content_hash, m.retain_until from memory_private.messages m
+      where m.workspace_id = p_workspace_id and m.message_id = d.message_id
+     offset 0) m
     left join memory_private.tombstones t
-      on t.workspace_id = r.workspace_id and t.scope_id = p_scope_id
+      on t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
      and t.message_id = d.message_id
    cross join lateral (
      -- content_hash, not body: NULL exactly when the text is gone, and in messages_state_idx
      select memory_private.dependency_state(
               m.removed_at, m.content_hash is not null, m.retain_until, m.content_hash,
               d.content_hash, t.message_id is not null, p_now) as state) x
-   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and x.state is not null
+   where x.state is not null
+$$;
+comment on function memory_private.own_reasons(text, bigint, text, text, text[], text[],
+                                               timestamptz) is
+  'Every reason a record of the scope fails whatever the reader, from its bot identity and its '
+  'dependencies (ids and the hashes they had): bot_replaced when the scope''s bot '
+  '(p_bot_identity) has another identity now, and the state of each dependency that is not '
+  'current (removed, expired, edited, forgotten) with the message. No row: none.';
+
+create function memory_private.record_reasons(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[],
+  p_now timestamptz default memory_private.clock_now()
+) returns table (record_id bigint, reason text, message_id text)
+  language sql stable
+  as $$
+  -- memory_private.own_reasons of each record, read from its own page (its copy of its
+  -- dependencies), which every reader of the record reads anyway; the scope's bot identity
+  -- once.
+  select r.record_id, x.reason, x.message_id
+    from (select (select b.identity
+                    from memory_private.scopes s
+                    join memory_private.bots b
+                      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+                   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id) as identity
+          offset 0) sb  -- a column, not a subquery: own_reasons is then inlined
+    join memory_private.records r
+      on r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+   cross join lateral memory_private.own_reasons(p_workspace_id, p_scope_id, sb.identity,
+                                                 r.bot_identity, r.dependency_ids,
+                                                 r.dependency_hashes, p_now) x
 $$;
 comment on function memory_private.record_reasons(text, bigint, bigint[], timestamptz) is
-  'Every reason each given record of the scope fails whatever the reader: bot_replaced, and the '
-  'state of each dependency that is not current (removed, expired, edited, forgotten) with the '
-  'message. A record that fails none has no row. The retention sweep deletes the records with a '
-  'permanent one.';
+  'Every reason each given record of the scope fails whatever the reader '
+  '(memory_private.own_reasons): bot_replaced, and the state of each dependency that is not '
+  'current (removed, expired, edited, forgotten) with the message. A record that fails none has '
+  'no row. The retention sweep deletes the records with a permanent one.';
+
+create function memory_private.missing_grants(
+  p_workspace_id text, p_reader text, p_repositories text[]
+) returns table (repository_id text)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause). No reader (background work on a shared scope): nothing is checked.
+  select repo.repository_id
+    from unnest(p_repositories) as repo(repository_id)
+   where p_reader is not null
+     and not exists (select 1 from memory_private.repository_grants g
+                      where g.workspace_id = p_workspace_id and g.user_id = p_reader
+                        and g.repository_id = repo.repository_id)
+$$;
+comment on function memory_private.missing_grants(text, text, text[]) is
+  'The repositories of p_repositories the reader may not read (no repository_grants row): a '
+  'record drawing on one is not valid for them (grant_revoked). None when there is no reader.';
 
 create function memory_private.invalid_records(
   p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_requester text
@@ -729,18 +776,16 @@ begin
            where not c.ok order by c.rank limit 1),
          coalesce(array_agg(r.record_id), '{}'),
          coalesce(array_agg(r.record_id) filter (
-           where rd.id is not null
-             and exists (select 1 from unnest(r.repositories) as repo(repository_id)
-                          where not exists (select 1 from memory_private.repository_grants g
-                                             where g.workspace_id = p_workspace_id
-                                               and g.user_id = rd.id
-                                               and g.repository_id = repo.repository_id))),
+           where exists (select 1 from memory_private.missing_grants(p_workspace_id, rd.id,
+                                                                     r.repositories))),
            '{}')
     into v_scope_reason, v_ids, v_no_grant
     from memory_private.records r
    cross join (select coalesce((select s.user_id from memory_private.scopes s
                                  where s.workspace_id = p_workspace_id
-                                   and s.scope_id = p_scope_id), p_requester) as id) rd
+                                   and s.scope_id = p_scope_id), p_requester) as id
+               offset 0) rd  -- kept a column: missing_grants is inlined only without a subquery
+                             -- in its arguments
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
      and r.scope_id = p_scope_id;
   return query
@@ -795,12 +840,8 @@ begin
      and (select b.identity from memory_private.bots b
            where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
          = v_scope.index_bot_identity
-     and (v_reader is null
-          or not exists (select 1 from unnest(v_scope.index_repositories) as repo(id)
-                          where not exists (select 1 from memory_private.repository_grants g
-                                             where g.workspace_id = p_workspace_id
-                                               and g.user_id = v_reader
-                                               and g.repository_id = repo.id)))
+     and not exists (select 1 from memory_private.missing_grants(p_workspace_id, v_reader,
+                                                                 v_scope.index_repositories))
      and not exists (select 1 from memory_private.tombstones t
                       join memory_private.index_dependencies d
                         on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
@@ -883,12 +924,8 @@ begin
            then format('all %s messages it was made from are retained and unchanged', v_deps)
          else format('%s of the %s messages it was made from are not current: %s',
                      cardinality(v_states), v_deps, array_to_string(v_bad, ', ')) end;
-  select array_agg(repo order by repo) into v_missing
-    from unnest(v_record.repositories) repo
-   where v_reader is not null
-     and not exists (select 1 from memory_private.repository_grants g
-                      where g.workspace_id = p_workspace_id and g.user_id = v_reader
-                        and g.repository_id = repo);
+  select array_agg(m.repository_id order by m.repository_id) into v_missing
+    from memory_private.missing_grants(p_workspace_id, v_reader, v_record.repositories) m;
   return query select 10, 'repository_grants', 'grant_revoked',
     coalesce(cardinality(v_missing), 0) = 0,
     case when cardinality(v_record.repositories) = 0 then 'drew on no repository'
@@ -953,6 +990,32 @@ comment on function memory_private.within_a_part(text, text, text) is
   'newline, or the folded title or the folded summary holds it (a match across the title''s end '
   'is none). The literal search''s re-check (recent_valid_records).';
 
+create function memory_private.record_failures(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_record_identity text,
+  p_dependency_ids text[], p_dependency_hashes text[], p_repositories text[], p_reader text,
+  p_now timestamptz
+) returns table (reason text)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause), with own_reasons and missing_grants inside it: the checks of one
+  -- record for a reader, from the record's columns, as a reader walking records one by one
+  -- asks them.
+  select x.reason
+    from memory_private.own_reasons(p_workspace_id, p_scope_id, p_bot_identity,
+                                    p_record_identity, p_dependency_ids, p_dependency_hashes,
+                                    p_now) x
+  union all
+  select 'grant_revoked'
+    from memory_private.missing_grants(p_workspace_id, p_reader, p_repositories)
+$$;
+comment on function memory_private.record_failures(text, bigint, text, text, text[], text[],
+                                                   text[], text, timestamptz) is
+  'Every reason one record of the scope fails for the reader (the private scope''s user or the '
+  'requester), the scope''s checks aside, from its bot identity, dependencies and repositories: '
+  'its own reasons (memory_private.own_reasons; p_bot_identity is the scope''s bot now) and '
+  'grant_revoked for each repository the reader lacks. No row: valid, once the scope''s checks '
+  'pass. memory_private.invalid_records, one record at a time.';
+
 create function memory_private.recent_valid_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
   p_query text default null, p_record_id bigint default null
@@ -965,11 +1028,30 @@ declare
   v_size integer := p_limit;
   v_offset integer := 0;
   v_query text := memory_private.fold(p_query);
-  v_grams bit(1024) := memory_private.text_grams(memory_private.fold(p_query));
+  v_grams bit(1024);
+  v_reader text;
+  v_identity text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  -- Newest first, a page at a time (limit, then four times more), each page validated as
-  -- one set: a scope whose newest records are valid costs one short index scan and one
-  -- validation, never a read of the whole scope. One snapshot throughout (stable).
+  -- Newest first, a page at a time (limit, then four times more): the scope's checks once (no
+  -- record of a scope failing one is valid), then each record of a page in one statement
+  -- (memory_private.record_failures; invalid_records' verdict, tests/test_validity_set.py). A
+  -- scope whose newest records are valid costs one short index scan and one pass over just
+  -- those, never a read of the whole scope. One snapshot throughout (stable).
+  if memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is not null then
+    return '{}';
+  end if;
+  select coalesce((select s.user_id from memory_private.scopes s
+                     where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id),
+                   p_requester),
+         (select b.identity
+            from memory_private.scopes s
+            join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+           where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
+    into v_reader, v_identity;
+  if char_length(v_query) >= 3 then
+    v_grams := memory_private.text_grams(v_query);
+  end if;
   loop
     if v_query is null then
       v_chunk := array(
@@ -978,7 +1060,7 @@ begin
            and (p_record_id is null or r.record_id = p_record_id)
          order by r.created_at desc, r.record_id desc
          limit v_size offset v_offset);
-    elsif char_length(v_query) < 3 then
+    elsif v_grams is null then
       -- Too short for a three-character run (a two-character Chinese word): every folded text
       -- of the scope newest first, narrow rows, rather than every record itself.
       v_chunk := array(
@@ -994,11 +1076,10 @@ begin
          limit v_size offset v_offset);
     else
       -- The scope's grams newest first from the index alone; then, of the records holding
-      -- every three-character run of the query, the record itself (its pages are read for
-      -- validation and the answer anyway): the query as typed in its title or summary is a
-      -- match with nothing folded; otherwise the folded text decides (search_text: the folded
-      -- title, a newline and the folded summary; a query holding a newline is re-checked on
-      -- each apart, memory_private.within_a_part: one spanning the title's end is no match).
+      -- every three-character run of the query, the record itself: the query as typed in its
+      -- title or summary is a match with nothing folded; otherwise the folded text decides
+      -- (search_text: the folded title, a newline, the folded summary; a query holding a
+      -- newline is re-checked on each apart, within_a_part: across the title's end is none).
       v_chunk := array(
         select g.record_id
           from (select g.record_id, g.created_at from memory_private.record_texts g
@@ -1017,14 +1098,22 @@ begin
          order by g.created_at desc, g.record_id desc
          limit v_size offset v_offset);
     end if;
-    v_valid := v_valid || memory_private.first_valid_records(
-                 p_workspace_id, p_scope_id, v_chunk, p_limit - cardinality(v_valid),
-                 p_requester);
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.records r
+          on r.workspace_id = p_workspace_id and r.record_id = c.record_id
+       where r.scope_id = p_scope_id
+         and not exists (select 1 from memory_private.record_failures(
+                           p_workspace_id, p_scope_id, v_identity, r.bot_identity,
+                           r.dependency_ids, r.dependency_hashes, r.repositories, v_reader,
+                           v_now))
+       order by c.pos);
     exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
     v_offset := v_offset + v_size;
     v_size := v_size * 4;
   end loop;
-  return v_valid;
+  return v_valid[1:p_limit];
 end
 $$;
 comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
@@ -1033,7 +1122,8 @@ comment on function memory_private.recent_valid_records(text, bigint, integer, t
   'p_limit; optionally only those whose title or summary contains p_query (literal, '
   'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
   'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
-  'and searches with it. Validated set-wise a page at a time.';
+  'and searches with it. Read a page at a time; the scope''s checks once, then each record of '
+  'a page (memory_private.record_failures).';
 
 revoke all on function memory.resolve_scope(text, text) from public;
 grant execute on function memory.resolve_scope(text, text) to memory_backend, memory_operator;

@@ -280,7 +280,7 @@ create function memory_private.record_detail(
   p_last_used_at timestamptz, p_match text
 ) returns memory_private.record_answer
   language sql stable
-  -- One expression, so that it is inlined into query_memories' statement.
+  -- One expression, so that it is inlined into answer_records' statement.
   as $$
   select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
              p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
@@ -292,8 +292,8 @@ comment on function memory_private.record_detail(memory_private.records, text[],
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
   'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
   'matched (literal, words, fuzzy; null when browsing). '
-  'query_memories ranks the sources of all shown records in one pass and passes them in, with '
-  'the record''s last use before the call (memory_private.record_usage).';
+  'memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'record''s last use before the call (memory_private.record_usage).';
 
 create function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
@@ -441,90 +441,87 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
-create function memory_private.matching_lines(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_word_ids bigint[],
+create function memory_private.found_lines(
+  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
   p_terms tsquery[]
-) returns table (record_id bigint, line_no integer, line text)
+) returns table (line_no integer, line text)
   language sql stable
   as $$
-  -- The lines (from 1) of the records' summaries that a query finds, with their text: the query
-  -- is part of the line (case-folded), or, in the records found by their words (p_word_ids), the
-  -- line holds one of the words (p_terms, memory_private.search_terms of the query, against the
-  -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
-  -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
-  -- just read). Each summary is folded whole, once, and its folded lines are searched: folding
-  -- maps characters and never makes or removes a newline, so folded line n is line n (folding
-  -- line by line costs a call per line). A found line's text is cut from the summary as written.
-  select r.record_id, l.line_no, split_part(r.summary, e'\n', l.line_no)
-    from memory_private.records r
-   cross join lateral memory_private.summary_lines(memory_private.fold(r.summary)) l
-   where p_query is not null
-     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(l.line, (select memory_private.fold(p_query))) > 0  -- the query folded once
-          -- not correlated: one index read of the word-found records' lines, then a hash
-          -- probe per line (a correlated EXISTS may be hashed over every line of the table)
-          or (r.record_id, l.line_no) in (
-               select d.record_id, d.line_no
-                 from memory_private.record_lines d
-                where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
-                  and d.document @@ any(p_terms)))
+  -- Inlined (no SET clause), for one record at a time. The lines (from 1) of the record's
+  -- summary a search finds, with their text as written: the folded query is part of the folded
+  -- line, or (p_terms: the record was found by its words) the line holds one of the words
+  -- (memory_private.search_terms of the query, against the line's stored document in
+  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
+  -- once: folding maps characters and never makes or removes a newline, so folded line n is
+  -- line n (folding line by line costs a call per line). The lines holding a word are read
+  -- once, as an array, only when there are words.
+  select l.line_no, split_part(p_summary, e'\n', l.line_no)
+    from memory_private.summary_lines(memory_private.fold(p_summary)) l
+   cross join (select case when p_terms is not null
+                           then array(select d.line_no from memory_private.record_lines d
+                                       where d.workspace_id = p_workspace_id
+                                         and d.record_id = p_record_id
+                                         and d.document @@ any(p_terms)) end as ids) w
+   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
 $$;
-comment on function memory_private.matching_lines(text, bigint[], text, bigint[], tsquery[]) is
-  'The summary lines (record, line number, text) a query_memories search finds among the given '
-  'records: those holding the query (case-insensitive), and in the records found by their words '
-  '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
+comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
+  'The lines (number, text as written) of one record''s summary a query_memories search finds: '
+  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
+  'record was found by its words), those holding one of them, read from the lines'' stored '
   'documents (record_lines).';
 
-create function memory_private.shown_sources(
+create function memory_private.answer_records(
   p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
-) returns table (record_id bigint, source_ids text[], total integer)
+) returns memory_private.record_answer[]
   language plpgsql stable
   as $$
 declare
+  v_folded text := memory_private.fold(p_query);
   v_terms tsquery[];
-  v_word_ids bigint[] := array(select m.key::bigint from jsonb_each_text(p_matches) m
-                                where m.value <> 'literal');
 begin
-  -- Each record's sources in the order its summary uses them; for a search, those cited by the
-  -- lines the query finds (memory_private.matching_lines; a line's citations are its bracketed
-  -- ids, memory_private.cited_ids, as when the record was written) come first. The first
-  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept for
-  -- the session (plpgsql); a record without sources has no row. The words are looked for only
-  -- in the records found by them (p_matches: record id -> how it matched), not in literal
-  -- matches.
-  if p_query is not null and cardinality(v_word_ids) > 0 then
+  -- The given records, in their order, as query_memories returns them (R5): each with its
+  -- sources in the order its summary uses them, those cited on the lines a search finds first
+  -- (memory_private.found_lines; a line's citations are its bracketed ids,
+  -- memory_private.cited_ids, as when the record was written), the first shown_sources of
+  -- them; how it matched (p_matches: record id -> literal, words, fuzzy); its last use before
+  -- the call. The words are looked for only in the records found by them. One statement, each
+  -- record read once; its plan kept for the session (plpgsql).
+  if p_query is not null
+     and exists (select 1 from jsonb_each_text(p_matches) m where m.value <> 'literal') then
     v_terms := memory_private.search_terms(p_query);
   end if;
-  return query
-    with src as materialized (
-      -- the records' copy of their sources, in order (memory_private.copy_dependencies)
-      select r.record_id, s.message_id, s.position
-        from memory_private.records r
-       cross join lateral unnest(r.source_ids) with ordinality as s(message_id, position)
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-    ), first_line as materialized (
-      select f.record_id, c.id as message_id, min(f.line_no) as line_no
-        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_word_ids,
-                                           v_terms) f
-        join (select s.record_id, array_agg(s.message_id) as ids
-                from src s group by s.record_id) k on k.record_id = f.record_id
-       cross join lateral memory_private.cited_ids(f.line, k.ids) as c(id)  -- inlined
-       group by f.record_id, c.id
-    )
-    select s.record_id,
-           (array_agg(s.message_id order by h.line_no nulls last, s.position))
-             [1:(memory_private.policy()).shown_sources],
-           count(*)::integer
-      from src s
-      left join first_line h on h.record_id = s.record_id and h.message_id = s.message_id
-     group by s.record_id;
+  return array(
+    select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
+                                        p_matches ->> f.record_id::text)
+      from unnest(p_record_ids) with ordinality as f(record_id, pos)
+      join memory_private.records r
+        on r.workspace_id = p_workspace_id and r.record_id = f.record_id
+      left join memory_private.record_usage u
+        on u.workspace_id = p_workspace_id and u.record_id = f.record_id
+     cross join lateral (
+       -- the record's copy of its sources, in order (memory_private.copy_dependencies)
+       select (array_agg(s.message_id order by h.line_no nulls last, s.position))
+                [1:(memory_private.policy()).shown_sources] as ids,
+              count(*) as total
+         from unnest(r.source_ids) with ordinality as s(message_id, position)
+         left join (select c.id, min(l.line_no) as line_no
+                      from memory_private.found_lines(
+                             p_workspace_id, r.record_id, r.summary, v_folded,
+                             case when p_matches ->> r.record_id::text <> 'literal'
+                                  then v_terms end) l
+                     cross join lateral memory_private.cited_ids(l.line, r.source_ids) as c(id)
+                     where v_folded is not null
+                     group by c.id) h on h.id = s.message_id) src
+     order by f.pos);
 end
 $$;
-comment on function memory_private.shown_sources(text, bigint[], text, jsonb) is
-  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
-  'order the summary uses them, the sources cited on the lines a search query finds first '
-  '(memory_private.matching_lines: literally in every record, by its words in those p_matches '
-  'says were found by words or fuzzy), and how many sources the record has.';
+comment on function memory_private.answer_records(text, bigint[], text, jsonb) is
+  'The records a query_memories call shows, in the given order, as it shows them '
+  '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
+  'the summary uses them, those cited on the lines a search query finds first '
+  '(memory_private.found_lines: literally in every record, by its words in those p_matches '
+  'says were found by words or fuzzy), how many sources there are, and the last use before '
+  'the call.';
 
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
@@ -634,21 +631,8 @@ begin
 
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
-  with shown as materialized (
-    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
-  )
-  select coalesce(array_agg(memory_private.record_detail(r,
-                    coalesce(d.source_ids, '{}'), coalesce(d.total, 0), u.last_used_at,
-                    v_matches ->> f.record_id::text)
-                  order by f.pos), '{}'),
-         (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
-    into v_records, v_shown
-    from unnest(v_ids) with ordinality as f(record_id, pos)
-    join memory_private.records r
-      on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join memory_private.record_usage u
-      on u.workspace_id = p_workspace_id and u.record_id = f.record_id
-    left join shown d on d.record_id = f.record_id;
+  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches);
+  v_shown := array(select x from unnest(v_records) a, unnest(a.source_ids) x);
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
   -- the tool call (one write: the workspace's memory lock, taken by begin_tool_call, keeps a

@@ -135,11 +135,11 @@ def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection
 
     def found(query: str) -> list[int]:
         rows = conn.execute(
-            "select m.record_id, m.line_no from memory_private.matching_lines('ws1', "
-            "array[%s::bigint], %s, array[%s::bigint], memory_private.search_terms(%s)) m "
-            "order by 2", (rec, query, rec, query)).fetchall()
-        assert all(r == rec for r, _ in rows)
-        return [n for _, n in rows]
+            "select l.line_no from memory_private.records r "
+            "cross join lateral memory_private.found_lines('ws1', r.record_id, r.summary, "
+            "  memory_private.fold(%s), memory_private.search_terms(%s)) l "
+            "where r.record_id = %s order by 1", (query, query, rec)).fetchall()
+        return [n for (n,) in rows]
 
     assert lines() == [(1, True), (2, True), (3, True), (4, True)]
     assert found("painting") == [1]  # by its English stem
@@ -154,7 +154,7 @@ def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection
 
 def test_the_lines_a_query_finds_are_numbered_and_given_as_written(
         conn: psycopg.Connection) -> None:
-    # matching_lines folds each summary whole and searches its folded lines: line n of the
+    # found_lines folds each summary whole and searches its folded lines: line n of the
     # folded summary is line n of the summary, and a found line comes back as it was written.
     u = live_request_and_message(conn)
     rec = make_record(conn, "ws1", "h1", [u], title="Trips",
@@ -162,8 +162,10 @@ def test_the_lines_a_query_finds_are_numbered_and_given_as_written(
 
     def found(q: str) -> list[tuple[int, str]]:
         return [(n, line) for _, n, line in conn.execute(
-            "select * from memory_private.matching_lines('ws1', array[%s::bigint], %s, "
-            "'{}', null) order by 2", (rec, q)).fetchall()]
+            "select r.record_id, l.line_no, l.line from memory_private.records r "
+            "cross join lateral memory_private.found_lines('ws1', r.record_id, r.summary, "
+            "  memory_private.fold(%s), null) l "
+            "where r.record_id = %s order by 2", (q, rec)).fetchall()]
 
     assert found("été") == [(1, "ÉTÉ in Σάμος"), (4, "Plans for the ÉTÉ trip [m1]"), (5, "Été")]
     assert found("Σάμος") == [(1, "ÉTÉ in Σάμος")]
