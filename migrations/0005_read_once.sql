@@ -13,6 +13,9 @@
 -- - The answer reads each shown record once (memory_private.answer_records): its sources, the
 --   lines a search finds (memory_private.found_lines, per record) and the answer row in one
 --   statement. memory_private.shown_sources and memory_private.matching_lines are gone.
+-- - The search hands its records on as arrays (ids, and how each matched at the same
+--   positions), not as rows gathered again by a statement at each level
+--   (memory_private.search_records, memory_private.query_records).
 
 
 create function memory_private.own_reasons(
@@ -314,26 +317,27 @@ declare
   v_offset integer := 0;
   v_query text := memory_private.fold(p_query);
   v_grams bit(1024);
+  v_scope_reason text;
   v_reader text;
   v_identity text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  -- Newest first, a page at a time (limit, then four times more): the scope's checks once (no
-  -- record of a scope failing one is valid), then each record of a page in one statement
-  -- (memory_private.record_failures; invalid_records' verdict, tests/test_validity_set.py). A
-  -- scope whose newest records are valid costs one short index scan and one pass over just
-  -- those, never a read of the whole scope. One snapshot throughout (stable).
-  if memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is not null then
+  -- Newest first, a page at a time (limit, then four times more); a page's records checked
+  -- in one statement (record_failures: invalid_records' verdict, tests/test_validity_set.py)
+  -- after the scope's checks (scope_reason's query, inlined), with the reader and the bot's
+  -- identity. A scope whose newest records are valid costs one short index scan and one pass
+  -- over just those, never a read of the whole scope. One snapshot throughout (stable).
+  select (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1),
+         coalesce(s.user_id, p_requester), b.identity
+    into v_scope_reason, v_reader, v_identity
+    from (values (1)) one
+    left join memory_private.scopes s on s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id;
+  if v_scope_reason is not null then
     return '{}';
   end if;
-  select coalesce((select s.user_id from memory_private.scopes s
-                     where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id),
-                   p_requester),
-         (select b.identity
-            from memory_private.scopes s
-            join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-           where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
-    into v_reader, v_identity;
   if char_length(v_query) >= 3 then
     v_grams := memory_private.text_grams(v_query);
   end if;
@@ -347,7 +351,7 @@ begin
          limit v_size offset v_offset);
     elsif v_grams is null then
       -- Too short for a three-character run (a two-character Chinese word): every folded text
-      -- of the scope newest first, narrow rows, rather than every record itself.
+      -- of the scope newest first (narrow rows).
       v_chunk := array(
         select t.record_id from memory_private.record_texts t
          where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
@@ -361,10 +365,9 @@ begin
          limit v_size offset v_offset);
     else
       -- The scope's grams newest first from the index alone; then, of the records holding
-      -- every three-character run of the query, the record itself: the query as typed in its
-      -- title or summary is a match with nothing folded; otherwise the folded text decides
-      -- (search_text: the folded title, a newline, the folded summary; a query holding a
-      -- newline is re-checked on each apart, within_a_part: across the title's end is none).
+      -- every three-character run of the query, the record: the query as typed in its title or
+      -- summary matches; else the folded text decides (search_text; a query holding a newline
+      -- is re-checked in each part, within_a_part: across the title's end is no match).
       v_chunk := array(
         select g.record_id
           from (select g.record_id, g.created_at from memory_private.record_texts g
@@ -460,7 +463,7 @@ comment on function memory_private.found_lines(text, bigint, text, text, tsquery
   'documents (record_lines).';
 
 create function memory_private.answer_records(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
 ) returns memory_private.record_answer[]
   language plpgsql stable
   as $$
@@ -472,16 +475,15 @@ begin
   -- sources in the order its summary uses them, those cited on the lines a search finds first
   -- (memory_private.found_lines; a line's citations are its bracketed ids,
   -- memory_private.cited_ids, as when the record was written), the first shown_sources of
-  -- them; how it matched (p_matches: record id -> literal, words, fuzzy); its last use before
-  -- the call. The words are looked for only in the records found by them. One statement, each
-  -- record read once; its plan kept for the session (plpgsql).
-  if p_query is not null
-     and exists (select 1 from jsonb_each_text(p_matches) m where m.value <> 'literal') then
+  -- them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
+  -- last use before the call. The words are looked for only in the records found by them. One
+  -- statement, each record read once; its plan kept for the session (plpgsql).
+  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
     v_terms := memory_private.search_terms(p_query);
   end if;
   return array(
     select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches ->> f.record_id::text)
+                                        p_matches[f.pos])
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
         on r.workspace_id = p_workspace_id and r.record_id = f.record_id
@@ -496,21 +498,156 @@ begin
          left join (select c.id, min(l.line_no) as line_no
                       from memory_private.found_lines(
                              p_workspace_id, r.record_id, r.summary, v_folded,
-                             case when p_matches ->> r.record_id::text <> 'literal'
-                                  then v_terms end) l
+                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
                      cross join lateral memory_private.cited_ids(l.line, r.source_ids) as c(id)
                      where v_folded is not null
                      group by c.id) h on h.id = s.message_id) src
      order by f.pos);
 end
 $$;
-comment on function memory_private.answer_records(text, bigint[], text, jsonb) is
+comment on function memory_private.answer_records(text, bigint[], text, text[]) is
   'The records a query_memories call shows, in the given order, as it shows them '
   '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
   'the summary uses them, those cited on the lines a search query finds first '
   '(memory_private.found_lines: literally in every record, by its words in those p_matches '
-  'says were found by words or fuzzy), how many sources there are, and the last use before '
-  'the call.';
+  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
+  'the last use before the call.';
+
+drop function memory_private.search_records(text, bigint, integer, text, text);
+
+create function memory_private.search_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  out ids bigint[], out matches text[]
+)
+  language plpgsql stable
+  as $$
+declare
+  v_literal bigint[];
+  v_words bigint[] := '{}';
+  v_fuzzy bigint[] := '{}';
+  v_terms tsquery[];
+  v_title_terms tsquery[];
+  v_query tsquery;
+  v_scope_size bigint;
+  v_fuzzy_words text[];
+  v_prefixes tsquery;
+  v_candidates bigint[];
+begin
+  -- 1. literal, newest first (the spec's search).
+  v_literal := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                                   p_requester, p_query);
+  -- 2. words, ranked.
+  if cardinality(v_literal) < p_limit then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  if cardinality(v_terms) > 0 then
+    v_title_terms := memory_private.search_terms(p_query, ':A');
+    v_query := (select string_agg('(' || t::text || ')', ' | ') from unnest(v_terms) t);
+    select count(*) into v_scope_size from memory_private.record_documents d
+     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id;
+    -- The records holding any of the words, with the words each holds (and holds in its
+    -- title). A word's document frequency counted over them is its frequency in the scope: a
+    -- record without any of the words holds none of them.
+    v_candidates := array(
+      with c as materialized (
+        select d.record_id, d.created_at, h.hits,
+               array(select i from unnest(h.hits) i
+                      where d.document @@ v_title_terms[i]) as title_hits
+          from memory_private.record_documents d
+         cross join lateral (
+           select array(select i from generate_subscripts(v_terms, 1) i
+                         where d.document @@ v_terms[i]) as hits
+           offset 0) h  -- not flattened: the title check reads hits, not a second evaluation
+         where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+           and d.document @@ v_query
+      ), df as (
+        select i, count(*) as n from c cross join unnest(c.hits) i group by i
+      )
+      select c.record_id
+        from c
+       where not c.record_id = any(v_literal)
+       order by (select sum(ln(1 + v_scope_size::float8 / df.n)
+                            * case when i = any(c.title_hits) then 2 else 1 end)
+                   from unnest(c.hits) i join df using (i)) desc nulls last,
+                c.created_at desc, c.record_id desc);
+    v_words := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates, p_limit - cardinality(v_literal),
+                 p_requester);
+  end if;
+  -- 3. fuzzy: the records holding a word that starts like a query word (its first three
+  -- characters, a prefix search of the stored document: cheap), scored by the best word
+  -- similarity between a query word and such a word of the record.
+  if cardinality(v_literal) + cardinality(v_words) < p_limit then
+    v_fuzzy_words := memory_private.fuzzy_words(p_query);
+  end if;
+  if cardinality(v_fuzzy_words) > 0 then
+    v_prefixes := (select string_agg(memory_private.lexeme_query(left(w, 3), ':*')::text, ' | ')
+                     from unnest(v_fuzzy_words) w)::tsquery;
+    v_candidates := array(
+      select s.record_id
+        from (select d.record_id, d.created_at,
+                     (select max(memory_private.trgm_word_similarity(w, l))
+                        from unnest(v_fuzzy_words) w
+                        join unnest(tsvector_to_array(d.document)) l
+                          on left(l, 3) = left(w, 3)) as similarity
+                from memory_private.record_documents d
+               where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+                 and d.document @@ v_prefixes
+                 and not d.record_id = any(v_literal || v_words)) s
+       where s.similarity >= 0.5
+       order by s.similarity desc, s.created_at desc, s.record_id desc);
+    v_fuzzy := memory_private.first_valid_records(
+                 p_workspace_id, p_scope_id, v_candidates,
+                 p_limit - cardinality(v_literal) - cardinality(v_words), p_requester);
+  end if;
+  -- In order, each with how it matched (no statement: arrays, not rows).
+  ids := v_literal || v_words || v_fuzzy;
+  matches := array_fill('literal'::text, array[cardinality(v_literal)])
+             || array_fill('words'::text, array[cardinality(v_words)])
+             || array_fill('fuzzy'::text, array[cardinality(v_fuzzy)]);
+end
+$$;
+comment on function memory_private.search_records(text, bigint, integer, text, text) is
+  'query_memories'' search: at most p_limit valid records of the scope for the requester (ids), '
+  'in order, each with how it matched (matches, the same positions): literal (the query is a case-insensitive substring of the '
+  'title or summary; newest first), then words (the query''s words OR-ed over the stored '
+  'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
+  'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
+  'of a query word to a word of the record starting with the same three characters; most '
+  'similar, then newest). A stage runs only while fewer than p_limit were found.';
+
+drop function memory_private.query_records(text, bigint, integer, text, text, bigint);
+
+create function memory_private.query_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  p_record_id bigint, out ids bigint[], out matches text[]
+)
+  language plpgsql stable
+  as $$
+declare
+  v_found record;
+begin
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only. Arrays passed along, not rows: no statement of its own.
+  if p_query is not null and p_record_id is null then
+    v_found := memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                             p_query);
+    ids := v_found.ids;
+    matches := v_found.matches;
+  else
+    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                               p_requester, p_query, p_record_id);
+    if p_query is not null then
+      matches := array_fill('literal'::text, array[cardinality(ids)]);
+    end if;
+  end if;
+end
+$$;
+comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
+  'The records a query_memories call returns, in order (ids), with how each matched (matches, '
+  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
+  '(memory_private.search_records), the newest valid ones, or one by id.';
 
 create or replace function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
@@ -529,8 +666,9 @@ declare
   v_start record;
   v_first boolean;
   v_ids bigint[] := '{}';
+  v_found record;
   v_records memory_private.record_answer[];
-  v_matches jsonb := '{}';
+  v_matches text[];
   v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
@@ -550,9 +688,10 @@ begin
   -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
   -- replay is recognised.
   if v_scope.recall_enabled then
-    select q.ids, q.matches into v_ids, v_matches
-      from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                        v_request.user_id, v_query, v_id) q;
+    v_found := memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                            v_request.user_id, v_query, v_id);
+    v_ids := v_found.ids;
+    v_matches := v_found.matches;
   end if;
 
   -- The shown records with their sources (R5): what the call shows makes the citations it

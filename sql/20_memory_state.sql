@@ -1029,26 +1029,27 @@ declare
   v_offset integer := 0;
   v_query text := memory_private.fold(p_query);
   v_grams bit(1024);
+  v_scope_reason text;
   v_reader text;
   v_identity text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  -- Newest first, a page at a time (limit, then four times more): the scope's checks once (no
-  -- record of a scope failing one is valid), then each record of a page in one statement
-  -- (memory_private.record_failures; invalid_records' verdict, tests/test_validity_set.py). A
-  -- scope whose newest records are valid costs one short index scan and one pass over just
-  -- those, never a read of the whole scope. One snapshot throughout (stable).
-  if memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is not null then
+  -- Newest first, a page at a time (limit, then four times more); a page's records checked
+  -- in one statement (record_failures: invalid_records' verdict, tests/test_validity_set.py)
+  -- after the scope's checks (scope_reason's query, inlined), with the reader and the bot's
+  -- identity. A scope whose newest records are valid costs one short index scan and one pass
+  -- over just those, never a read of the whole scope. One snapshot throughout (stable).
+  select (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1),
+         coalesce(s.user_id, p_requester), b.identity
+    into v_scope_reason, v_reader, v_identity
+    from (values (1)) one
+    left join memory_private.scopes s on s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id;
+  if v_scope_reason is not null then
     return '{}';
   end if;
-  select coalesce((select s.user_id from memory_private.scopes s
-                     where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id),
-                   p_requester),
-         (select b.identity
-            from memory_private.scopes s
-            join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-           where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id)
-    into v_reader, v_identity;
   if char_length(v_query) >= 3 then
     v_grams := memory_private.text_grams(v_query);
   end if;
@@ -1062,7 +1063,7 @@ begin
          limit v_size offset v_offset);
     elsif v_grams is null then
       -- Too short for a three-character run (a two-character Chinese word): every folded text
-      -- of the scope newest first, narrow rows, rather than every record itself.
+      -- of the scope newest first (narrow rows).
       v_chunk := array(
         select t.record_id from memory_private.record_texts t
          where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
@@ -1076,10 +1077,9 @@ begin
          limit v_size offset v_offset);
     else
       -- The scope's grams newest first from the index alone; then, of the records holding
-      -- every three-character run of the query, the record itself: the query as typed in its
-      -- title or summary is a match with nothing folded; otherwise the folded text decides
-      -- (search_text: the folded title, a newline, the folded summary; a query holding a
-      -- newline is re-checked on each apart, within_a_part: across the title's end is none).
+      -- every three-character run of the query, the record: the query as typed in its title or
+      -- summary matches; else the folded text decides (search_text; a query holding a newline
+      -- is re-checked in each part, within_a_part: across the title's end is no match).
       v_chunk := array(
         select g.record_id
           from (select g.record_id, g.created_at from memory_private.record_texts g

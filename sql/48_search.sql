@@ -13,8 +13,9 @@
 -- 3. fuzzy: pg_trgm's word similarity between a query word and a word of the record that starts
 --    with the same three characters (typos after the third character, partial words), when the
 --    first two found fewer than asked. Ranked by similarity, then newest.
--- Each stage skips what an earlier stage found; every candidate is validated set-wise
--- (memory_private.first_valid_records) before it is shown. A scope holds at most 256 records
+-- Each stage skips what an earlier stage found; every candidate is validated before it is shown
+-- (the literal stage page by page in memory_private.recent_valid_records, the ranked ones
+-- set-wise in memory_private.first_valid_records). A scope holds at most 256 records
 -- (T5); the documents of a scope are read through record_documents_scope_idx. A document is
 -- computed once, when its record is written (a trigger), and lives in its own narrow table so
 -- that the records table and every read of it stay as they were. No full-text index: one over
@@ -265,8 +266,9 @@ comment on function memory_private.fuzzy_words(text) is
 -- The search -----------------------------------------------------------------------------------
 
 create function memory_private.search_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text
-) returns table (record_id bigint, match text)
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  out ids bigint[], out matches text[]
+)
   language plpgsql stable
   as $$
 declare
@@ -348,20 +350,16 @@ begin
                  p_workspace_id, p_scope_id, v_candidates,
                  p_limit - cardinality(v_literal) - cardinality(v_words), p_requester);
   end if;
-  return query
-    select x.id, x.how
-      from (select l.id, 'literal'::text as how, l.pos
-              from unnest(v_literal) with ordinality l(id, pos)
-            union all
-            select w.id, 'words', 1000 + w.pos from unnest(v_words) with ordinality w(id, pos)
-            union all
-            select f.id, 'fuzzy', 2000 + f.pos from unnest(v_fuzzy) with ordinality f(id, pos)) x
-     order by x.pos;
+  -- In order, each with how it matched (no statement: arrays, not rows).
+  ids := v_literal || v_words || v_fuzzy;
+  matches := array_fill('literal'::text, array[cardinality(v_literal)])
+             || array_fill('words'::text, array[cardinality(v_words)])
+             || array_fill('fuzzy'::text, array[cardinality(v_fuzzy)]);
 end
 $$;
 comment on function memory_private.search_records(text, bigint, integer, text, text) is
-  'query_memories'' search: at most p_limit valid records of the scope for the requester, in '
-  'order, each with how it matched: literal (the query is a case-insensitive substring of the '
+  'query_memories'' search: at most p_limit valid records of the scope for the requester (ids), '
+  'in order, each with how it matched (matches, the same positions): literal (the query is a case-insensitive substring of the '
   'title or summary; newest first), then words (the query''s words OR-ed over the stored '
   'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
   'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '

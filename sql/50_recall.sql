@@ -471,7 +471,7 @@ comment on function memory_private.found_lines(text, bigint, text, text, tsquery
   'documents (record_lines).';
 
 create function memory_private.answer_records(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
 ) returns memory_private.record_answer[]
   language plpgsql stable
   as $$
@@ -483,16 +483,15 @@ begin
   -- sources in the order its summary uses them, those cited on the lines a search finds first
   -- (memory_private.found_lines; a line's citations are its bracketed ids,
   -- memory_private.cited_ids, as when the record was written), the first shown_sources of
-  -- them; how it matched (p_matches: record id -> literal, words, fuzzy); its last use before
-  -- the call. The words are looked for only in the records found by them. One statement, each
-  -- record read once; its plan kept for the session (plpgsql).
-  if p_query is not null
-     and exists (select 1 from jsonb_each_text(p_matches) m where m.value <> 'literal') then
+  -- them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
+  -- last use before the call. The words are looked for only in the records found by them. One
+  -- statement, each record read once; its plan kept for the session (plpgsql).
+  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
     v_terms := memory_private.search_terms(p_query);
   end if;
   return array(
     select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches ->> f.record_id::text)
+                                        p_matches[f.pos])
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
         on r.workspace_id = p_workspace_id and r.record_id = f.record_id
@@ -507,54 +506,51 @@ begin
          left join (select c.id, min(l.line_no) as line_no
                       from memory_private.found_lines(
                              p_workspace_id, r.record_id, r.summary, v_folded,
-                             case when p_matches ->> r.record_id::text <> 'literal'
-                                  then v_terms end) l
+                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
                      cross join lateral memory_private.cited_ids(l.line, r.source_ids) as c(id)
                      where v_folded is not null
                      group by c.id) h on h.id = s.message_id) src
      order by f.pos);
 end
 $$;
-comment on function memory_private.answer_records(text, bigint[], text, jsonb) is
+comment on function memory_private.answer_records(text, bigint[], text, text[]) is
   'The records a query_memories call shows, in the given order, as it shows them '
   '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
   'the summary uses them, those cited on the lines a search query finds first '
   '(memory_private.found_lines: literally in every record, by its words in those p_matches '
-  'says were found by words or fuzzy), how many sources there are, and the last use before '
-  'the call.';
+  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
+  'the last use before the call.';
 
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
-  p_record_id bigint, out ids bigint[], out matches jsonb
+  p_record_id bigint, out ids bigint[], out matches text[]
 )
   language plpgsql stable
   as $$
+declare
+  v_found record;
 begin
   -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
   -- browse newest first, or one id (with a query: only if it matches literally); valid records
-  -- only, validated set-wise.
-  matches := '{}';
+  -- only. Arrays passed along, not rows: no statement of its own.
   if p_query is not null and p_record_id is null then
-    select coalesce(array_agg(s.record_id order by s.pos), '{}'),
-           coalesce(jsonb_object_agg(s.record_id::text, s.match), '{}')
-      into ids, matches
-      from memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
-                                         p_query)
-             with ordinality as s(record_id, match, pos);
+    v_found := memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                             p_query);
+    ids := v_found.ids;
+    matches := v_found.matches;
   else
     ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
                                                p_requester, p_query, p_record_id);
     if p_query is not null then
-      matches := (select coalesce(jsonb_object_agg(x::text, 'literal'), '{}')
-                    from unnest(ids) x);
+      matches := array_fill('literal'::text, array[cardinality(ids)]);
     end if;
   end if;
 end
 $$;
 comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
-  'The records a query_memories call returns, in order, with how each matched (literal, words, '
-  'fuzzy; none when browsing): a search (memory_private.search_records), the newest valid ones, '
-  'or one by id.';
+  'The records a query_memories call returns, in order (ids), with how each matched (matches, '
+  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
+  '(memory_private.search_records), the newest valid ones, or one by id.';
 
 create function memory_private.count_usage(
   p_workspace_id text, p_record_ids bigint[], p_now timestamptz
@@ -603,8 +599,9 @@ declare
   v_start record;
   v_first boolean;
   v_ids bigint[] := '{}';
+  v_found record;
   v_records memory_private.record_answer[];
-  v_matches jsonb := '{}';
+  v_matches text[];
   v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
@@ -624,9 +621,10 @@ begin
   -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
   -- replay is recognised.
   if v_scope.recall_enabled then
-    select q.ids, q.matches into v_ids, v_matches
-      from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                        v_request.user_id, v_query, v_id) q;
+    v_found := memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                            v_request.user_id, v_query, v_id);
+    v_ids := v_found.ids;
+    v_matches := v_found.matches;
   end if;
 
   -- The shown records with their sources (R5): what the call shows makes the citations it
