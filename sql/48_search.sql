@@ -359,8 +359,8 @@ end
 $$;
 comment on function memory_private.search_records(text, bigint, integer, text, text) is
   'query_memories'' search: at most p_limit valid records of the scope for the requester (ids), '
-  'in order, each with how it matched (matches, the same positions): literal (the query is a case-insensitive substring of the '
-  'title or summary; newest first), then words (the query''s words OR-ed over the stored '
+  'in order, each with how it matched (matches, the same positions): literal (the query is a '
+  'case-insensitive substring of the title or summary; newest first), then words (the query''s words OR-ed over the stored '
   'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
   'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
   'of a query word to a word of the record starting with the same three characters; most '
