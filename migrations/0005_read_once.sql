@@ -324,12 +324,10 @@ declare
 begin
   -- Newest first, a page at a time (limit, then four times more); a page's records checked
   -- in one statement (record_failures: invalid_records' verdict, tests/test_validity_set.py)
-  -- after the scope's checks (scope_reason's query, inlined), with the reader and the bot's
-  -- identity. A scope whose newest records are valid costs one short index scan and one pass
-  -- over just those, never a read of the whole scope. One snapshot throughout (stable).
-  select (select c.reason
-            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
-           where not c.ok order by c.rank limit 1),
+  -- after the scope's checks (scope_reason), asked with the reader and the bot's identity. A
+  -- scope whose newest records are valid costs one short index scan and one pass over just
+  -- those, never a read of the whole scope. One snapshot throughout (stable).
+  select memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester),
          coalesce(s.user_id, p_requester), b.identity
     into v_scope_reason, v_reader, v_identity
     from (values (1)) one
