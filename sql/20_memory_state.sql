@@ -62,6 +62,52 @@ create unique index scopes_private_key on memory_private.scopes (workspace_id, b
 create unique index scopes_shared_key on memory_private.scopes (workspace_id, bot_id, chat_id, topic_id)
   where kind = 'shared';
 
+-- A summary's lines and the sources each cites: the one rule, wherever lines and sources meet.
+create function memory_private.summary_lines(p_summary text)
+  returns table (line_no integer, line text)
+  language sql immutable parallel safe
+  as $$
+  -- Inlined where it is used: a summary's lines are numbered the same way everywhere.
+  select l.n::integer, l.line from string_to_table(p_summary, e'\n') with ordinality as l(line, n)
+$$;
+comment on function memory_private.summary_lines(text) is
+  'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
+  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+
+create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
+  language sql immutable parallel safe
+  as $$
+  -- The line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
+  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text. An id
+  -- cited twice comes twice.
+  select t.token
+    from regexp_matches(p_line, '\[([^][]+)\]', 'g') as b(inner_text)
+   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
+   where t.token = any(p_ids)
+$$;
+comment on function memory_private.cited_ids(text, text[]) is
+  'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
+  'The citation rule, read from the summary wherever lines and sources meet: ordering a new '
+  'record''s sources (memory_private.line_citations), explain_record''s lines, and the sources '
+  'of the lines a search finds first.';
+
+create function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
+  language sql immutable parallel safe
+  as $$
+  -- One element per line of the summary, from line 1: the ids of p_ids the line cites
+  -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
+  -- cites nothing.
+  select coalesce(array_agg(coalesce((select string_agg(c.id, ' ')
+                                        from memory_private.cited_ids(l.line, p_ids) as c(id)),
+                                     '')
+                            order by l.line_no), '{}')
+    from memory_private.summary_lines(p_summary) l
+$$;
+comment on function memory_private.line_sources(text, text[]) is
+  'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
+  'per line from line 1, the ids joined by a space: records.line_sources, what a search reads '
+  'to show first the sources of the lines it found.';
+
 create table memory_private.records (
   workspace_id text not null,
   record_id bigint generated always as identity,
@@ -81,6 +127,11 @@ create table memory_private.records (
   dependency_ids text[] not null default '{}',
   dependency_hashes text[] not null default '{}',
   source_ids text[] not null default '{}',
+  -- Each line's citations among the sources, derived by PostgreSQL from the summary and the
+  -- sources whenever either is written: a search shows first the sources of the lines it found
+  -- without reading the citations out of the text again.
+  line_sources text[] not null
+    generated always as (memory_private.line_sources(summary, source_ids)) stored,
   primary key (workspace_id, record_id),
   foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
   constraint records_dependency_hashes_check
@@ -101,6 +152,10 @@ comment on column memory_private.records.dependency_hashes is
 comment on column memory_private.records.source_ids is
   'The record''s sources (its cited dependencies) in the order its summary uses them '
   '(record_dependencies.position), kept by the database; what query_memories shows.';
+comment on column memory_private.records.line_sources is
+  'For each line of the summary (from line 1), the source ids it cites, joined by a space '
+  '(memory_private.line_sources of summary and source_ids: generated, never written): a search '
+  'shows first the sources of the lines it found (memory_private.answer_records).';
 
 create index records_scope_idx on memory_private.records (workspace_id, scope_id, created_at desc);
 -- A scope belongs to one workspace: without this the planner multiplies the two columns'
@@ -376,34 +431,6 @@ comment on table memory_private.index_dependencies is
   'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
   'with one look at each message. Written with the index, dropped with it.';
-
-create function memory_private.summary_lines(p_summary text)
-  returns table (line_no integer, line text)
-  language sql immutable parallel safe
-  as $$
-  -- Inlined where it is used: a summary's lines are numbered the same way everywhere.
-  select l.n::integer, l.line from string_to_table(p_summary, e'\n') with ordinality as l(line, n)
-$$;
-comment on function memory_private.summary_lines(text) is
-  'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
-  'the lines'' stored documents (record_lines) and the lines a search finds share.';
-
-create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
-  language sql immutable parallel safe
-  as $$
-  -- The line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
-  -- record may cite) is a citation, anything else in brackets ([REDACTED], [1]) is text. An id
-  -- cited twice comes twice.
-  select t.token
-    from regexp_matches(p_line, '\[([^][]+)\]', 'g') as b(inner_text)
-   cross join lateral regexp_split_to_table(b.inner_text[1], '[,;[:space:]]+') as t(token)
-   where t.token = any(p_ids)
-$$;
-comment on function memory_private.cited_ids(text, text[]) is
-  'The ids of p_ids one line of a summary cites: written in square brackets ([m1] or [m1, m2]). '
-  'The citation rule, read from the summary wherever lines and sources meet: ordering a new '
-  'record''s sources (memory_private.line_citations), explain_record''s lines, and the sources '
-  'of the lines a search finds first.';
 
 create function memory_private.line_citations(p_summary text, p_ids text[])
   returns table (line_no integer, message_id text)

@@ -481,9 +481,9 @@ declare
 begin
   -- The given records, in their order, as query_memories returns them (R5): each with its
   -- sources in the order its summary uses them, those cited on the lines a search finds first
-  -- (memory_private.found_lines; a line's citations are its bracketed ids,
-  -- memory_private.cited_ids, as when the record was written), the first shown_sources of
-  -- them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
+  -- (memory_private.found_lines; a line's citations are the record's line_sources, derived
+  -- from its summary by memory_private.cited_ids when it was written), the first shown_sources
+  -- of them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
   -- last use before the call. The words are looked for only in the records found by them. One
   -- statement, each record read once; its plan kept for the session (plpgsql).
   if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
@@ -507,7 +507,8 @@ begin
                       from memory_private.found_lines(
                              p_workspace_id, r.record_id, r.summary, v_folded,
                              case when p_matches[f.pos] <> 'literal' then v_terms end) l
-                     cross join lateral memory_private.cited_ids(l.line, r.source_ids) as c(id)
+                     cross join lateral unnest(string_to_array(r.line_sources[l.line_no], ' '))
+                                          as c(id)
                      where v_folded is not null
                      group by c.id) h on h.id = s.message_id) src
      order by f.pos);

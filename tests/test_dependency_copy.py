@@ -118,3 +118,40 @@ def test_a_copy_with_ids_and_hashes_of_different_lengths_is_refused_even_with_tr
                      "where workspace_id = 'ws1' and record_id = %s", (rid,))
     assert copies_differing(conn) == 0
 
+
+
+def test_line_sources_are_each_lines_citations_of_the_sources_and_follow_every_write(
+        conn: psycopg.Connection) -> None:
+    """records.line_sources (what a search reads for the lines it found) is derived by
+    PostgreSQL from the summary and the sources whenever either is written, and cannot be
+    written otherwise."""
+    m = _world(conn)
+    summary = f"first [{m[0]}]\nsecond [{m[1]}; {m[2]}] and [note]\nthird, no citation"
+    # m2 is a dependency but no source: a bracketed id that is not a source is text.
+    rid = make_record(conn, "ws1", "r1", [m[0], m[1]], reused=[m[2]], summary=summary)
+
+    def line_sources() -> list[str]:
+        row = conn.execute("select line_sources from memory_private.records "
+                           "where workspace_id = 'ws1' and record_id = %s", (rid,)).fetchone()
+        assert row is not None
+        return list(row[0])
+
+    assert line_sources() == [m[0], m[1], ""]
+    # A source removed from record_dependencies is no longer a citation of its line.
+    conn.execute("delete from memory_private.record_dependencies "
+                 "where workspace_id = 'ws1' and record_id = %s and message_id = %s", (rid, m[1]))
+    assert line_sources() == [m[0], "", ""]
+    # A new source cited on a line becomes that line's citation.
+    conn.execute("update memory_private.record_dependencies set via = 'cited', position = 2 "
+                 "where workspace_id = 'ws1' and record_id = %s and message_id = %s", (rid, m[2]))
+    assert line_sources() == [m[0], m[2], ""]
+    # A changed summary is followed too, line by line.
+    conn.execute("update memory_private.records set summary = %s "
+                 "where workspace_id = 'ws1' and record_id = %s",
+                 (f"only [{m[2]}, {m[0]}]\n[{m[0]}]", rid))
+    assert line_sources() == [f"{m[2]} {m[0]}", m[0]]
+    # Writing it directly is refused and changes nothing.
+    with pytest.raises(psycopg.errors.GeneratedAlways), conn.transaction():
+        conn.execute("update memory_private.records set line_sources = '{x}' "
+                     "where workspace_id = 'ws1' and record_id = %s", (rid,))
+    assert line_sources() == [f"{m[2]} {m[0]}", m[0]]
