@@ -96,17 +96,21 @@ create function memory_private.line_sources(p_summary text, p_ids text[]) return
   as $$
   -- One element per line of the summary, from line 1: the ids of p_ids the line cites
   -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
-  -- cites nothing.
-  select coalesce(array_agg(coalesce((select string_agg(c.id, ' ')
-                                        from memory_private.cited_ids(l.line, p_ids) as c(id)),
-                                     '')
-                            order by l.line_no), '{}')
+  -- cites nothing; no element at all when there is nothing to cite (no p_ids: a record before
+  -- its sources are written). A line without a bracket cites nothing: the rule is not run on it.
+  select case when cardinality(p_ids) = 0 then '{}'::text[]
+              else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
+                                           else coalesce((select string_agg(c.id, ' ')
+                                                            from memory_private.cited_ids(
+                                                                   l.line, p_ids) as c(id)),
+                                                         '') end
+                                      order by l.line_no), '{}') end
     from memory_private.summary_lines(p_summary) l
 $$;
 comment on function memory_private.line_sources(text, text[]) is
   'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
-  'per line from line 1, the ids joined by a space: records.line_sources, what a search reads '
-  'to show first the sources of the lines it found.';
+  'per line from line 1, the ids joined by a space (empty when p_ids is): records.line_sources, '
+  'what a search reads to show first the sources of the lines it found.';
 
 create table memory_private.records (
   workspace_id text not null,

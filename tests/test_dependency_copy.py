@@ -137,6 +137,10 @@ def test_line_sources_are_each_lines_citations_of_the_sources_and_follow_every_w
         return list(row[0])
 
     assert line_sources() == [m[0], m[1], ""]
+    # A record without sources cites nothing: no element at all.
+    bare = make_record(conn, "ws1", "r1", [], summary=f"mentions [{m[0]}]\nand more")
+    assert conn.execute("select line_sources from memory_private.records "
+                        "where workspace_id = 'ws1' and record_id = %s", (bare,)).fetchone() == ([],)
     # A source removed from record_dependencies is no longer a citation of its line.
     conn.execute("delete from memory_private.record_dependencies "
                  "where workspace_id = 'ws1' and record_id = %s and message_id = %s", (rid, m[1]))
