@@ -4,7 +4,8 @@
 --   column (memory_private.line_sources of summary and source_ids), so PostgreSQL derives it
 --   whenever either is written and nothing else can write it. Adding it rewrites records once.
 -- - memory_private.answer_records reads it for the lines memory_private.found_lines found,
---   instead of running the citation rule (memory_private.cited_ids) on each of them per call.
+--   instead of running the citation rule (memory_private.cited_ids) on each of them per call;
+--   found_lines gives the lines' numbers only (re-created: its result changed).
 
 create function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
   language sql immutable parallel safe
@@ -34,6 +35,37 @@ comment on column memory_private.records.line_sources is
   'For each line of the summary (from line 1), the source ids it cites, joined by a space '
   '(memory_private.line_sources of summary and source_ids: generated, never written): a search '
   'shows first the sources of the lines it found (memory_private.answer_records).';
+
+-- found_lines gives the numbers alone: the lines' text was read only for the citation rule.
+drop function memory_private.found_lines(text, bigint, text, text, tsquery[]);
+create function memory_private.found_lines(
+  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
+  p_terms tsquery[]
+) returns table (line_no integer)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
+  -- the record's summary a search finds (their citations are the record's line_sources): the
+  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
+  -- (memory_private.search_terms of the query, against the line's stored document in
+  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
+  -- once: folding maps characters and never makes or removes a newline, so folded line n is
+  -- line n (folding line by line costs a call per line). The lines holding a word are read
+  -- once, as an array, only when there are words.
+  select l.line_no
+    from memory_private.summary_lines(memory_private.fold(p_summary)) l
+   cross join (select case when p_terms is not null
+                           then array(select d.line_no from memory_private.record_lines d
+                                       where d.workspace_id = p_workspace_id
+                                         and d.record_id = p_record_id
+                                         and d.document @@ any(p_terms)) end as ids) w
+   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
+$$;
+comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
+  'The numbers of the lines of one record''s summary a query_memories search finds: '
+  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
+  'record was found by its words), those holding one of them, read from the lines'' stored '
+  'documents (record_lines).';
 
 create or replace function memory_private.answer_records(
   p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null

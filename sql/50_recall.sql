@@ -444,18 +444,18 @@ comment on function memory.recall(text, text) is
 create function memory_private.found_lines(
   p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
   p_terms tsquery[]
-) returns table (line_no integer, line text)
+) returns table (line_no integer)
   language sql stable
   as $$
-  -- Inlined (no SET clause), for one record at a time. The lines (from 1) of the record's
-  -- summary a search finds, with their text as written: the folded query is part of the folded
-  -- line, or (p_terms: the record was found by its words) the line holds one of the words
+  -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
+  -- the record's summary a search finds (their citations are the record's line_sources): the
+  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
   -- (memory_private.search_terms of the query, against the line's stored document in
   -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
   -- once: folding maps characters and never makes or removes a newline, so folded line n is
   -- line n (folding line by line costs a call per line). The lines holding a word are read
   -- once, as an array, only when there are words.
-  select l.line_no, split_part(p_summary, e'\n', l.line_no)
+  select l.line_no
     from memory_private.summary_lines(memory_private.fold(p_summary)) l
    cross join (select case when p_terms is not null
                            then array(select d.line_no from memory_private.record_lines d
@@ -465,7 +465,7 @@ create function memory_private.found_lines(
    where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
 $$;
 comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
-  'The lines (number, text as written) of one record''s summary a query_memories search finds: '
+  'The numbers of the lines of one record''s summary a query_memories search finds: '
   'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
   'record was found by its words), those holding one of them, read from the lines'' stored '
   'documents (record_lines).';
