@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
+from pyworker.bench import takeout
 from pyworker.bench.db import reads_per_call, start_reads
 from pyworker.cli import app
 from pyworker.servers import LocalCluster
@@ -95,6 +96,35 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
         "query_memories browse", "upsert_message"}
     assert report["explain"]["wide_reads"]["nodes"] == {
         name: [] for name in report["explain"]["wide_reads"]["nodes"]}
+
+    # The take-outs run on the data the bench left: every variant measured, each taking out
+    # what it says (the answer changes without the line order; no tool-call row without the
+    # provenance), the copies that must answer alike checked so, and nothing left behind.
+    before = tool_call_ids(db_dsn)
+    taken = takeout.run(db_dsn, workspaces=3, rounds=1, log=lambda _m: None)
+    assert [v["name"] for v in taken["variants"]] == [v.name for v in takeout.VARIANTS]
+    same = {v["name"]: v["same_answer"] for v in taken["variants"]}
+    assert same == {"whole": True, "no_line_order": False, "no_usage": True,
+                    "no_provenance": True, "no_validation": True, "none_of_the_four": False,
+                    "whole_again": True}
+    assert taken["floor_p50_ms"] > 0
+    assert all(v["wall_p50_ms"] > 0 and v["ratio_to_floor"] > 0 for v in taken["variants"])
+    made = tool_call_ids(db_dsn) - before
+    assert any("-whole-" in m for m in made)
+    assert not any("-no_provenance-" in m or "-none_of_the_four-" in m for m in made)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("select count(*) from pg_namespace where nspname = %s",
+                            (takeout.SCHEMA,)).fetchone() == (0,)
+
+
+def tool_call_ids(dsn: str) -> set[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {r[0] for r in conn.execute("select tool_call_id from memory_private.tool_calls")}
+
+
+def test_a_takeout_whose_text_is_gone_says_so() -> None:
+    with pytest.raises(takeout.TakeoutError, match="'perform 1' is not in the function"):
+        takeout.edited("begin\n  null;\nend", [("perform 1", "null")], "f")
 
 
 # The plan check of the bench: a scan of a tenant table that reads more than two full scopes.
