@@ -106,7 +106,7 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     same = {v["name"]: v["same_answer"] for v in taken["variants"]}
     assert same == {"whole": True, "no_line_order": False, "no_usage": True,
                     "no_provenance": True, "no_validation": True, "none_of_the_four": False,
-                    "whole_again": True}
+                    "no_json": False, "browse": False, "whole_again": True}
     assert taken["floor_p50_ms"] > 0
     assert all(v["wall_p50_ms"] > 0 and v["ratio_to_floor"] > 0 for v in taken["variants"])
     made = tool_call_ids(db_dsn) - before

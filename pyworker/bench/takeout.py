@@ -3,10 +3,13 @@ taking it out.
 
 ``pimem bench`` measures the search as it is. This measures copies of it, each with one part
 taken out, side by side on the bench's data (run after ``scripts/bench``, which leaves its
-database): what the search would cost if that part were free. The take-outs are not a design
-and change nothing in the product: the copies live in a scratch schema (``bench_takeout``),
-dropped at the end, and the answers of the copies that must answer the same are checked equal
-first. docs/benchmarks.md ("What the required work costs") holds the numbers and the command.
+database): what the search would cost if that part were free. Two more copies say where the
+rest of the call goes (the answer's JSON; the literal walk, against browsing). The take-outs are
+not a design and change nothing in the product: the copies live in a scratch schema
+(``bench_takeout``), dropped at the end; like the bench's own calls they write what a search
+writes (tool-call rows, usage) into the bench's database; and the answers of the copies that
+must answer as the search does are checked equal first. docs/benchmarks.md ("What the required
+work costs") holds the numbers and the command.
 
 Each call of a round is one workspace's recalled request with a new tool call id; the variants
 (and the ``SELECT 1`` floor) are called one after another for the same workspace, in an order
@@ -46,6 +49,11 @@ USAGE = ("perform memory_private.count_usage(p_workspace_id, v_ids, v_now);", "n
 PROVENANCE = [("insert into memory_private.tool_calls", "perform 1; /*"),
               ("updated_at = v_now;", "updated_at = v_now; */")]
 LINES = ("where v_folded is not null", "where false")
+JSON = ("return to_jsonb(row(case when v_query is not null then 'search'",
+        ("return jsonb_build_object('count', cardinality(v_records)); return to_jsonb(row("
+         "case when v_query is not null then 'search'"))
+BROWSE = ("v_first := (v_start.previous).tool_call_id is null;",
+          "v_first := (v_start.previous).tool_call_id is null; v_query := null;")
 VALIDATION = [("and not exists (select 1 from memory_private.record_failures(",
                ("and not exists (select 1 where false and exists (select from "
                 "memory_private.record_failures(")),
@@ -77,6 +85,11 @@ VARIANTS = [
             "checks kept)", True, validation=True),
     Variant("none_of_the_four", "all four above taken out at once", False,
             query=[USAGE, *PROVENANCE], lines=True, validation=True),
+    # Not rules: where the rest of the call goes.
+    Variant("no_json", "the answer's records read and made into rows, but not turned into "
+            "JSON, sent or parsed", False, query=[JSON]),
+    Variant("browse", "the newest 12 valid records instead of the literal walk (and so no "
+            "lines to look for)", False, query=[BROWSE]),
     Variant("whole_again", "the search as it is, a second copy: the noise of the method", True),
 ]
 
@@ -132,8 +145,9 @@ def comparable(answer: dict[str, Any]) -> dict[str, Any]:
     the call before it counted)."""
     answer = dict(answer)
     answer.pop("replayed", None)
-    answer["records"] = [{k: v for k, v in r.items() if k != "last_used_at"}
-                         for r in answer.get("records", [])]
+    if isinstance(answer.get("records"), list):
+        answer["records"] = [{k: v for k, v in r.items() if k != "last_used_at"}
+                             for r in answer["records"]]
     return answer
 
 
