@@ -127,6 +127,15 @@ def test_a_takeout_whose_text_is_gone_says_so() -> None:
         takeout.edited("begin\n  null;\nend", [("perform 1", "null")], "f")
 
 
+def test_takeouts_without_bench_data_say_so_and_leave_nothing(
+        db_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert takeout.main(["--dsn", db_dsn, "--workspaces", "2", "--rounds", "1"]) == 2
+    assert "no recalled bench requests here: run pimem bench first" in capsys.readouterr().err
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("select count(*) from pg_namespace where nspname = %s",
+                            (takeout.SCHEMA,)).fetchone() == (0,)
+
+
 # The plan check of the bench: a scan of a tenant table that reads more than two full scopes.
 HASHED_SUBPLAN = """duration: 26.800 ms  plan:
 Query Text: select r.record_id, l.n::integer, l.line from memory_private.records r ...

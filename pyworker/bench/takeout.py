@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -244,18 +243,27 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bench_database() -> str:
+    """The pimem_bench database of the embedded PostgreSQL that ``pimem bench`` leaves in the
+    state directory (started, or reused if it runs)."""
+    from pyworker.servers import embedded_dsn, state_dir
+
+    info = psycopg.conninfo.conninfo_to_dict(embedded_dsn(state_dir() / "bench-pg"))
+    info["dbname"] = "pimem_bench"
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get(
-        "PIMEM_BENCH_DSN", f"host={os.path.abspath('.pimem/bench-pg')} user=postgres "
-        "dbname=pimem_bench"), help="the bench's database (default: the embedded server's, "
-        "which must be running)")
+    parser.add_argument("--dsn", help="the database the bench ran in (default: its pimem_bench "
+                        "database in the embedded PostgreSQL the bench left, started if need be)")
     parser.add_argument("--workspaces", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
+    dsn = args.dsn or bench_database()
     try:
-        report = run(args.dsn, workspaces=args.workspaces, rounds=args.rounds,
+        report = run(dsn, workspaces=args.workspaces, rounds=args.rounds,
                      log=lambda m: print(m, file=sys.stderr))
     except TakeoutError as e:
         print(f"takeout: {e}", file=sys.stderr)
