@@ -11,7 +11,10 @@ own copy and a checkout (editable install) reads the top-level ones.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from pyworker.logs import event
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ROOT = PACKAGE_DIR.parent
@@ -195,16 +200,23 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
     expected_version(source)  # no migrations: say so instead of "up to date"
     migrations = load_migrations(source)
     backend = get_backend(yoyo_url(dsn))
+    printed = io.StringIO()
     try:
         with backend.lock(timeout=lock_timeout):
             pending = backend.to_apply(migrations)
-            backend.apply_migrations(pending)
+            # yoyo prints the rows of every migration statement that returns some (a
+            # backfill's select) on standard output, a caller's (pimem migrate, the
+            # demo, the eval); they go to the debug log instead.
+            with contextlib.redirect_stdout(printed):
+                backend.apply_migrations(pending)
     except LockTimeout as exc:
         raise MigrateError(
             f"another migration has held the lock for over {lock_timeout:.0f} s ({exc}); if "
             "none is running, a crashed run left its lock row: `yoyo break-lock`") from None
     finally:
         backend.connection.close()
+        if printed.getvalue():
+            event("migration_rows", logging.DEBUG, rows=printed.getvalue())
     state = schema_state(dsn, source)
     problem = state.problem() or (
         f"migrations still pending after migrate: {', '.join(state.pending)}"
