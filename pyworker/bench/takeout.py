@@ -79,7 +79,7 @@ VARIANTS = [
             "for (issue 13, item 2)", False, lines=True),
     Variant("no_usage", "usage not counted (R7)", True, query=[USAGE]),
     Variant("no_provenance", "the tool call's row not written: no provenance, no citations "
-            "(T2, R6)", True, query=PROVENANCE),
+            "(T2, T3, R6)", True, query=PROVENANCE),
     Variant("no_validation", "the records' own checks and grants not asked (V6, T1; the scope's "
             "checks kept)", True, validation=True),
     Variant("none_of_the_four", "all four above taken out at once", False,
