@@ -248,9 +248,8 @@ def bench_database() -> str:
     state directory (started, or reused if it runs)."""
     from pyworker.servers import embedded_dsn, state_dir
 
-    info = psycopg.conninfo.conninfo_to_dict(embedded_dsn(state_dir() / "bench-pg"))
-    info["dbname"] = "pimem_bench"
-    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+    return psycopg.conninfo.make_conninfo(embedded_dsn(state_dir() / "bench-pg"),
+                                          dbname="pimem_bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
