@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,8 +249,10 @@ def bench_database() -> str:
     state directory (started, or reused if it runs)."""
     from pyworker.servers import embedded_dsn, state_dir
 
-    return psycopg.conninfo.make_conninfo(embedded_dsn(state_dir() / "bench-pg"),
-                                          dbname="pimem_bench")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
+        admin = embedded_dsn(state_dir() / "bench-pg")
+    return psycopg.conninfo.make_conninfo(admin, dbname="pimem_bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
