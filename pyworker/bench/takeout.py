@@ -14,9 +14,10 @@ work costs") holds the numbers and the command.
 Each call of a round is one workspace's recalled request with a new tool call id; the variants
 (and the ``SELECT 1`` floor) are called one after another for the same workspace, in an order
 that rotates from workspace to workspace, so that the cold page reads of a workspace fall on
-each variant alike. Each variant is compared with the whole search by the median of the paired
-differences (same workspace, same round), in wall time and in the backend's CPU time (from
-``/proc/<pid>/schedstat``, when the server runs on this machine).
+each variant alike. Each variant's p50 is the bench's (nearest rank, beside the floor's), and it
+is compared with the whole search by the median of the paired differences (same workspace,
+same round), in wall time and in the backend's CPU time (from ``/proc/<pid>/schedstat``, when
+the server runs on this machine).
 
     .venv/bin/python -m pyworker.bench.takeout [--dsn DSN] [--workspaces N] [--rounds R]
 """
@@ -35,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench import data
+from pyworker.bench import data, db
 
 SCHEMA = "bench_takeout"
 QUERY = "memory.query_memories(text,text,text,jsonb)"
@@ -159,8 +160,14 @@ def backend_cpu(pid: int) -> int | None:
         return None
 
 
-def median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
+def p50(samples_ns: Sequence[int]) -> float | None:
+    """The bench's p50 (nearest rank, pyworker.bench.db.percentile), in ms."""
+    return round(db.percentile(sorted(samples_ns), 50), 4) if samples_ns else None
+
+
+def median_ms(differences_ns: Sequence[int]) -> float | None:
+    """The median of paired differences, in ms."""
+    return round(statistics.median(differences_ns) / 1e6, 4) if differences_ns else None
 
 
 def run(dsn: str, *, workspaces: int = 300, rounds: int = 4,
@@ -193,25 +200,25 @@ def run(dsn: str, *, workspaces: int = 300, rounds: int = 4,
                     raise TakeoutError(f"{v.name} answers otherwise than the whole search")
             pid = one(conn, "select pg_backend_pid()")
             keys = ["floor", *names]
-            samples: dict[str, list[tuple[float, float | None]]] = {k: [] for k in keys}
+            samples: dict[str, list[tuple[int, int | None]]] = {k: [] for k in keys}
             for rnd in range(rounds + 1):               # round 0 warms up
                 for i, (ws, rid) in enumerate(pairs):
                     for k in keys[i % len(keys):] + keys[:i % len(keys)]:
                         c0, t0 = backend_cpu(pid), time.perf_counter_ns()
                         if k == "floor":
-                            conn.execute("select 1", prepare=True).fetchone()
+                            conn.execute(db.FLOOR_SQL, prepare=True).fetchone()
                         else:
                             conn.execute(f"select {names[k]}(%s, %s, %s, %s::jsonb)",
                                          (ws, rid, f"{stamp}-{rnd}-{k}-{i}", body),
                                          prepare=True).fetchone()
                         t1, c1 = time.perf_counter_ns(), backend_cpu(pid)
                         if rnd:
-                            cpu = (c1 - c0) / 1e6 if c0 is not None and c1 is not None else None
-                            samples[k].append(((t1 - t0) / 1e6, cpu))
+                            cpu = c1 - c0 if c0 is not None and c1 is not None else None
+                            samples[k].append((t1 - t0, cpu))
                 log(f"round {rnd}/{rounds} done" + (" (warm-up)" if rnd == 0 else ""))
         finally:
             conn.execute(f"drop schema if exists {SCHEMA} cascade")
-    floor = median([w for w, _ in samples["floor"]]) or float("nan")
+    floor = p50([w for w, _ in samples["floor"]]) or float("nan")
     whole = samples["whole"]
     report: dict[str, Any] = {"query": query, "workspaces": len(pairs), "rounds": rounds,
                               "floor_p50_ms": floor, "variants": []}
@@ -220,12 +227,12 @@ def run(dsn: str, *, workspaces: int = 300, rounds: int = 4,
         cpus = [c for _, c in s if c is not None]
         pairs_cpu = [(b[1], x[1]) for b, x in zip(whole, s)
                      if b[1] is not None and x[1] is not None]
-        wall = median([w for w, _ in s]) or float("nan")
+        wall = p50([w for w, _ in s]) or float("nan")
         report["variants"].append({
             "name": v.name, "what": v.what, "same_answer": same[v.name],
-            "wall_p50_ms": wall, "cpu_p50_ms": median(cpus),
-            "saved_wall_ms": median([b[0] - x[0] for b, x in zip(whole, s)]),
-            "saved_cpu_ms": median([b - x for b, x in pairs_cpu]),
+            "wall_p50_ms": wall, "cpu_p50_ms": p50(cpus),
+            "saved_wall_ms": median_ms([b[0] - x[0] for b, x in zip(whole, s)]),
+            "saved_cpu_ms": median_ms([b - x for b, x in pairs_cpu]),
             "ratio_to_floor": round(wall / floor, 1)})
     return report
 
