@@ -152,3 +152,90 @@ def fresh_database(dbname: str, *, dsn: str | None, server: str,
     finally:
         if cluster is not None:
             cluster.destroy()
+
+
+def citus_available(bindir: Path | None = None) -> str | None:
+    """Why a Citus cluster cannot be started from the local server binaries, or None when it
+    can: Citus must be installed into them (``citus.so`` in their library directory and its
+    ``citus.control``)."""
+    bindir = bindir or find_bindir()
+    if bindir is None or not (bindir / "initdb").exists():
+        return "no local PostgreSQL server binaries (initdb/pg_ctl)"
+    bindir = (bindir / "pg_ctl").resolve().parent  # a PATH entry may be a symlink to them
+    try:
+        libdir = subprocess.run([str(bindir / "pg_config"), "--pkglibdir"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        sharedir = subprocess.run([str(bindir / "pg_config"), "--sharedir"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        libdir, sharedir = str(bindir.parent / "lib"), ""
+    if not (Path(libdir) / "citus.so").exists() or not (
+            Path(sharedir) / "extension" / "citus.control").exists():
+        return (f"Citus is not installed into {bindir.parent} (scripts/bootstrap builds it "
+                "from ../shared/vendor/citus when that source is present)")
+    return None
+
+
+# What every node of a throwaway Citus cluster runs with: Citus loaded, prepared transactions
+# for the two-phase commits of a transaction that writes on several nodes, and a small shard
+# count (the tests' and the bench's data are small; 32 shards per table would only add work).
+CITUS_NODE_SETTINGS = {"shared_preload_libraries": "citus", "max_prepared_transactions": "100",
+                       "citus.shard_count": "8", "wal_level": "logical",
+                       "max_replication_slots": "10", "max_wal_senders": "10"}
+
+
+class CitusCluster:
+    """A throwaway Citus cluster on 127.0.0.1: a coordinator and ``workers`` worker nodes, each a
+    :class:`LocalCluster` of the local binaries with Citus loaded. :meth:`create_database` makes
+    a database on every node with the extensions the schema needs and registers the workers
+    with the coordinator; :meth:`add_worker` starts one more node (an operator's new machine)."""
+
+    def __init__(self, bindir: Path, *, workers: int = 2,
+                 settings: dict[str, str] | None = None) -> None:
+        self.bindir = bindir
+        self.settings = {**CITUS_NODE_SETTINGS, **(settings or {})}
+        self.coordinator = LocalCluster(bindir, settings=self.settings)
+        self.workers = [LocalCluster(bindir, settings=self.settings) for _ in range(workers)]
+        self.databases: list[str] = []
+
+    @property
+    def nodes(self) -> list[LocalCluster]:
+        return [self.coordinator, *self.workers]
+
+    def start(self) -> CitusCluster:
+        for node in self.nodes:
+            node.init().start()
+        return self
+
+    def _prepare(self, node: LocalCluster, dbname: str) -> None:
+        with psycopg.connect(node.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(dbname)))
+        with psycopg.connect(node.dsn(dbname), autocommit=True) as conn:
+            conn.execute("create extension if not exists citus")
+            conn.execute("create extension if not exists pg_trgm")
+
+    def create_database(self, dbname: str) -> str:
+        """A new database on every node, the workers registered with the coordinator; returns
+        the coordinator's DSN for it (what ``pimem migrate`` and every caller use)."""
+        for node in self.nodes:
+            self._prepare(node, dbname)
+        with psycopg.connect(self.coordinator.dsn(dbname), autocommit=True) as conn:
+            conn.execute("select citus_set_coordinator_host('127.0.0.1', %s)",
+                         (self.coordinator.port,))
+            for worker in self.workers:
+                conn.execute("select citus_add_node('127.0.0.1', %s)", (worker.port,))
+        self.databases.append(dbname)
+        return self.coordinator.dsn(dbname)
+
+    def add_worker(self) -> LocalCluster:
+        """Starts one more worker node with every database of the cluster prepared on it (not
+        yet added: ``citus_add_node`` on the coordinator is the operator's step)."""
+        node = LocalCluster(self.bindir, settings=self.settings).init().start()
+        for dbname in self.databases:
+            self._prepare(node, dbname)
+        self.workers.append(node)
+        return node
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            node.destroy()
