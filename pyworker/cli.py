@@ -84,6 +84,13 @@ def migrate(
                       f"schema version {version}", markup=False)
     else:
         console.print(f"already up to date (schema version {version})")
+    cluster = schema.citus_cluster(target)
+    if cluster is not None:
+        console.print(
+            f"Citus coordinator: the schema is distributed on {len(cluster.workers)} worker "
+            f"node(s) ({cluster.reference_tables} reference tables, "
+            f"{cluster.distributed_tables} tables by workspace, "
+            f"{cluster.workspace_functions} functions delegated by workspace)", markup=False)
 
 
 @app.command("schema-bundle")

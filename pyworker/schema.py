@@ -199,7 +199,11 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
     source = directory or MIGRATIONS_DIR
     expected_version(source)  # no migrations: say so instead of "up to date"
     migrations = load_migrations(source)
-    backend = get_backend(yoyo_url(dsn))
+    cluster = citus_cluster(dsn)
+    if cluster is not None and not cluster.coordinator:
+        raise MigrateError("this is a Citus worker node: run pimem migrate on the coordinator, "
+                           "which builds the schema on every node (docs/scaling.md)")
+    backend = get_backend(yoyo_url(_migration_dsn(dsn, cluster)))
     printed = io.StringIO()
     try:
         with backend.lock(timeout=lock_timeout):
@@ -217,6 +221,8 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
         backend.connection.close()
         if printed.getvalue():
             event("migration_rows", logging.DEBUG, rows=printed.getvalue())
+    if cluster is not None:
+        distribute(dsn)
     state = schema_state(dsn, source)
     problem = state.problem() or (
         f"migrations still pending after migrate: {', '.join(state.pending)}"
@@ -224,6 +230,71 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
     if problem:
         raise MigrateError(problem)
     return [m.id for m in pending]
+
+
+@dataclass
+class CitusCluster:
+    """What a database on a Citus cluster is: the node we are connected to and the schema."""
+
+    coordinator: bool                 # connected to the coordinator (else a worker node)
+    distributed: bool                 # memory_private.distribute() has run
+    workers: list[str] = field(default_factory=list)  # host:port of the active workers
+    reference_tables: int = 0
+    distributed_tables: int = 0
+    workspace_functions: int = 0      # delegated to the node holding their workspace
+
+
+def citus_cluster(dsn: str) -> CitusCluster | None:
+    """The Citus cluster the database is on, or None on plain PostgreSQL (no citus extension).
+    Reads only."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if conn.execute("select 1 from pg_extension where extname = 'citus'").fetchone() is None:
+            return None
+        coordinator = bool(conn.execute(
+            "select coalesce(citus_is_coordinator(), false)").fetchone()[0])  # type: ignore[index]
+        workers = [f"{h}:{p}" for h, p in conn.execute(
+            "select nodename, nodeport from pg_dist_node where noderole = 'primary' "
+            "and isactive and groupid <> 0 order by nodename, nodeport")]
+        counts = conn.execute("""
+            select count(*) filter (where p.partmethod = 'n'),
+                   count(*) filter (where p.partmethod = 'h'),
+                   (select count(*) from pg_dist_object o
+                     where o.classid = 'pg_proc'::regclass
+                       and o.distribution_argument_index is not null)
+              from pg_dist_partition p
+             where p.logicalrelid::regclass::text like 'memory\\_private.%'""").fetchone()
+        assert counts is not None
+        return CitusCluster(coordinator=coordinator, distributed=counts[1] > 0,
+                            workers=workers, reference_tables=int(counts[0]),
+                            distributed_tables=int(counts[1]),
+                            workspace_functions=int(counts[2]))
+
+
+def _migration_dsn(dsn: str, cluster: CitusCluster | None) -> str:
+    """The DSN yoyo migrates with. On a Citus coordinator whose schema is not distributed yet
+    the migrations build it on the coordinator alone (DDL propagation off: the objects reach
+    the workers when distribute() distributes them, in an order Citus accepts); once it is
+    distributed, Citus propagates every later change (a replaced function, a new column) to the
+    workers, and a trigger may be created on a distributed table."""
+    if cluster is None:
+        return dsn
+    settings = ("-c citus.enable_ddl_propagation=off" if not cluster.distributed else
+                "-c citus.enable_unsafe_triggers=on "
+                "-c citus.allow_nested_distributed_execution=on")
+    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
+    return psycopg.conninfo.make_conninfo(
+        dsn, options=f"{options} {settings}" if options else settings)
+
+
+def distribute(dsn: str) -> dict[str, int]:
+    """Distributes whatever of the schema is not yet on the Citus cluster
+    (memory_private.distribute(), sql/92_distribution.sql) and answers its counts."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select memory_private.distribute()").fetchone()
+    assert row is not None
+    counts = dict(row[0])
+    event("citus_distributed", logging.INFO, **counts)
+    return counts
 
 
 INITIAL_MIGRATION = MIGRATIONS_DIR / "0001_initial.sql"

@@ -64,11 +64,13 @@ comment on function memory_private.clock_now() is
   'The time every memory rule reads: transaction start plus the test offset.';
 
 create function memory_private.advance_clock(p_by interval) returns timestamptz
-  language sql volatile
+  language plpgsql volatile
   as $$
-    update memory_private.clock set time_offset = time_offset + p_by;
-    select memory_private.clock_now();
-  $$;
+begin
+  update memory_private.clock set time_offset = time_offset + p_by;
+  return memory_private.clock_now();
+end
+$$;
 comment on function memory_private.advance_clock(interval) is
   'Moves the memory clock forward (tests only; granted to nobody).';
 
@@ -149,6 +151,28 @@ comment on function memory_private.policy() is
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace. Immutable: changing one is a migration.';
+
+-- The tables' CHECK constraints and defaults read an integer policy number through this accessor
+-- rather than as `(memory_private.policy()).name`: a field of the composite type makes the
+-- constraint depend on the type's column, and Citus then counts every such table as a
+-- dependency of policy() itself, a circle it refuses to distribute (docs/scaling.md).
+create function memory_private.policy_limit(p_name text) returns integer
+  language plpgsql immutable parallel safe
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
+begin
+  if v_value is null then
+    raise exception 'memory_private.policy() has no integer named %', p_name
+      using errcode = 'MB001';
+  end if;
+  return v_value;
+end
+$$;
+comment on function memory_private.policy_limit(text) is
+  'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
+  'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
 
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
@@ -260,7 +284,7 @@ comment on function memory_private.content_hash(text) is
 create function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select 6 $$;
+  as $$ select 9 $$;
 comment on function memory.schema_version() is
   'The schema version of this database: the number of the last migration applied (0001 = 1). '
   'pimem migrate fails when it differs from the version the package expects.';

@@ -15,9 +15,9 @@ create table memory_private.workspaces (
   budget_usd numeric(14, 6) not null check (budget_usd >= 0),
   spent_usd numeric(14, 6) not null check (spent_usd >= 0),
   idle_window interval not null
-    default make_interval(mins => (memory_private.policy()).default_idle_minutes)
+    default make_interval(mins => memory_private.policy_limit('default_idle_minutes'))
     check (idle_window >= interval '0'
-           and idle_window <= make_interval(mins => (memory_private.policy()).max_idle_minutes)),
+           and idle_window <= make_interval(mins => memory_private.policy_limit('max_idle_minutes'))),
   paused boolean not null default false,
   created_at timestamptz not null,
   updated_at timestamptz not null
@@ -154,7 +154,7 @@ create table memory_private.messages (
   request_id text not null,
   role text not null check (role in ('user', 'assistant')),
   speaker_id text not null,
-  body text check (octet_length(body) <= (memory_private.policy()).message_bytes),
+  body text check (octet_length(body) <= memory_private.policy_limit('message_bytes')),
   content_hash text,
   directed boolean not null,
   retain_until timestamptz,

@@ -22,9 +22,9 @@ create table memory_private.scopes (
   user_id text,
   topic_id bigint,
   recall_enabled boolean not null default true,
-  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
-  index_record_ids bigint[] check (cardinality(index_record_ids) <= (memory_private.policy()).index_ids),
-  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= (memory_private.policy()).candidates),
+  index_text text check (octet_length(index_text) <= memory_private.policy_limit('index_bytes')),
+  index_record_ids bigint[] check (cardinality(index_record_ids) <= memory_private.policy_limit('index_ids')),
+  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= memory_private.policy_limit('candidates')),
   index_bot_identity text,
   index_repositories text[],
   index_built_at timestamptz,
@@ -117,8 +117,8 @@ create table memory_private.records (
   record_id bigint generated always as identity,
   scope_id bigint not null,
   kind text not null check (kind in ('extracted', 'note')),
-  title text not null check (octet_length(title) between 1 and (memory_private.policy()).title_bytes),
-  summary text not null check (octet_length(summary) between 1 and (memory_private.policy()).summary_bytes),
+  title text not null check (octet_length(title) between 1 and memory_private.policy_limit('title_bytes')),
+  summary text not null check (octet_length(summary) between 1 and memory_private.policy_limit('summary_bytes')),
   speaker_ids text[] not null,
   thread_ids text[] not null,
   repositories text[] not null default '{}',
@@ -191,10 +191,16 @@ comment on table memory_private.record_usage is
 create function memory_private.records_add_usage_row() returns trigger
   language plpgsql
   as $$
+declare
+  v_new record;
 begin
-  insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
-  select n.workspace_id, n.record_id, null, 0 from added n
-  on conflict do nothing;
+  -- A row at a time: on Citus a statement may not join the transition table with a
+  -- distributed table (and a statement adds one record, or a few).
+  for v_new in select n.workspace_id, n.record_id from added n loop
+    insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
+    values (v_new.workspace_id, v_new.record_id, null, 0)
+    on conflict do nothing;
+  end loop;
   return null;
 end
 $$;
@@ -323,25 +329,35 @@ create index record_dependencies_message_idx
 -- query_memories read (the record's page, read anyway, instead of an index leaf per record).
 create function memory_private.copy_dependencies(p_workspace_ids text[], p_record_ids bigint[])
   returns void
-  language sql volatile
+  language plpgsql volatile
   as $$
-  update memory_private.records r
-     set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
-    from (select k.workspace_id, k.record_id,
-                 coalesce(array_agg(d.message_id order by d.message_id collate "C")
-                            filter (where d.message_id is not null), '{}') as ids,
-                 coalesce(array_agg(d.content_hash order by d.message_id collate "C")
-                            filter (where d.message_id is not null), '{}') as hashes,
-                 coalesce(array_agg(d.message_id order by d.position)
-                            filter (where d.position is not null), '{}') as sources
-            from (select distinct w, id from unnest(p_workspace_ids, p_record_ids) as u(w, id))
-                 as k(workspace_id, record_id)
-            left join memory_private.record_dependencies d
-              on d.workspace_id = k.workspace_id and d.record_id = k.record_id
-           group by k.workspace_id, k.record_id) x
-   where r.workspace_id = x.workspace_id and r.record_id = x.record_id
-     and (r.dependency_ids, r.dependency_hashes, r.source_ids)
-         is distinct from (x.ids, x.hashes, x.sources)
+declare
+  v_ws text;
+begin
+  -- One workspace at a time: each update stays on the node holding the workspace (Citus).
+  foreach v_ws in array array(select distinct w from unnest(p_workspace_ids) w) loop
+    update memory_private.records r
+       set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
+      from (select k.workspace_id, k.record_id,
+                   coalesce(array_agg(d.message_id order by d.message_id collate "C")
+                              filter (where d.message_id is not null), '{}') as ids,
+                   coalesce(array_agg(d.content_hash order by d.message_id collate "C")
+                              filter (where d.message_id is not null), '{}') as hashes,
+                   coalesce(array_agg(d.message_id order by d.position)
+                              filter (where d.position is not null), '{}') as sources
+              from (select distinct u.w, u.id
+                      from unnest(p_workspace_ids, p_record_ids) as u(w, id)
+                     where u.w = v_ws) as k(workspace_id, record_id)
+              left join memory_private.record_dependencies d
+                on d.workspace_id = v_ws and d.workspace_id = k.workspace_id
+               and d.record_id = k.record_id
+             group by k.workspace_id, k.record_id) x
+     where r.workspace_id = v_ws and r.workspace_id = x.workspace_id
+       and r.record_id = x.record_id
+       and (r.dependency_ids, r.dependency_hashes, r.source_ids)
+           is distinct from (x.ids, x.hashes, x.sources);
+  end loop;
+end
 $$;
 comment on function memory_private.copy_dependencies(text[], bigint[]) is
   'Sets the given records'' dependency_ids, dependency_hashes (in bytewise message id order) '
@@ -1070,12 +1086,12 @@ begin
   -- after the scope's checks (scope_reason), asked with the reader and the bot's identity. A
   -- scope whose newest records are valid costs one short index scan and one pass over just
   -- those, never a read of the whole scope. One snapshot throughout (stable).
-  select memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester),
-         coalesce(s.user_id, p_requester), b.identity
-    into v_scope_reason, v_reader, v_identity
-    from (values (1)) one
-    left join memory_private.scopes s on s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
-    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id;
+  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  select s.user_id, b.identity into v_reader, v_identity
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
+  v_reader := coalesce(v_reader, p_requester);
   if v_scope_reason is not null then
     return '{}';
   end if;

@@ -56,7 +56,7 @@ create table memory_private.jobs (
   token uuid,
   worker_id text,
   lease_expires_at timestamptz,
-  claims integer not null default 0 check (claims between 0 and (memory_private.policy()).max_claims),
+  claims integer not null default 0 check (claims between 0 and memory_private.policy_limit('max_claims')),
   next_attempt_at timestamptz not null,
   last_error text,
   checkpoint jsonb,
@@ -112,7 +112,7 @@ create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_reques
 create table memory_private.job_attempts (
   workspace_id text not null,
   job_id bigint not null,
-  attempt_no integer not null check (attempt_no between 1 and (memory_private.policy()).max_claims),
+  attempt_no integer not null check (attempt_no between 1 and memory_private.policy_limit('max_claims')),
   token uuid not null,
   outcome text not null default 'open' check (outcome in ('open', 'ok', 'failed', 'unknown')),
   reserved_usd numeric(14, 6) not null check (reserved_usd >= 0),
@@ -170,10 +170,14 @@ create index request_charges_request_idx
 
 create function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
   returns numeric
-  language sql stable
+  language plpgsql stable
   as $$
-  select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
-   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+begin
+  return (
+    select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
+     where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+  );
+end
 $$;
 comment on function memory_private.request_memory_spent(text, text) is
   'What memory jobs charged to a request: the sum of its request_charges. Derived, not stored '
@@ -244,11 +248,15 @@ comment on function memory_private.check_token(text) is
 
 create function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
   returns void
-  language sql volatile
+  language plpgsql volatile
   as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+begin
   update memory_private.scopes
-     set consolidation_due_at = coalesce(consolidation_due_at, memory_private.clock_now())
-   where workspace_id = p_workspace_id and scope_id = p_scope_id
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+end
 $$;
 comment on function memory_private.mark_consolidation_due(text, bigint) is
   'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
@@ -479,7 +487,7 @@ begin
        and (j.status = 'pending'
             or (j.status = 'running'
                 and not exists (select 1 from memory_private.job_attempts a
-                                 where a.workspace_id = j.workspace_id and a.job_id = j.job_id
+                                 where a.workspace_id = p_workspace_id and a.job_id = j.job_id
                                    and a.outcome = 'open')))
      order by j.job_id
        for update

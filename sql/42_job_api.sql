@@ -6,21 +6,84 @@
 -- extraction (write_extraction: its sources and dependencies, 20_memory_state.sql) or the scope
 -- index of a consolidation (write_index).
 
+create function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+begin
+  -- The workspace's memory lock, without waiting: another claim or a memory write holds it
+  -- briefly.
+  if not memory_private.try_lock_workspace(p_workspace_id) then
+    return null;
+  end if;
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id and not paused;
+  if not found then
+    return null;
+  end if;
+  -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
+  if exists (select 1 from memory_private.jobs j
+              where j.workspace_id = p_workspace_id and j.status = 'running') then
+    return null;
+  end if;
+  loop
+    select * into v_job from memory_private.jobs j
+     where j.workspace_id = p_workspace_id and j.status = 'pending'
+       and j.next_attempt_at <= v_now
+       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+     order by j.next_attempt_at, j.job_id
+     limit 1
+       for update skip locked;
+    exit when not found;
+    if v_job.config_version <> v_config then
+      perform memory_private.release_job(v_job, 'stopped',
+        format('the model/provider configuration changed (version %s -> %s)',
+               v_job.config_version, v_config));
+      continue;
+    end if;
+    v_reason := memory_private.job_stale_reason(v_job);
+    if v_reason is not null then
+      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      continue;
+    end if;
+    -- The claim is counted by start_attempt, when it can reach the provider.
+    update memory_private.jobs
+       set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
+           lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
+     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+    returning * into v_job;
+    return memory_private.job_payload(v_job);
+  end loop;
+  return null;
+end
+$$;
+comment on function memory_private.claim_workspace_job(text, text) is
+  'Claims the next due job of one workspace under its memory lock (not waiting for it): NULL '
+  'when the lock is busy, the workspace is paused, a job of it is running, or none is due. '
+  'Jobs found stale on the way are superseded or stopped. memory.claim_job calls it for the '
+  'workspaces it picks; on Citus the call runs on the node holding the workspace.';
+
 create function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
-  v_ws record;
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
+  v_ws text;
+  v_payload jsonb;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
-  -- Candidates come from the due jobs (jobs_claimable_idx), not from every workspace. A job
-  -- with calls left is claimable, and so is one holding a checkpoint whatever its count: its
-  -- claim only commits.
+  -- The pick reads the due jobs of every workspace (jobs_claimable_idx) without locking them:
+  -- on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist, and the candidates may be
+  -- stale by the time they are tried. A job with calls left is claimable, and so is one holding
+  -- a checkpoint whatever its count: its claim only commits. The claim itself is one
+  -- workspace's business (claim_workspace_job), which re-checks everything under the
+  -- workspace's lock; the FROM form lets Citus run it on the workspace's node.
   for v_ws in
     select d.workspace_id
       from (select j.workspace_id, min(j.next_attempt_at) as due
@@ -34,43 +97,10 @@ begin
                         where r.workspace_id = d.workspace_id and r.status = 'running')
      order by d.due, d.workspace_id
   loop
-    -- The workspace's memory lock, without waiting: another claim or a memory write holds it
-    -- briefly.
-    continue when not memory_private.try_lock_workspace(v_ws.workspace_id);
-    select config_version into v_config from memory_private.workspaces
-     where workspace_id = v_ws.workspace_id and not paused;
-    continue when not found;
-    -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
-    continue when exists (select 1 from memory_private.jobs j
-                           where j.workspace_id = v_ws.workspace_id and j.status = 'running');
-    loop
-      select * into v_job from memory_private.jobs j
-       where j.workspace_id = v_ws.workspace_id and j.status = 'pending'
-         and j.next_attempt_at <= v_now
-         and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
-       order by j.next_attempt_at, j.job_id
-       limit 1
-         for update skip locked;
-      exit when not found;
-      if v_job.config_version <> v_config then
-        perform memory_private.release_job(v_job, 'stopped',
-          format('the model/provider configuration changed (version %s -> %s)',
-                 v_job.config_version, v_config));
-        continue;
-      end if;
-      v_reason := memory_private.job_stale_reason(v_job);
-      if v_reason is not null then
-        perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
-        continue;
-      end if;
-      -- The claim is counted by start_attempt, when it can reach the provider.
-      update memory_private.jobs
-         set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
-             lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
-       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-      returning * into v_job;
-      return memory_private.job_payload(v_job);
-    end loop;
+    select c into v_payload from memory_private.claim_workspace_job(v_ws, p_worker_id) c;
+    if v_payload is not null then
+      return v_payload;
+    end if;
   end loop;
   return null;
 end

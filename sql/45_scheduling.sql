@@ -48,25 +48,28 @@ create function memory_private.input_carryover(
   p_config_version integer,
   out blocked boolean, out claims integer, out next_attempt_at timestamptz
 )
-  language sql stable
+  language plpgsql stable
   as $$
   -- The most recent earlier job of the same input (scope, phase, input hash) under the same
   -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
          greatest(memory_private.clock_now(),
                   max(j.next_attempt_at) filter (where j.status = 'superseded'))
+    into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
              and j.phase = p_phase and j.input_hash = p_input_hash
              and j.config_version = p_config_version and j.status <> 'skipped'
            order by j.job_id desc
-           limit 1) j
+           limit 1) j;
+end
 $$;
 comment on function memory_private.input_carryover(text, bigint, text, text, integer) is
   'What an input (scope, phase, input hash, config version) carries into a new job from its '
@@ -78,8 +81,12 @@ create function memory_private.create_job(
   p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
   p_origin_request_id text, p_config_version integer, p_skipped_because text default null
 ) returns bigint
-  language sql volatile
+  language plpgsql volatile
   as $$
+declare
+  v_job_id bigint;
+  v_now timestamptz := memory_private.clock_now();
+begin
   insert into memory_private.jobs
     (workspace_id, scope_id, phase, status, input, input_hash, origin_request_id,
      model_provider, model_id, config_version, claims, next_attempt_at, last_error, created_at,
@@ -87,14 +94,15 @@ create function memory_private.create_job(
   select p_workspace_id, p_scope_id, p_phase,
          case when p_skipped_because is null then 'pending' else 'skipped' end, p_input,
          p_input_hash, r.request_id, r.model_provider, r.model_id, p_config_version, c.claims,
-         c.next_attempt_at, p_skipped_because, memory_private.clock_now(),
-         memory_private.clock_now(),
-         case when p_skipped_because is not null then memory_private.clock_now() end
+         c.next_attempt_at, p_skipped_because, v_now, v_now,
+         case when p_skipped_because is not null then v_now end
     from memory_private.requests r
    cross join memory_private.input_carryover(p_workspace_id, p_scope_id, p_phase, p_input_hash,
                                              p_config_version) c
    where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
-  returning job_id
+  returning job_id into v_job_id;
+  return v_job_id;
+end
 $$;
 comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer,
                                               text) is

@@ -142,8 +142,9 @@ comment on function memory_private.search_document(text, text) is
 create function memory_private.index_records(
   p_workspace_id text, p_record_ids bigint[], p_lines boolean
 ) returns void
-  language sql volatile
+  language plpgsql volatile
   as $$
+begin
   -- What the searches read of the given records, derived from their title and summary: the
   -- word search's document, the literal search's folded text and, with p_lines, the documents
   -- of the summary's lines.
@@ -175,6 +176,7 @@ create function memory_private.index_records(
     from memory_private.records r
    cross join lateral memory_private.summary_lines(r.summary) l
    where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
+end
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
   'Writes what the searches read of the given records: their documents (record_documents), '

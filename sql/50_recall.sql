@@ -25,12 +25,12 @@ create table memory_private.request_recall (
   request_id text not null,
   scope_id bigint not null,
   mode text not null check (mode in ('index', 'directory', 'none', 'disabled')),
-  index_text text check (octet_length(index_text) <= (memory_private.policy()).index_bytes),
+  index_text text check (octet_length(index_text) <= memory_private.policy_limit('index_bytes')),
   index_withdrawn boolean not null default false,
   record_ids bigint[] not null default '{}'
-    check (cardinality(record_ids) <= (memory_private.policy()).index_ids),
+    check (cardinality(record_ids) <= memory_private.policy_limit('index_ids')),
   basis_record_ids bigint[] not null default '{}'
-    check (cardinality(basis_record_ids) <= (memory_private.policy()).candidates),
+    check (cardinality(basis_record_ids) <= memory_private.policy_limit('candidates')),
   dependency_ids text[] not null default '{}',
   created_at timestamptz not null,
   primary key (workspace_id, request_id),

@@ -107,14 +107,18 @@ comment on function memory_private.note_title(text) is
 create function memory_private.with_dependencies(
   p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
 ) returns text[]
-  language sql stable
+  language plpgsql stable
   as $$
-  select array(select x from unnest(p_kept) as x
-               union
-               select d.message_id from memory_private.record_dependencies d
-                where d.workspace_id = p_workspace_id
-                  and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
-               order by 1)
+begin
+  return (
+    select array(select x from unnest(p_kept) as x
+                 union
+                 select d.message_id from memory_private.record_dependencies d
+                  where d.workspace_id = p_workspace_id
+                    and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
+                 order by 1)
+  );
+end
 $$;
 comment on function memory_private.with_dependencies(text, text[], bigint[], bigint[]) is
   'p_kept plus the dependencies (message ids) of the shown records that are being deleted: the '
@@ -128,35 +132,49 @@ create function memory_private.delete_records(
   as $$
 declare
   v_deleted integer;
+  v_key text;
+  v_call text;
+  v_ids text[];
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The provenance of the answers that were shown these records outlives them: their
   -- dependencies (ids only) are copied to those requests first (T2, T3). And a frozen index
   -- text made from a deleted record goes with it (T7).
-  with gone as (
-    select r.scope_id, array_agg(r.record_id) as ids
-      from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     group by r.scope_id
-  ), frozen as (
-    update memory_private.request_recall f
-       set dependency_ids = memory_private.with_dependencies(
-                              p_workspace_id, f.dependency_ids, f.basis_record_ids, gone.ids),
-           index_text = case when f.mode = 'index' then null end,
-           index_withdrawn = f.index_withdrawn or f.mode = 'index'
-      from gone
-     where f.workspace_id = p_workspace_id and f.scope_id = gone.scope_id
-       and f.basis_record_ids && gone.ids
-    returning 1
-  ), called as (
-    update memory_private.tool_calls c
-       set dependency_ids = memory_private.with_dependencies(
-                              p_workspace_id, c.dependency_ids, c.record_ids, gone.ids)
-      from gone
-     where c.workspace_id = p_workspace_id and c.scope_id = gone.scope_id
-       and c.tool = 'query_memories' and c.record_ids && gone.ids
-    returning 1
-  )
-  select (select count(*) from frozen) + (select count(*) from called) into v_deleted;
+  -- The new dependencies are computed first and then written by key: Citus refuses a
+  -- function of the row's columns in an UPDATE.
+  for v_key, v_ids in
+    select f.request_id,
+           memory_private.with_dependencies(p_workspace_id, f.dependency_ids,
+                                            f.basis_record_ids, gone.ids)
+      from memory_private.request_recall f
+      join (select r.scope_id, array_agg(r.record_id) as ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+             group by r.scope_id) gone
+        on f.scope_id = gone.scope_id and f.basis_record_ids && gone.ids
+     where f.workspace_id = p_workspace_id
+  loop
+    update memory_private.request_recall
+       set dependency_ids = v_ids,
+           index_text = case when mode = 'index' then null end,
+           index_withdrawn = index_withdrawn or mode = 'index'
+     where workspace_id = p_workspace_id and request_id = v_key;
+  end loop;
+  for v_key, v_call, v_ids in
+    select c.request_id, c.tool_call_id,
+           memory_private.with_dependencies(p_workspace_id, c.dependency_ids,
+                                            c.record_ids, gone.ids)
+      from memory_private.tool_calls c
+      join (select r.scope_id, array_agg(r.record_id) as ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+             group by r.scope_id) gone
+        on c.scope_id = gone.scope_id and c.record_ids && gone.ids
+     where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+  loop
+    update memory_private.tool_calls set dependency_ids = v_ids
+     where workspace_id = p_workspace_id and request_id = v_key and tool_call_id = v_call;
+  end loop;
 
   with gone as (
     delete from memory_private.records
@@ -167,7 +185,7 @@ begin
   ), marked as (
     -- An index depends on every candidate it was built from: losing one drops it.
     update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, memory_private.clock_now()),
+       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now),
            index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
            index_record_ids = case when s.index_candidate_ids && t.ids then null
                                    else s.index_record_ids end,
@@ -202,24 +220,28 @@ comment on function memory_private.delete_records(text, bigint[]) is
 create function memory_private.forget_set(
   p_workspace_id text, p_scope_id bigint, p_record_id bigint
 ) returns bigint[]
-  language sql stable
+  language plpgsql stable
   as $$
   -- The selected record and every record of the scope that shares a dependency with it (T7).
   -- One step only: a record that shares a message with such a neighbour but not with the
   -- selected record stays.
-  select array(
-    select r.record_id from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-       and (r.record_id = p_record_id
-            or exists (select 1
-                         from memory_private.record_dependencies mine
-                         join memory_private.record_dependencies d
-                           on d.workspace_id = mine.workspace_id
-                          and d.message_id = mine.message_id
-                        where mine.workspace_id = p_workspace_id
-                          and mine.record_id = p_record_id
-                          and d.record_id = r.record_id))
-     order by r.record_id)
+begin
+  return (
+    select array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (r.record_id = p_record_id
+              or exists (select 1
+                           from memory_private.record_dependencies mine
+                           join memory_private.record_dependencies d
+                             on d.workspace_id = mine.workspace_id
+                            and d.message_id = mine.message_id
+                          where mine.workspace_id = p_workspace_id
+                            and mine.record_id = p_record_id
+                            and d.record_id = r.record_id))
+       order by r.record_id)
+  );
+end
 $$;
 comment on function memory_private.forget_set(text, bigint, bigint) is
   'The records a forget of one record removes: it and every record of its scope that shares a '

@@ -14,16 +14,18 @@
 -- Deleting a workspace purges every row it owns (T4).
 
 create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
-  language sql volatile
+  language plpgsql volatile
   as $$
-  with erased as (
-    update memory_private.messages
-       set body = null, content_hash = null, scrub_pending = true
-     where workspace_id = p_workspace_id and body is not null
-       and retain_until <= memory_private.clock_now()
-    returning 1
-  )
-  select count(*)::integer from erased
+declare
+  v_count integer;
+begin
+  update memory_private.messages
+     set body = null, content_hash = null, scrub_pending = true
+   where workspace_id = p_workspace_id and body is not null
+     and retain_until <= memory_private.clock_now();
+  get diagnostics v_count = row_count;
+  return v_count;
+end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
   'Erases the text and hash of every message of the workspace past its retention (T6) and '
@@ -184,16 +186,18 @@ comment on function memory_private.scrub_erased(text) is
   'their extraction markers; then clears scrub_pending. Returns how many messages it handled.';
 
 create function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
-  language sql volatile
+  language plpgsql volatile
   as $$
-  with dropped as (
-    delete from memory_private.tombstones t
-     using memory_private.messages m
-     where t.workspace_id = p_workspace_id and m.workspace_id = t.workspace_id
-       and m.message_id = t.message_id and m.body is null
-    returning 1
-  )
-  select count(*)::integer from dropped
+declare
+  v_count integer;
+begin
+  delete from memory_private.tombstones t
+   using memory_private.messages m
+   where t.workspace_id = p_workspace_id and m.workspace_id = t.workspace_id
+     and m.message_id = t.message_id and m.body is null;
+  get diagnostics v_count = row_count;
+  return v_count;
+end
 $$;
 comment on function memory_private.drop_stale_tombstones(text) is
   'Drops tombstones whose original message is no longer retained: nothing is left to restore.';

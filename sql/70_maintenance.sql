@@ -50,7 +50,9 @@ begin
      where p_workspace_id is null or workspace_id = p_workspace_id
      order by workspace_id
   loop
-    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
+    -- The FROM form: on Citus each workspace's tick runs on the node holding it.
+    select memory_private.add_counts(v_total, m) into v_total
+      from memory_private.maintain_workspace(v_ws) m;
     v_workspaces := v_workspaces + 1;
   end loop;
   return v_total || jsonb_build_object('workspaces', v_workspaces);
@@ -63,6 +65,23 @@ comment on function memory.run_maintenance(text) is
   'config or input changed, schedules extraction and consolidation jobs. Returns summed '
   'counts: extract_jobs_created, consolidate_jobs_created, leases_expired, batches_skipped, ...';
 
+create function memory_private.maintain_workspace_unless_busy(p_workspace_id text)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+begin
+  if not memory_private.try_lock_workspace(p_workspace_id) then
+    return null;
+  end if;
+  return memory_private.maintain_workspace(p_workspace_id)
+         || jsonb_build_object('workspace_id', p_workspace_id);
+end
+$$;
+comment on function memory_private.maintain_workspace_unless_busy(text) is
+  'One maintenance tick of the workspace with its workspace_id, or NULL without waiting when '
+  'another transaction holds its memory lock (another worker maintaining it, a claim, a '
+  'memory write).';
+
 create function memory.maintain_next_workspace(p_after_workspace_id text default null)
   returns jsonb
   language plpgsql volatile security definer
@@ -70,16 +89,29 @@ create function memory.maintain_next_workspace(p_after_workspace_id text default
   as $$
 declare
   v_ws text;
+  v_result jsonb;
+  v_after text := p_after_workspace_id;
 begin
-  select workspace_id into v_ws from memory_private.workspace_memory
-   where p_after_workspace_id is null or workspace_id > p_after_workspace_id
-   order by workspace_id
-   limit 1
-     for no key update skip locked;
-  if not found then
-    return null;
-  end if;
-  return memory_private.maintain_workspace(v_ws) || jsonb_build_object('workspace_id', v_ws);
+  -- The workspaces after p_after_workspace_id in id order, a batch at a time, read without
+  -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
+  -- its own lock, on its own node, and one that is busy is passed over.
+  loop
+    v_ws := null;
+    for v_ws in
+      select workspace_id from memory_private.workspaces
+       where v_after is null or workspace_id > v_after
+       order by workspace_id
+       limit 16
+    loop
+      select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
+      if v_result is not null then
+        return v_result;
+      end if;
+      v_after := v_ws;
+    end loop;
+    exit when v_ws is null;
+  end loop;
+  return null;
 end
 $$;
 comment on function memory.maintain_next_workspace(text) is

@@ -50,32 +50,80 @@ comment on function memory_private.operator_invalid_records(text, bigint) is
   'The validity rule (memory_private.invalid_records, without a requester) for every record of '
   'one scope, in one set: what the operator views show (security definer).';
 
-create function memory_private.operator_job_stale_reason(p_job memory_private.jobs)
+create function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
   returns text
-  language sql stable security definer
+  language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select memory_private.job_stale_reason(p_job) $$;
-comment on function memory_private.operator_job_stale_reason(memory_private.jobs) is
-  'memory_private.job_stale_reason for the operator views (security definer).';
+  as $$
+begin
+  return (select memory_private.job_stale_reason(j) from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
+end
+$$;
+comment on function memory_private.operator_job_stale_reason(text, bigint) is
+  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
+  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
 
 -- Views --------------------------------------------------------------------------------------
 
-create view memory.record_status as
-select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-       r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-       (select count(*) from memory_private.record_sources rs
-         where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-       (select count(*) from memory_private.record_dependencies d
-         where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-       octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-       coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
-       v.reason is null as valid,
-       v.reason as invalid_reason
-  from memory_private.scopes s
- cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-  left join memory_private.record_usage u
-    on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
+create function memory_private.record_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
+           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
+           (select count(*) from memory_private.record_sources rs
+             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+           (select count(*) from memory_private.record_dependencies d
+             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
+           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
+           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+           v.reason is null as valid,
+           v.reason as invalid_reason
+      from memory_private.scopes s
+     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
+      left join memory_private.record_usage u
+        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+comment on function memory_private.record_status_of(text) is
+  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
+
+create function memory_private.operator_record_status()
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.record_status_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_record_status() is
+  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create view memory.record_status as select * from memory_private.operator_record_status();
 comment on view memory.record_status is
   'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
   '(messages it cites) and dependencies (messages it was made from), '
@@ -83,95 +131,189 @@ comment on view memory.record_status is
   '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
   'memory.explain_record(workspace, record) says why.';
 
-create view memory.scope_status as
-select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
-       s.recall_enabled,
-       coalesce(rc.records_valid, 0)::bigint as records_valid,
-       coalesce(rc.records_invalid, 0)::bigint as records_invalid,
-       coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
-       coalesce(cardinality(s.index_record_ids), 0) as index_records,
-       coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
-       octet_length(s.index_text) as index_bytes,
-       s.index_built_at,
-       memory_private.operator_now() - s.index_built_at as index_age,
-       s.consolidation_due_at is not null as consolidation_pending,
-       s.consolidation_due_at,
-       ej.job_id as extract_job_id, ej.status as extract_job_status,
-       cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
-       (select count(*) from memory_private.tombstones t
-         where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
-       s.created_at
-  from memory_private.scopes s
-  left join lateral (
-    select sum(g.n) filter (where g.reason is null) as records_valid,
-           sum(g.n) filter (where g.reason is not null) as records_invalid,
-           jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
-             as invalid_by_reason
-      from (select v.reason, count(*) as n
-              from memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-             group by 1) g
-  ) rc on true
-  left join memory_private.jobs ej
-    on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
-   and ej.status in ('pending', 'running')
-  left join memory_private.jobs cj
-    on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
-   and cj.phase = 'consolidate' and cj.status in ('pending', 'running');
+create function memory_private.scope_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
+    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
+    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
+    integer, index_built_at timestamp with time zone, index_age interval,
+    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
+    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
+    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
+           s.recall_enabled,
+           coalesce(rc.records_valid, 0)::bigint as records_valid,
+           coalesce(rc.records_invalid, 0)::bigint as records_invalid,
+           coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+           coalesce(cardinality(s.index_record_ids), 0) as index_records,
+           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
+           octet_length(s.index_text) as index_bytes,
+           s.index_built_at,
+           memory_private.operator_now() - s.index_built_at as index_age,
+           s.consolidation_due_at is not null as consolidation_pending,
+           s.consolidation_due_at,
+           ej.job_id as extract_job_id, ej.status as extract_job_status,
+           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+           (select count(*) from memory_private.tombstones t
+             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+           s.created_at
+      from memory_private.scopes s
+      left join lateral (
+        select sum(g.n) filter (where g.reason is null) as records_valid,
+               sum(g.n) filter (where g.reason is not null) as records_invalid,
+               jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
+                 as invalid_by_reason
+          from (select v.reason, count(*) as n
+                  from memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+                 group by 1) g
+      ) rc on true
+      left join memory_private.jobs ej
+        on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
+       and ej.status in ('pending', 'running')
+      left join memory_private.jobs cj
+        on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
+       and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+comment on function memory_private.scope_status_of(text) is
+  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
+
+create function memory_private.operator_scope_status()
+  returns table (
+    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
+    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
+    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
+    integer, index_built_at timestamp with time zone, index_age interval,
+    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
+    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
+    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.scope_status_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_scope_status() is
+  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create view memory.scope_status as select * from memory_private.operator_scope_status();
 comment on view memory.scope_status is
   'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
   'the index (how many records it names, how many candidates it was built from and depends on, '
   'bytes, when built, age), whether a consolidation is pending, the '
   'open extraction and consolidation jobs, and the tombstone count. No text.';
 
-create view memory.workspace_status as
-select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
-       w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-       w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
-       (select count(*) from memory_private.scopes s
-         where s.workspace_id = w.workspace_id) as scopes,
-       (select count(*) from memory_private.scopes s
-         where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-       coalesce(rc.records_valid, 0)::bigint as records_valid,
-       coalesce(rc.records_invalid, 0)::bigint as records_invalid,
-       coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
-       (select count(*) from memory_private.scopes s
-         where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
-         as consolidations_pending,
-       coalesce(jc.pending, 0) as jobs_pending,
-       coalesce(jc.due, 0) as jobs_due,
-       coalesce(jc.running, 0) as jobs_running,
-       coalesce(jc.stopped, 0) as jobs_stopped,
-       coalesce(jc.succeeded, 0) as jobs_succeeded,
-       jc.oldest_pending_age,
-       (select count(*) from memory_private.tombstones t
-         where t.workspace_id = w.workspace_id) as tombstones
-  from memory_private.workspaces w
-  join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
-  left join lateral (
-    select sum(g.n) filter (where g.reason is null) as records_valid,
-           sum(g.n) filter (where g.reason is not null) as records_invalid,
-           jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
-             as invalid_by_reason
-      from (select v.reason, count(*) as n
-              from memory_private.scopes s
-             cross join lateral memory_private.operator_invalid_records(s.workspace_id,
-                                                                        s.scope_id) v
-             where s.workspace_id = w.workspace_id
-             group by 1) g
-  ) rc on true
-  left join lateral (
-    select count(*) filter (where j.status = 'pending') as pending,
-           count(*) filter (where j.status = 'pending'
-                              and j.next_attempt_at <= memory_private.operator_now()) as due,
-           count(*) filter (where j.status = 'running') as running,
-           count(*) filter (where j.status = 'stopped'
-                              and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
-           count(*) filter (where j.status = 'succeeded') as succeeded,
-           memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
-             as oldest_pending_age
-      from memory_private.jobs j
-     where j.workspace_id = w.workspace_id
-  ) jc on true;
+create function memory_private.workspace_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, paused boolean, config_version integer, idle_window interval,
+    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
+    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
+    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
+    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
+    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
+           w.budget_usd, w.spent_usd, wm.memory_spent_usd,
+           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id) as scopes,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
+           coalesce(rc.records_valid, 0)::bigint as records_valid,
+           coalesce(rc.records_invalid, 0)::bigint as records_invalid,
+           coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
+             as consolidations_pending,
+           coalesce(jc.pending, 0) as jobs_pending,
+           coalesce(jc.due, 0) as jobs_due,
+           coalesce(jc.running, 0) as jobs_running,
+           coalesce(jc.stopped, 0) as jobs_stopped,
+           coalesce(jc.succeeded, 0) as jobs_succeeded,
+           jc.oldest_pending_age,
+           (select count(*) from memory_private.tombstones t
+             where t.workspace_id = w.workspace_id) as tombstones
+      from memory_private.workspaces w
+      join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
+      left join lateral (
+        select sum(g.n) filter (where g.reason is null) as records_valid,
+               sum(g.n) filter (where g.reason is not null) as records_invalid,
+               jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
+                 as invalid_by_reason
+          from (select v.reason, count(*) as n
+                  from memory_private.scopes s
+                 cross join lateral memory_private.operator_invalid_records(s.workspace_id,
+                                                                            s.scope_id) v
+                 where s.workspace_id = w.workspace_id
+                 group by 1) g
+      ) rc on true
+      left join lateral (
+        select count(*) filter (where j.status = 'pending') as pending,
+               count(*) filter (where j.status = 'pending'
+                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
+               count(*) filter (where j.status = 'running') as running,
+               count(*) filter (where j.status = 'stopped'
+                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+               count(*) filter (where j.status = 'succeeded') as succeeded,
+               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+                 as oldest_pending_age
+          from memory_private.jobs j
+         where j.workspace_id = w.workspace_id
+      ) jc on true
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+comment on function memory_private.workspace_status_of(text) is
+  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
+
+create function memory_private.operator_workspace_status()
+  returns table (
+    workspace_id text, paused boolean, config_version integer, idle_window interval,
+    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
+    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
+    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
+    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
+    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.workspace_status_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_workspace_status() is
+  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create view memory.workspace_status as select * from memory_private.operator_workspace_status();
 comment on view memory.workspace_status is
   'One row per workspace: paused or not, config version, when maintenance last ran for it, '
   'budget and spend (backend and memory), '
@@ -249,50 +391,110 @@ comment on function memory_private.job_retry_refusal(memory_private.jobs) is
   'configuration (MB022), its input changed (MB021), its scope already has an open job of the '
   'phase (MB025), or its work was done since (MB025).';
 
-create function memory_private.operator_job_retry_refusal(p_job memory_private.jobs)
+create function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
   returns jsonb
-  language sql stable security definer
+  language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select memory_private.job_retry_refusal(p_job) $$;
-comment on function memory_private.operator_job_retry_refusal(memory_private.jobs) is
-  'memory_private.job_retry_refusal for the operator views (security definer).';
+  as $$
+begin
+  return (select memory_private.job_retry_refusal(j) from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
+end
+$$;
+comment on function memory_private.operator_job_retry_refusal(text, bigint) is
+  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
+  'ids, as operator_job_stale_reason).';
 
-create view memory.job_status as
-select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
-       memory_private.operator_now() - j.created_at as age,
-       j.claims, (memory_private.policy()).max_claims - j.claims as claims_left,
-       case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
-       j.worker_id, j.lease_expires_at,
-       j.checkpoint is not null as has_checkpoint,
-       j.last_error,
-       a.attempt_no as last_attempt_no,
-       a.outcome as last_attempt_outcome,
-       a.error as last_attempt_error,
-       a.started_at as last_attempt_at,
-       coalesce(c.cost_usd, 0) as cost_usd,
-       j.origin_request_id, j.model_provider, j.model_id, j.config_version,
-       j.config_version = w.config_version as config_current,
-       case j.phase when 'extract' then jsonb_array_length(j.input -> 'sources')
-                    else jsonb_array_length(j.input -> 'candidates') end as input_items,
-       case when j.status in ('pending', 'running', 'stopped')
-            then memory_private.operator_job_stale_reason(j) end as stale_reason,
-       case when j.status = 'stopped'
-            then memory_private.operator_job_retry_refusal(j) ->> 'reason' end as retry_refusal,
-       (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
-       j.created_at, j.updated_at, j.finished_at
-  from memory_private.jobs j
-  join memory_private.workspaces w on w.workspace_id = j.workspace_id
-  left join lateral (
-    select ja.attempt_no, ja.outcome, ja.error, ja.started_at
-      from memory_private.job_attempts ja
-     where ja.workspace_id = j.workspace_id and ja.job_id = j.job_id
-     order by ja.attempt_no desc
-     limit 1
-  ) a on true
-  left join lateral (
-    select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
-     where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
-  ) c on true;
+create function memory_private.job_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
+    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
+    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
+    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
+    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
+    model_provider text, model_id text, config_version integer, config_current boolean,
+    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
+    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
+    timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
+           memory_private.operator_now() - j.created_at as age,
+           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
+           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
+           j.worker_id, j.lease_expires_at,
+           j.checkpoint is not null as has_checkpoint,
+           j.last_error,
+           a.attempt_no as last_attempt_no,
+           a.outcome as last_attempt_outcome,
+           a.error as last_attempt_error,
+           a.started_at as last_attempt_at,
+           coalesce(c.cost_usd, 0) as cost_usd,
+           j.origin_request_id, j.model_provider, j.model_id, j.config_version,
+           j.config_version = w.config_version as config_current,
+           case j.phase when 'extract' then jsonb_array_length(j.input -> 'sources')
+                        else jsonb_array_length(j.input -> 'candidates') end as input_items,
+           case when j.status in ('pending', 'running', 'stopped')
+                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
+                  as stale_reason,
+           case when j.status = 'stopped'
+                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
+                  as retry_refusal,
+           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+           j.created_at, j.updated_at, j.finished_at
+      from memory_private.jobs j
+      join memory_private.workspaces w on w.workspace_id = j.workspace_id
+      left join lateral (
+        select ja.attempt_no, ja.outcome, ja.error, ja.started_at
+          from memory_private.job_attempts ja
+         where ja.workspace_id = j.workspace_id and ja.job_id = j.job_id
+         order by ja.attempt_no desc
+         limit 1
+      ) a on true
+      left join lateral (
+        select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
+         where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
+      ) c on true
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+comment on function memory_private.job_status_of(text) is
+  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
+
+create function memory_private.operator_job_status()
+  returns table (
+    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
+    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
+    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
+    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
+    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
+    model_provider text, model_id text, config_version integer, config_current boolean,
+    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
+    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
+    timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.job_status_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_job_status() is
+  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create view memory.job_status as select * from memory_private.operator_job_status();
 comment on view memory.job_status is
   'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
   '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
@@ -560,14 +762,22 @@ grant select on memory.record_status, memory.scope_status, memory.workspace_stat
 revoke all on function
   memory_private.operator_now(),
   memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(memory_private.jobs),
-  memory_private.operator_job_retry_refusal(memory_private.jobs)
+  memory_private.operator_job_stale_reason(text, bigint),
+  memory_private.operator_job_retry_refusal(text, bigint)
 from public;
 grant execute on function
   memory_private.operator_now(),
   memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(memory_private.jobs),
-  memory_private.operator_job_retry_refusal(memory_private.jobs)
+  memory_private.operator_job_stale_reason(text, bigint),
+  memory_private.operator_job_retry_refusal(text, bigint)
+to memory_operator;
+revoke all on function
+  memory_private.operator_record_status(), memory_private.operator_scope_status(),
+  memory_private.operator_workspace_status(), memory_private.operator_job_status()
+from public;
+grant execute on function
+  memory_private.operator_record_status(), memory_private.operator_scope_status(),
+  memory_private.operator_workspace_status(), memory_private.operator_job_status()
 to memory_operator;
 -- The views read the policy numbers too (claims left of the maximum): constants, no data.
 grant execute on function memory_private.policy() to memory_operator;

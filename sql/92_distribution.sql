@@ -1,0 +1,208 @@
+-- 92_distribution.sql: the schema on a Citus cluster (docs/scaling.md).
+--
+-- On plain PostgreSQL nothing here runs. On a Citus coordinator `pimem migrate` calls
+-- memory_private.distribute() after every migration run; it brings whatever is not yet
+-- distributed onto the cluster and leaves what is alone, so it is idempotent and a later
+-- migration's new table, view or function is distributed the same way:
+--   - tables without a workspace_id (global configuration: clock, redaction_patterns,
+--     invalid_reasons) become reference tables, replicated on every node;
+--   - every table with a workspace_id is distributed by it, co-located with
+--     memory_private.workspaces, so a workspace's rows of every table live on one node and every
+--     join, foreign key, trigger and cascade of one workspace stays on it;
+--   - every function whose first argument is p_workspace_id is distributed by that argument and
+--     co-located likewise: a call `select f('ws', ...)` outside a transaction block runs whole
+--     on the node holding the workspace (Citus delegates it), in one local transaction;
+--   - every other function and every view of memory_private exists on every node (what the
+--     delegated functions call).
+-- Order matters, because Citus creates an object's dependencies on the workers first and
+-- refuses one whose dependencies it cannot place: the reference tables, then the functions that
+-- use no table's row type, then the tables in foreign-key order, then the views, then the
+-- remaining functions. Function bodies are not checked while they are created on the workers
+-- (check_function_bodies off, carried to the workers' connections), since they refer to one
+-- another in any order.
+
+create function memory_private.is_distributed() returns boolean
+  language plpgsql stable
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    return false;
+  end if;
+  return exists (select 1 from pg_dist_partition
+                  where logicalrelid = 'memory_private.workspaces'::regclass);
+end
+$$;
+comment on function memory_private.is_distributed() is
+  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
+  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
+
+create function memory_private.distribute_tables() returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_table regclass;
+  v_reference integer := 0;
+  v_distributed integer := 0;
+begin
+  for v_table in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+       and not exists (select 1 from pg_attribute a
+                        where a.attrelid = c.oid and a.attname = 'workspace_id')
+       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
+     order by c.relname
+  loop
+    perform create_reference_table(v_table);
+    v_reference := v_reference + 1;
+  end loop;
+  -- The tables that functions without a table row type need exist now on every node: those
+  -- functions next, then the workspace tables in foreign-key order (a table once every table
+  -- it references is distributed), workspaces first.
+  perform memory_private.distribute_functions(false);
+  loop
+    select c.oid::regclass into v_table from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+       and exists (select 1 from pg_attribute a
+                    where a.attrelid = c.oid and a.attname = 'workspace_id')
+       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
+       and not exists (select 1 from pg_constraint f
+                        where f.conrelid = c.oid and f.contype = 'f' and f.confrelid <> c.oid
+                          and not exists (select 1 from pg_dist_partition p
+                                           where p.logicalrelid = f.confrelid))
+     order by c.relname <> 'workspaces', c.relname
+     limit 1;
+    exit when not found;
+    if v_table = 'memory_private.workspaces'::regclass then
+      perform create_distributed_table(v_table, 'workspace_id');
+    else
+      perform create_distributed_table(v_table, 'workspace_id',
+                                       colocate_with => 'memory_private.workspaces');
+    end if;
+    v_distributed := v_distributed + 1;
+  end loop;
+  if exists (select 1 from pg_class c
+              where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+                and not exists (select 1 from pg_dist_partition p
+                                 where p.logicalrelid = c.oid)) then
+    raise exception 'a table of memory_private cannot be distributed: its foreign keys do not '
+      'lead to memory_private.workspaces' using errcode = 'MB003';
+  end if;
+  return jsonb_build_object('reference_tables', v_reference,
+                            'distributed_tables', v_distributed);
+end
+$$;
+comment on function memory_private.distribute_tables() is
+  'Makes every table of memory_private not yet on the cluster a reference table (no '
+  'workspace_id) or a table distributed by workspace_id co-located with workspaces, in '
+  'foreign-key order, after the functions that use no table''s row type; answers the counts.';
+
+create function memory_private.distribute_functions(p_all boolean) returns integer
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_function regprocedure;
+  v_by_workspace boolean;
+  v_count integer := 0;
+begin
+  for v_function, v_by_workspace in
+    select p.oid::regprocedure, f.by_workspace
+      from pg_proc p
+     cross join lateral (
+       select coalesce(p.proargnames[1] = 'p_workspace_id' and p.proargtypes[0] = 'text'::regtype
+                       and memory_private.is_distributed(), false) as by_workspace) f
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       -- not on the cluster yet, or put there before the tables were and now to be delegated
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid
+                          and (o.distribution_argument_index is not null or not f.by_workspace))
+       and (p_all or not exists (
+             select 1 from pg_depend d join pg_type t on t.oid = d.refobjid
+               join pg_class c on c.oid = t.typrelid and c.relkind in ('r', 'v')
+              where d.classid = 'pg_proc'::regclass and d.objid = p.oid
+                and d.refclassid = 'pg_type'::regclass))
+     order by 1::text
+  loop
+    if v_by_workspace then
+      perform create_distributed_function(v_function, 'p_workspace_id',
+                                          colocate_with => 'memory_private.workspaces',
+                                          force_delegation => false);
+    else
+      perform create_distributed_function(v_function);
+    end if;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end
+$$;
+comment on function memory_private.distribute_functions(boolean) is
+  'Puts every function of memory and memory_private not yet on the cluster on every node; one '
+  'whose first argument is p_workspace_id (once the tables are distributed) is distributed by '
+  'it, co-located with workspaces, so that Citus delegates a call to the node holding the '
+  'workspace. With p_all false, only those that use no table''s or view''s row type. Answers '
+  'how many.';
+
+create function memory_private.distribute() returns jsonb
+  language plpgsql volatile
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_result jsonb;
+  v_view regclass;
+  v_views integer := 0;
+  v_function regprocedure;
+begin
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    raise exception 'this database has no Citus extension: nothing to distribute'
+      using errcode = 'MB025';
+  end if;
+  -- Function bodies refer to one another in any order: do not check them while the workers
+  -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
+  set local citus.propagate_set_commands = 'local';
+  set local check_function_bodies = off;
+  set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
+  -- The functions call one another inside queries (a validity rule inside a search), which
+  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
+  -- Every such nested query here reads the same workspace as the query around it, so the
+  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
+  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
+                 current_database());
+  set local citus.allow_nested_distributed_execution = on;
+  v_result := memory_private.distribute_tables();
+  -- The views of memory_private (what the delegated functions read): created again with DDL
+  -- propagation on, which creates them on the workers. The public views stay on the
+  -- coordinator, where operators query them.
+  for v_view in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_class'::regclass and o.objid = c.oid)
+     order by c.oid
+  loop
+    execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
+    v_views := v_views + 1;
+  end loop;
+  v_result := v_result || jsonb_build_object('views', v_views,
+                                             'functions',
+                                             memory_private.distribute_functions(true));
+  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
+  -- the default again: Citus routes a statement by its parameters' values, which a generic
+  -- plan does not have. ALTER FUNCTION reaches the workers.
+  for v_function in
+    select p.oid::regprocedure from pg_proc p
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
+  loop
+    execute format('alter function %s reset plan_cache_mode', v_function);
+  end loop;
+  return v_result;
+end
+$$;
+comment on function memory_private.distribute() is
+  'Distributes the schema on a Citus coordinator (92_distribution.sql): reference tables, '
+  'tables distributed by workspace and co-located, the private views and every function on '
+  'every node, the workspace functions delegated by their workspace, nested distributed '
+  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
+  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
