@@ -20,6 +20,14 @@ The canonical schema (``sql/``) is built once into a template database. Tests se
   shared database. ``fresh_conn`` is ``conn`` on a clone, for a test that needs no DSN but
   changes the schema (creates a function, disables a trigger).
 
+**The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs it after the main suite): the
+server is a throwaway Citus cluster (a coordinator and two workers, ``pyworker.servers.
+CitusCluster``), the schema is built by ``pimem migrate`` on the coordinator (which distributes
+it), and every test runs against that one distributed database: ``conn`` and ``db_dsn`` alike,
+reset after every test as the shared database is. A test that changes the schema
+(``fresh_conn``) or needs a database of its own is skipped there, saying so; so is every test
+when Citus is not installed (one line says why).
+
 The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
 (``-m "not slow"``) leaves them out. Under xdist the slow tests start first, spread over the
 workers, and an idle worker steals from a busy one (tests/scheduling.py).
@@ -40,12 +48,14 @@ import psycopg
 import pytest
 
 from pyworker import schema
-from pyworker.servers import LocalCluster, find_bindir
+from pyworker.servers import CitusCluster, LocalCluster, citus_available, find_bindir
 from tests.shared_db import SharedDatabase
 
 pytest_plugins = ["tests.scheduling"]  # the long tests first, work stealing (under xdist)
 
 TEMPLATE = "pimem_template"
+CITUS = os.environ.get("PIMEM_TEST_CITUS") == "1"
+CITUS_DATABASE = "pimem_citus"
 INSTALL_HINT = (
     "no PostgreSQL for the tests: set PIMEM_TEST_DSN, or install the server binaries "
     "(apt-get install postgresql-15 postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl), "
@@ -60,6 +70,7 @@ class Server:
     admin_dsn: str
     cluster: LocalCluster | None = None
     has_pgtap: bool = False
+    citus: CitusCluster | None = None  # the Citus profile's cluster (admin_dsn: its coordinator)
 
     def dsn(self, dbname: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(self.admin_dsn)
@@ -96,7 +107,23 @@ def local_cluster(bindir: Path, settings: dict[str, str] | None = None) -> Local
 TEST_SERVER_SETTINGS = {"wal_level": "minimal", "max_wal_senders": "0"}
 
 
+def _start_citus() -> tuple[Server | None, object]:
+    bindir = find_bindir()
+    reason = citus_available(bindir)
+    if reason is not None or bindir is None:
+        pytest.skip(f"the Citus profile needs Citus: {reason}")
+    saved = tempfile.tempdir
+    tempfile.tempdir = cluster_parent() or saved  # the nodes' directories
+    try:
+        citus = CitusCluster(bindir).start()
+    finally:
+        tempfile.tempdir = saved
+    return Server(citus.coordinator.dsn(), citus=citus), citus
+
+
 def _start_server() -> tuple[Server | None, object]:
+    if CITUS:
+        return _start_citus()
     dsn = os.environ.get("PIMEM_TEST_DSN")
     if dsn:
         return Server(dsn), None
@@ -116,6 +143,17 @@ def _start_server() -> tuple[Server | None, object]:
 
 
 def _build_template(server: Server) -> None:
+    if server.citus is not None:
+        # No template on a cluster: one database, built and distributed by pimem migrate.
+        dsn = server.citus.create_database(CITUS_DATABASE)
+        schema.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            try:
+                conn.execute("create extension if not exists pgtap")
+                server.has_pgtap = True
+            except psycopg.Error:
+                server.has_pgtap = False
+        return
     with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
         admin.execute(f"drop database if exists {TEMPLATE}")
         admin.execute(f"create database {TEMPLATE}")
@@ -138,7 +176,7 @@ def pg_server() -> Iterator[Server]:
         _build_template(server)
         yield server
     finally:
-        if isinstance(handle, LocalCluster):
+        if isinstance(handle, (LocalCluster, CitusCluster)):
             handle.destroy()
         elif handle is not None:
             handle.stop()  # type: ignore[attr-defined]
@@ -202,8 +240,16 @@ def clones(pg_server: Server) -> Iterator[Clones]:
 
 
 @pytest.fixture
-def db_dsn(pg_server: Server, clones: Clones) -> Iterator[str]:
-    """A fresh database cloned from the template for this test alone; dropped after it."""
+def db_dsn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[str]:
+    """A fresh database cloned from the template for this test alone; dropped after it. In the
+    Citus profile: the distributed database, reset after the test."""
+    if pg_server.citus is not None:
+        shared: SharedDatabase = request.getfixturevalue("shared_db")
+        shared.connection()
+        yield shared.dsn
+        _reset_or_fail(shared, pg_server)
+        return
+    clones: Clones = request.getfixturevalue("clones")
     name = clones.take()
     try:
         yield pg_server.dsn(name)
@@ -214,6 +260,13 @@ def db_dsn(pg_server: Server, clones: Clones) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def shared_db(pg_server: Server) -> Iterator[SharedDatabase]:
     """The worker's shared database (tests/shared_db.py). Tests get it through ``conn``."""
+    if pg_server.citus is not None:
+        citus_shared = SharedDatabase(pg_server.dsn(CITUS_DATABASE))
+        try:
+            yield citus_shared
+        finally:
+            citus_shared.close()
+        return
     name = create_clone(pg_server, "shared")
     shared = SharedDatabase(pg_server.dsn(name))
     try:
@@ -225,6 +278,9 @@ def shared_db(pg_server: Server) -> Iterator[SharedDatabase]:
 
 def _reset_or_fail(shared: SharedDatabase, pg_server: Server) -> None:
     problem = shared.reset()
+    if problem is not None and pg_server.citus is not None:
+        pytest.fail(f"{problem}: the Citus profile has one database; a test that changes the "
+                    "schema is marked no_citus", pytrace=False)
     if problem is not None:
         # The schema is no longer the template's: replace the database, then fail the test.
         old = shared.dsn
@@ -239,9 +295,14 @@ def _reset_or_fail(shared: SharedDatabase, pg_server: Server) -> None:
 def conn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[psycopg.Connection]:
     """An autocommit superuser connection: to the test's own clone when the test (or any of its
     fixtures) asks for ``db_dsn``, else to the worker's shared database, reset after the test."""
-    if "db_dsn" in request.fixturenames:
+    if "db_dsn" in request.fixturenames and pg_server.citus is None:
         with psycopg.connect(request.getfixturevalue("db_dsn"), autocommit=True) as c:
             yield c
+        return
+    if "db_dsn" in request.fixturenames:  # the Citus profile: db_dsn resets the database
+        request.getfixturevalue("db_dsn")
+        shared_c: SharedDatabase = request.getfixturevalue("shared_db")
+        yield shared_c.connection()
         return
     shared: SharedDatabase = request.getfixturevalue("shared_db")
     yield shared.connection()
@@ -260,9 +321,20 @@ def shared_dsn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[st
     """The DSN of the worker's shared database, for a tool that connects by itself and leaves
     nothing behind (pg_prove: every pgTAP file rolls back). The database is reset after the test
     as after ``conn``; other connections to it are closed then."""
-    if "db_dsn" in request.fixturenames:
+    if "db_dsn" in request.fixturenames and pg_server.citus is None:
         pytest.fail("a test asks for db_dsn or shared_dsn, not both", pytrace=False)
     shared: SharedDatabase = request.getfixturevalue("shared_db")
     shared.connection()
     yield shared.dsn
     _reset_or_fail(shared, pg_server)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In the Citus profile, the tests marked ``no_citus`` are skipped with their reason."""
+    if not CITUS:
+        return
+    for item in items:
+        marker = item.get_closest_marker("no_citus")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else "not in the Citus profile"
+            item.add_marker(pytest.mark.skip(reason=f"Citus profile: {reason}"))

@@ -58,6 +58,11 @@ _WHERE = {"pg_namespace": "where nspname not like 'pg\\_temp\\_%' "
 FINGERPRINT = "select " + " || ' ' || ".join(
     f"(select count(*) || ':' || coalesce(sum(xmin::text::bigint), 0) from pg_catalog.{c} "
     f"{_WHERE.get(c, '')})" for c in CATALOGS)
+# On a Citus cluster the reset truncates (a delete of every shard's rows fans out into one
+# connection per shard and table), which rewrites pg_class rows: there only their count counts.
+CITUS_FINGERPRINT = FINGERPRINT.replace(
+    "(select count(*) || ':' || coalesce(sum(xmin::text::bigint), 0) from pg_catalog.pg_class )",
+    "(select count(*) from pg_catalog.pg_class)")
 
 # What a session can carry from one test to the next. Other client connections to the
 # database (a tool such as pg_prove that has just exited) are ended and waited for.
@@ -88,6 +93,7 @@ class SharedDatabase:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self._conn: psycopg.Connection | None = None
+        self.citus = False
         self._read_template_state()
 
     def _connect(self) -> psycopg.Connection:
@@ -106,7 +112,7 @@ class SharedDatabase:
             with conn.cursor().copy(sql.SQL("copy {} ({}) to stdout (format binary)").format(
                     name, columns)) as copy:
                 data = b"".join(bytes(chunk) for chunk in copy)
-            has_rows = conn.execute(sql.SQL("select exists (select from {})").format(name)
+            has_rows = conn.execute(sql.SQL("select exists (select 1 from {})").format(name)
                                     ).fetchone()
             self.tables.append(_Table(name, columns, data if has_rows and has_rows[0] else b""))
         setvals: list[sql.Composable] = []
@@ -119,15 +125,26 @@ class SharedDatabase:
                 sql.Literal(name.as_string(conn)), sql.Literal(int(row[0])),
                 sql.Literal(bool(row[1]))))
         self.restore_sequences = sql.SQL(" ").join(setvals) if setvals else None
+        # On a Citus coordinator the two settings must reach the workers' connections too.
+        citus = conn.execute("select exists (select from pg_catalog.pg_extension "
+                             "where extname = 'citus')").fetchone()
+        propagate = [sql.SQL("set local citus.propagate_set_commands = 'local';")] \
+            if citus and citus[0] else []
+        self.citus = bool(citus and citus[0])
+        if self.citus:
+            self.delete_all = sql.SQL("truncate {};").format(
+                sql.SQL(", ").join(t.name for t in self.tables))
+            self.fingerprint = self._fingerprint(conn)
+            return
         self.delete_all = sql.SQL(" ").join(
-            [sql.SQL("set local session_replication_role = replica;"),  # no triggers, no FKs
+            propagate
+            + [sql.SQL("set local session_replication_role = replica;"),  # no triggers, no FKs
              sql.SQL("set local lock_timeout = '30s';")]  # never hang on a lock left behind
             + [sql.SQL("delete from {};").format(t.name) for t in self.tables])
         self.fingerprint = self._fingerprint(conn)
 
-    @staticmethod
-    def _fingerprint(conn: psycopg.Connection) -> str:
-        row = conn.execute(FINGERPRINT).fetchone()
+    def _fingerprint(self, conn: psycopg.Connection) -> str:
+        row = conn.execute(CITUS_FINGERPRINT if self.citus else FINGERPRINT).fetchone()
         assert row is not None
         return str(row[0])
 
