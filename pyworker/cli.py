@@ -272,7 +272,7 @@ def eval_(
     if variant == "both":
         variants = list(locomo.VARIANTS)
     elif variant in locomo.VARIANTS:
-        variants = [variant]  # type: ignore[list-item]
+        variants = [variant]
     else:
         raise typer.BadParameter("--variant is group, private or both")
     if model not in evaluate.ADAPTERS:

