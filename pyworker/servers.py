@@ -146,9 +146,7 @@ def fresh_database(dbname: str, *, dsn: str | None, server: str,
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(
                 sql.Identifier(dbname)))
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(dbname)))
-        info = psycopg.conninfo.conninfo_to_dict(admin)
-        info["dbname"] = dbname
-        yield psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()}), where
+        yield psycopg.conninfo.make_conninfo(admin, dbname=dbname), where
     finally:
         if cluster is not None:
             cluster.destroy()
