@@ -141,24 +141,30 @@ ADAPTER_HELP = "model adapter: pi (the Pi CLI), openai (direct HTTP) or offline 
 
 @app.command()
 def worker(
-    dsn: str = typer.Option(None, "--dsn", help=DSN_HELP),
-    model: str = typer.Option(os.environ.get("PIMEM_MODEL_ADAPTER", "pi"), "--model",
-                              help=ADAPTER_HELP),
-    interval: float = typer.Option(60.0, help="seconds between checks when there is no work"),
-    tick_seconds: float = typer.Option(90.0, help="deadline of one tick (one job)"),
-    once: bool = typer.Option(False, "--once", help="exit when no job is left"),
-    max_jobs: int = typer.Option(None, help="exit after this many jobs"),
-    workspace: str = typer.Option(None, help="run maintenance for this workspace only"),
-    maintenance: bool = typer.Option(True, "--maintenance/--no-maintenance",
-                                     help="run maintenance (off when pg_cron runs it)"),
-    worker_id: str = typer.Option(None, help="name in claims and logs (default host:pid:rand)"),
+    dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
+    model: Annotated[str, typer.Option(
+        "--model", envvar="PIMEM_MODEL_ADAPTER", help=ADAPTER_HELP)] = "pi",
+    interval: Annotated[float, typer.Option(
+        help="seconds between checks when there is no work")] = 60.0,
+    tick_seconds: Annotated[float, typer.Option(help="deadline of one tick (one job)")] = 90.0,
+    once: Annotated[bool, typer.Option("--once", help="exit when no job is left")] = False,
+    max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
+    workspace: Annotated[str | None, typer.Option(
+        help="run maintenance for this workspace only")] = None,
+    maintenance: Annotated[bool, typer.Option(
+        "--maintenance/--no-maintenance",
+        help="run maintenance (off when pg_cron runs it)")] = True,
+    worker_id: Annotated[str | None, typer.Option(
+        help="name in claims and logs (default host:pid:rand)")] = None,
     pi_models: Annotated[Path | None, typer.Option(
         help="models.json with custom Pi providers")] = None,
     pi_agent_dir: Annotated[Path | None, typer.Option(
         help="Pi's private config dir (default: a temp dir)")] = None,
-    openai_base_url: str = typer.Option(None, help="OpenAI-compatible base URL (openai adapter)"),
-    prices: str = typer.Option(None, help="price table JSON or file (openai adapter; PIMEM_PRICES)"),
-    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING"),
+    openai_base_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible base URL (openai adapter)")] = None,
+    prices: Annotated[str | None, typer.Option(
+        help="price table JSON or file (openai adapter; PIMEM_PRICES)")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
     metrics_port: Annotated[int | None, typer.Option(
         envvar="PIMEM_METRICS_PORT",
         help="serve Prometheus metrics at /metrics on this port (off by default)")] = None,
@@ -279,7 +285,7 @@ def eval_(
     if variant == "both":
         variants = list(locomo.VARIANTS)
     elif variant in locomo.VARIANTS:
-        variants = [variant]  # type: ignore[list-item]
+        variants = [variant]
     else:
         raise typer.BadParameter("--variant is group, private or both")
     if model not in evaluate.ADAPTERS:

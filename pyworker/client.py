@@ -244,6 +244,11 @@ class MemoryClient:
                                                args, lambda cur: cur.fetchall())
         return rows
 
+    def _upsert(self, function: str, *args: Any) -> Upsert:
+        """An ``upsert_*`` function's answer: 'inserted', 'updated' or 'unchanged'."""
+        answer: Upsert = self._value(function, *args)
+        return answer
+
     # Facts the backend mirrors (docs/api.md, Ingest) ---------------------------------------------
 
     def schema_version(self) -> int:
@@ -251,30 +256,30 @@ class MemoryClient:
 
     def upsert_workspace(self, workspace_id: str, config_version: int, budget_usd: Money,
                          spent_usd: Money = 0, idle_minutes: int = 30) -> Upsert:
-        return self._value("upsert_workspace", workspace_id, config_version,
-                           _money(budget_usd), _money(spent_usd), idle_minutes)
+        return self._upsert("upsert_workspace", workspace_id, config_version,
+                            _money(budget_usd), _money(spent_usd), idle_minutes)
 
     def upsert_member(self, workspace_id: str, user_id: str,
                       role: Literal["owner", "admin", "member"], active: bool = True) -> Upsert:
-        return self._value("upsert_member", workspace_id, user_id, role, active)
+        return self._upsert("upsert_member", workspace_id, user_id, role, active)
 
     def upsert_bot(self, workspace_id: str, bot_id: str, identity: str,
                    active: bool = True) -> Upsert:
-        return self._value("upsert_bot", workspace_id, bot_id, identity, active)
+        return self._upsert("upsert_bot", workspace_id, bot_id, identity, active)
 
     def upsert_chat(self, workspace_id: str, chat_id: str, kind: Literal["private", "group"],
                     private_user_id: str | None = None, linked: bool = True) -> Upsert:
-        return self._value("upsert_chat", workspace_id, chat_id, kind,
-                           private_user_id, linked)
+        return self._upsert("upsert_chat", workspace_id, chat_id, kind,
+                            private_user_id, linked)
 
     def upsert_topic(self, workspace_id: str, chat_id: str, topic_id: int,
                      title: str | None = None) -> Upsert:
-        return self._value("upsert_topic", workspace_id, chat_id, topic_id, title)
+        return self._upsert("upsert_topic", workspace_id, chat_id, topic_id, title)
 
     def set_repository_grant(self, workspace_id: str, user_id: str, repository_id: str,
                              granted: bool) -> Upsert:
-        return self._value("set_repository_grant", workspace_id, user_id,
-                           repository_id, granted)
+        return self._upsert("set_repository_grant", workspace_id, user_id,
+                            repository_id, granted)
 
     def upsert_request(self, workspace_id: str, request_id: str, *, bot_id: str, chat_id: str,
                        topic_id: int, user_id: str,
@@ -283,20 +288,21 @@ class MemoryClient:
                                        "failed"],
                        model_provider: str, model_id: str, budget_usd: Money,
                        spent_usd: Money = 0, thread_id: str | None = None) -> Upsert:
-        return self._value("upsert_request", workspace_id, request_id,
-                           bot_id, chat_id, topic_id, user_id, kind, status, model_provider,
-                           model_id, _money(budget_usd), _money(spent_usd), thread_id)
+        return self._upsert("upsert_request", workspace_id, request_id,
+                            bot_id, chat_id, topic_id, user_id, kind, status, model_provider,
+                            model_id, _money(budget_usd), _money(spent_usd), thread_id)
 
     def upsert_message(self, workspace_id: str, message_id: str, request_id: str,
                        role: Literal["user", "assistant"], speaker_id: str, text: str, *,
                        directed: bool = True, retain_until: datetime | None = None,
                        repositories: Iterable[str] = ()) -> MessageUpsert:
-        return self._value("upsert_message", workspace_id, message_id,
-                           request_id, role, speaker_id, text, directed, retain_until,
-                           list(repositories))
+        answer: MessageUpsert = self._value(
+            "upsert_message", workspace_id, message_id, request_id, role, speaker_id, text,
+            directed, retain_until, list(repositories))
+        return answer
 
     def remove_message(self, workspace_id: str, message_id: str) -> Upsert:
-        return self._value("remove_message", workspace_id, message_id)
+        return self._upsert("remove_message", workspace_id, message_id)
 
     def resolve_scope(self, workspace_id: str, request_id: str) -> Scope:
         [row] = self._table("resolve_scope", workspace_id, request_id)
@@ -326,11 +332,13 @@ class MemoryClient:
 
     def answer_retention_boundary(self, workspace_id: str, request_id: str) -> datetime | None:
         """Keep the request's answer no longer than this (``None``: no limit from memory)."""
-        return self._value("answer_retention_boundary",
-                           workspace_id, request_id)
+        boundary: datetime | None = self._value("answer_retention_boundary",
+                                                workspace_id, request_id)
+        return boundary
 
     def delete_workspace(self, workspace_id: str) -> dict[str, Any]:
-        return self._value("delete_workspace", workspace_id)
+        deleted: dict[str, Any] = self._value("delete_workspace", workspace_id)
+        return deleted
 
     # The model's tools ---------------------------------------------------------------------------
 

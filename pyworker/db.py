@@ -70,7 +70,7 @@ class Database:
         sql = f"select memory.{function}({', '.join(['%s'] * len(params))})"
         conn = self._connection()
         try:
-            row = conn.execute(sql.encode(), params).fetchone()  # type: ignore[call-overload]
+            row = conn.execute(sql.encode(), params).fetchone()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if conn.broken or conn.closed:
                 self.close()
@@ -88,7 +88,7 @@ class Database:
         own short transaction, so no workspace lock is held across workspaces), until all were
         visited or ``budget_seconds`` have passed. Returns the summed counts."""
         if workspace_id is not None:
-            return self.call("run_maintenance", workspace_id) or {}  # type: ignore[no-any-return]
+            return self.call("run_maintenance", workspace_id) or {}
         total: dict[str, Any] = {"workspaces": 0}
         deadline = time.monotonic() + budget_seconds
         after: str | None = None
@@ -121,7 +121,7 @@ class Database:
                   Jsonb(output, dumps=_as_written), usage)
 
     def commit_job(self, workspace_id: str, job_id: int, token: str) -> dict[str, Any]:
-        return self.call("commit_job", workspace_id, job_id, token) or {}  # type: ignore[no-any-return]
+        return self.call("commit_job", workspace_id, job_id, token) or {}
 
     def fail_job(self, workspace_id: str, job_id: int, token: str, outcome: str, error: str,
                  usage: dict[str, Any] | None = None) -> dict[str, Any]:

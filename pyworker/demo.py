@@ -53,9 +53,7 @@ def embedded_database(console: Console) -> str:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"drop database if exists {DEMO_DB} with (force)")
             conn.execute(f"create database {DEMO_DB}")
-    info = psycopg.conninfo.conninfo_to_dict(admin)
-    info["dbname"] = DEMO_DB
-    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+    return psycopg.conninfo.make_conninfo(admin, dbname=DEMO_DB)
 
 
 def load(db: Database, data: dict[str, Any], provider: str, model: str) -> int:

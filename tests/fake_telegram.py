@@ -75,7 +75,7 @@ def member(status: str, user: JsonDict, **fields: Any) -> JsonDict:
         value.update({right: right != "is_anonymous" and right != "can_be_edited"
                       for right in ADMIN_RIGHTS})
     elif status == "restricted":
-        value.update({right: True for right in RESTRICTED_RIGHTS})
+        value.update(dict.fromkeys(RESTRICTED_RIGHTS, True))
         value.update(is_member=True, until_date=0)
     elif status == "kicked":
         value["until_date"] = 0

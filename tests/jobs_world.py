@@ -78,14 +78,14 @@ def job_row(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
     names = [d.name for d in cur.description or []]
     row = cur.fetchone()
     assert row is not None
-    return dict(zip(names, row))
+    return dict(zip(names, row, strict=True))
 
 
 def jobs(conn: psycopg.Connection, ws: str = "ws1") -> list[dict[str, Any]]:
     cur = conn.execute("select * from memory_private.jobs where workspace_id = %s order by job_id",
                        (ws,))
     names = [d.name for d in cur.description or []]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 def sqlstate_of(exc: BaseException) -> str | None:

@@ -59,8 +59,8 @@ def test_the_worker_checks_once_a_minute_and_gives_a_tick_ninety_seconds_by_defa
     config = WorkerConfig(dsn="postgresql://")
     assert (config.interval, config.tick_seconds) == (60.0, 90.0)
     options = inspect.signature(cli.worker).parameters
-    assert options["interval"].default.default == 60.0, "pimem worker --interval"
-    assert options["tick_seconds"].default.default == 90.0, "pimem worker --tick-seconds"
+    assert options["interval"].default == 60.0, "pimem worker --interval"
+    assert options["tick_seconds"].default == 90.0, "pimem worker --tick-seconds"
 
 
 # P3 ------------------------------------------------------------------------------------------

@@ -101,9 +101,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("drop database if exists pimem_bench with (force)")
             conn.execute("create database pimem_bench")
-        info = psycopg.conninfo.conninfo_to_dict(admin)
-        info["dbname"] = "pimem_bench"
-        dsn = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+        dsn = psycopg.conninfo.make_conninfo(admin, dbname="pimem_bench")
         description = f"embedded PostgreSQL in {data_dir}"
     else:
         description = "the database given by --dsn"

@@ -223,7 +223,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             # One line per sentence, each citing a source in brackets as an extraction does
             # (line-level citations): the search reads the lines its query finds.
             cites = [sources[i % len(sources)][0] for i in range(len(parts))]
-            summary = "\n".join(f"{part} [{mid}]" for part, mid in zip(parts, cites))
+            summary = "\n".join(f"{part} [{mid}]" for part, mid in zip(parts, cites, strict=True))
             created = start + timedelta(minutes=150 * k + 75 * (j // CONVERSATIONS_PER_WORKSPACE),
                                         seconds=j)
             repos = ["repo-docs"] if any(p % REPO_RECORD_EVERY == 0 for p in pairs) else []

@@ -225,13 +225,13 @@ def run(dsn: str, *, workspaces: int = 300, rounds: int = 4,
     for v in variants:
         s = samples[v.name]
         cpus = [c for _, c in s if c is not None]
-        pairs_cpu = [(b[1], x[1]) for b, x in zip(whole, s)
+        pairs_cpu = [(b[1], x[1]) for b, x in zip(whole, s, strict=True)
                      if b[1] is not None and x[1] is not None]
         wall = p50([w for w, _ in s]) or float("nan")
         report["variants"].append({
             "name": v.name, "what": v.what, "same_answer": same[v.name],
             "wall_p50_ms": wall, "cpu_p50_ms": p50(cpus),
-            "saved_wall_ms": median_ms([b[0] - x[0] for b, x in zip(whole, s)]),
+            "saved_wall_ms": median_ms([b[0] - x[0] for b, x in zip(whole, s, strict=True)]),
             "saved_cpu_ms": median_ms([b - x for b, x in pairs_cpu]),
             "ratio_to_floor": round(wall / floor, 1)})
     return report
