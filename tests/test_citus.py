@@ -22,7 +22,7 @@ from pyworker.cli import app
 from pyworker.servers import CitusCluster, citus_available, find_bindir
 from tests.conftest import cluster_parent
 
-pytestmark = pytest.mark.no_citus("starts a cluster of its own")
+pytestmark = [pytest.mark.slow, pytest.mark.no_citus("starts a cluster of its own")]
 
 
 @dataclass
