@@ -28,6 +28,12 @@ $$;
 comment on function memory_private.policy_limit(text) is
   'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
   'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
+create or replace function memory_private.sorted_set(p_values anyarray) returns anyarray
+  language sql immutable parallel safe
+  as $$ select array(select distinct x from unnest(p_values) as x order by 1) $$;
+comment on function memory_private.sorted_set(anyarray) is
+  'The distinct elements of an array, in order (what a tool call keeps of the ids it returned; '
+  'a function, so that Citus sees no subquery in the upsert that writes it).';
 
 alter table memory_private.workspaces
   alter column idle_window
@@ -808,6 +814,284 @@ comment on function memory_private.recent_valid_records(text, bigint, integer, t
   'and searches with it. Read a page at a time; the scope''s checks once, then each record of '
   'a page (memory_private.record_failures).';
 
+create or replace function memory_private.recall_payload(
+  p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
+) returns jsonb
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_valid bigint[] := p_valid_ids;
+  v_records jsonb;
+  v_shown integer;
+  v_withdrawn boolean;
+begin
+  select * into strict v_scope from memory_private.scopes
+   where workspace_id = p_frozen.workspace_id and scope_id = p_frozen.scope_id;
+  -- Recall turned off since: nothing is read, whatever was frozen (C8).
+  if p_frozen.mode = 'disabled' or not v_scope.recall_enabled then
+    return jsonb_build_object('mode', 'disabled');
+  end if;
+  if p_frozen.mode = 'none' then
+    return jsonb_build_object('mode', 'none');
+  end if;
+  -- Re-check every record the frozen content was made from against current facts (R3). The
+  -- first call has just validated them (p_valid_ids) and does not do it twice.
+  if v_valid is null then
+    v_valid := array(select v.record_id
+                       from memory_private.invalid_records(p_frozen.workspace_id,
+                              p_frozen.scope_id, p_frozen.basis_record_ids, p_requester) v
+                      where v.reason is null);
+  end if;
+  select coalesce(jsonb_agg(memory_private.record_brief(row(r.*)::memory_private.records,
+                                                         p_frozen.mode = 'directory')
+                            order by f.pos), '[]'::jsonb),
+         count(*)
+    into v_records, v_shown
+    from unnest(p_frozen.record_ids) with ordinality as f(record_id, pos)
+    join memory_private.records r
+      on r.workspace_id = p_frozen.workspace_id and r.record_id = f.record_id
+   where f.record_id = any(v_valid);
+  -- The index text may speak of any record it was built from: it is shown only while every one
+  -- of them is valid for this reader.
+  v_withdrawn := p_frozen.mode = 'index'
+                 and (p_frozen.index_withdrawn or p_frozen.index_text is null
+                      or not p_frozen.basis_record_ids <@ v_valid);
+  return jsonb_build_object(
+           'mode', p_frozen.mode,
+           'label', memory_private.recall_label(v_scope.kind),
+           'scope', v_scope.kind,
+           'frozen_at', p_frozen.created_at,
+           'records', v_records,
+           'dropped', cardinality(p_frozen.record_ids) - v_shown)
+      || case when p_frozen.mode = 'index'
+              then jsonb_build_object(
+                     'index', case when v_withdrawn then null else p_frozen.index_text end,
+                     'index_withdrawn', v_withdrawn)
+              else '{}'::jsonb end;
+end
+$$;
+comment on function memory_private.recall_payload(memory_private.request_recall, text, bigint[]) is
+  'Builds the recall answer from the frozen content, re-checking now, in one set '
+  '(memory_private.invalid_records), every record it was made from, unless the caller has just '
+  'validated them (p_valid_ids): invalid records are dropped, and the index text is withheld '
+  'once any record it was built from (any candidate, named or not) is not valid for the reader '
+  'or is gone. Recall turned off since shows nothing.';
+
+create or replace function memory_private.answer_records(
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
+) returns memory_private.record_answer[]
+  language plpgsql stable
+  as $$
+declare
+  v_folded text := memory_private.fold(p_query);
+  v_terms tsquery[];
+begin
+  -- The given records, in their order, as query_memories returns them (R5): each with its
+  -- sources in the order its summary uses them, those cited on the lines a search finds first
+  -- (memory_private.found_lines; a line's citations are the record's line_sources, derived
+  -- from its summary by memory_private.cited_ids when it was written), the first shown_sources
+  -- of them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
+  -- last use before the call. The words are looked for only in the records found by them. One
+  -- statement, each record read once; its plan kept for the session (plpgsql).
+  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
+    v_terms := memory_private.search_terms(p_query);
+  end if;
+  return array(
+    select memory_private.record_detail(row(r.*)::memory_private.records,
+                                        coalesce(src.ids, '{}'), src.total, u.last_used_at,
+                                        p_matches[f.pos])
+      from unnest(p_record_ids) with ordinality as f(record_id, pos)
+      join memory_private.records r
+        on r.workspace_id = p_workspace_id and r.record_id = f.record_id
+      left join memory_private.record_usage u
+        on u.workspace_id = p_workspace_id and u.record_id = f.record_id
+     cross join lateral (
+       -- the record's copy of its sources, in order (memory_private.copy_dependencies)
+       select (array_agg(s.message_id order by h.line_no nulls last, s.position))
+                [1:(memory_private.policy()).shown_sources] as ids,
+              count(*) as total
+         from unnest(r.source_ids) with ordinality as s(message_id, position)
+         left join (select c.id, min(l.line_no) as line_no
+                      from memory_private.found_lines(
+                             p_workspace_id, r.record_id, r.summary, v_folded,
+                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
+                     cross join lateral unnest(string_to_array(r.line_sources[l.line_no], ' '))
+                                          as c(id)
+                     where v_folded is not null
+                     group by c.id) h on h.id = s.message_id) src
+     order by f.pos);
+end
+$$;
+comment on function memory_private.answer_records(text, bigint[], text, text[]) is
+  'The records a query_memories call shows, in the given order, as it shows them '
+  '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
+  'the summary uses them, those cited on the lines a search query finds first '
+  '(memory_private.found_lines: literally in every record, by its words in those p_matches '
+  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
+  'the last use before the call.';
+
+create or replace function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_ws memory_private.workspaces;
+  v_scope memory_private.scopes;
+  v_identity text;
+  v_candidates bigint[];
+  v_origin text;
+  v_job memory_private.jobs;
+begin
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if v_ws.paused or not v_scope.recall_enabled or v_scope.consolidation_due_at is null then
+    return '{}';
+  end if;
+  select identity into v_identity from memory_private.bots
+   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
+  if v_identity is null
+     or exists (select 1 from memory_private.jobs
+                 where workspace_id = p_workspace_id and scope_id = p_scope_id
+                   and phase = 'consolidate' and status = 'running') then
+    return '{}';
+  end if;
+
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
+                                                       (memory_private.policy()).candidates);
+  if cardinality(v_candidates) = 0 then
+    for v_job in
+      select * from memory_private.jobs j
+       where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+         and j.phase = 'consolidate' and j.status = 'pending'
+    loop
+      perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
+    end loop;
+    update memory_private.scopes
+       set consolidation_due_at = null, index_text = null, index_record_ids = null,
+           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
+           index_repositories = null
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    delete from memory_private.index_dependencies
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    return jsonb_build_object('indexes_cleared', 1);
+  end if;
+
+  -- The originating request: the most recent candidate's, preferring succeeded requests.
+  select rec.origin_request_id into v_origin
+    from memory_private.records rec
+    join memory_private.requests r
+      on r.workspace_id = rec.workspace_id and r.request_id = rec.origin_request_id
+   where rec.workspace_id = p_workspace_id and rec.record_id = any(v_candidates)
+   order by (r.status = 'succeeded') desc, rec.created_at desc, rec.record_id desc
+   limit 1;
+  if v_origin is null then
+    return jsonb_build_object('consolidations_without_origin', 1);
+  end if;
+  return memory_private.renew_open_job(
+    p_workspace_id, p_scope_id, 'consolidate',
+    jsonb_build_object('bot_identity', v_identity, 'candidates', to_jsonb(v_candidates)),
+    v_origin, v_ws.config_version);
+end
+$$;
+comment on function memory_private.schedule_consolidation(text, bigint) is
+  'Creates (or renews) the consolidation job of a scope whose index is due, over its 48 most '
+  'recent valid records, charged to the most recent candidate''s originating request; with no '
+  'valid record, clears the index and the due flag instead. Returns counts.';
+
+create or replace function memory.query_memories(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
+) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  -- One plan per statement for the session (re-planning cost ms: docs/benchmarks.md).
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_query text;
+  v_id bigint;
+  v_limit integer;
+  v_start record;
+  v_first boolean;
+  v_ids bigint[] := '{}';
+  v_found record;
+  v_records memory_private.record_answer[];
+  v_matches text[];
+  v_shown text[];
+  v_now timestamptz := memory_private.clock_now();
+begin
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'query_memories', p_args,
+                                        array['query', 'id', 'limit']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query',
+                                                  (memory_private.policy()).query_bytes)), '');
+  v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
+  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1,
+                                                 (memory_private.policy()).query_limit),
+                      (memory_private.policy()).query_limit);
+  v_first := (v_start.previous).tool_call_id is null;
+
+  -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
+  -- replay is recognised.
+  if v_scope.recall_enabled then
+    v_found := memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
+                                            v_request.user_id, v_query, v_id);
+    v_ids := v_found.ids;
+    v_matches := v_found.matches;
+  end if;
+
+  -- The shown records with their sources (R5): what the call shows makes the citations it
+  -- authorizes (R6, memory.request_citations).
+  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches);
+  v_shown := array(select x from unnest(v_records) a, unnest(a.source_ids) x);
+
+  -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
+  -- the tool call (one write: the workspace's memory lock, taken by begin_tool_call, keeps a
+  -- concurrent call with the same id out); a replay adds what it returned.
+  insert into memory_private.tool_calls as c
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
+     created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
+          memory_private.args_hash(p_args), memory_private.sorted_set(v_ids),
+          memory_private.sorted_set(v_shown), v_now, v_now)
+  on conflict (workspace_id, request_id, tool_call_id) do update
+    set record_ids = memory_private.sorted_set(c.record_ids || v_ids),
+        source_ids = memory_private.sorted_set(c.source_ids || v_shown),
+        updated_at = v_now;
+  -- Usage once per tool call id (R7; a replay counts nothing).
+  if v_first then
+    perform memory_private.count_usage(p_workspace_id, v_ids, v_now);
+  end if;
+
+  if not v_scope.recall_enabled then
+    return jsonb_build_object('mode', 'disabled', 'records', '[]'::jsonb, 'count', 0,
+                              'replayed', not v_first,
+                              'note', 'Memory is turned off in this chat; nothing is read.');
+  end if;
+  return to_jsonb(row(case when v_query is not null then 'search'
+                          when v_id is not null then 'id' else 'browse' end,
+                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
+                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+end
+$$;
+comment on function memory.query_memories(text, text, text, jsonb) is
+  'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
+  'first, or searches the records of the request''s scope that are valid now: literal, '
+  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
+  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
+  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
+  'ids (the messages its summary cites, in the order it uses them), the source count and '
+  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
+  'R5). The source ids join the request''s citation set (R6); the returned records are the '
+  'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
+  'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
+
 -- The operator views: one workspace at a time.
 drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status;
 drop function memory_private.operator_job_stale_reason(memory_private.jobs),
@@ -819,7 +1103,8 @@ create or replace function memory_private.operator_job_stale_reason(p_workspace_
   set search_path = pg_catalog, pg_temp
   as $$
 begin
-  return (select memory_private.job_stale_reason(j) from memory_private.jobs j
+  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
 end
 $$;
@@ -833,7 +1118,8 @@ create or replace function memory_private.operator_job_retry_refusal(p_workspace
   set search_path = pg_catalog, pg_temp
   as $$
 begin
-  return (select memory_private.job_retry_refusal(j) from memory_private.jobs j
+  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
 end
 $$;
@@ -1343,6 +1629,8 @@ declare
   v_result jsonb;
   v_view regclass;
   v_views integer := 0;
+  v_types integer := 0;
+  v_type regtype;
   v_function regprocedure;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
@@ -1362,6 +1650,21 @@ begin
                  current_database());
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
+  -- A composite type that only function bodies use (no signature names it) is not among any
+  -- object's dependencies: a throwaway function taking it carries it to the workers.
+  for v_type in
+    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
+     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
+  loop
+    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
+                   'language sql as %L', v_type, 'select');
+    perform create_distributed_function(
+      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
+    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
+    v_types := v_types + 1;
+  end loop;
   -- The views of memory_private (what the delegated functions read): created again with DDL
   -- propagation on, which creates them on the workers. The public views stay on the
   -- coordinator, where operators query them.
@@ -1375,7 +1678,7 @@ begin
     execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
     v_views := v_views + 1;
   end loop;
-  v_result := v_result || jsonb_build_object('views', v_views,
+  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
                                              'functions',
                                              memory_private.distribute_functions(true));
   -- A function that pins generic plans for speed on one node (recall, query_memories) gets

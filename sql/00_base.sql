@@ -174,6 +174,13 @@ comment on function memory_private.policy_limit(text) is
   'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
   'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
 
+create function memory_private.sorted_set(p_values anyarray) returns anyarray
+  language sql immutable parallel safe
+  as $$ select array(select distinct x from unnest(p_values) as x order by 1) $$;
+comment on function memory_private.sorted_set(anyarray) is
+  'The distinct elements of an array, in order (what a tool call keeps of the ids it returned; '
+  'a function, so that Citus sees no subquery in the upsert that writes it).';
+
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
   language plpgsql immutable

@@ -299,6 +299,7 @@ declare
   v_identity text;
   v_candidates bigint[];
   v_origin text;
+  v_job memory_private.jobs;
 begin
   select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
   select * into v_scope from memory_private.scopes
@@ -318,10 +319,13 @@ begin
   v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
                                                        (memory_private.policy()).candidates);
   if cardinality(v_candidates) = 0 then
-    perform memory_private.release_job(j, 'superseded', 'no valid record is left')
-       from memory_private.jobs j
-      where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
-        and j.phase = 'consolidate' and j.status = 'pending';
+    for v_job in
+      select * from memory_private.jobs j
+       where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+         and j.phase = 'consolidate' and j.status = 'pending'
+    loop
+      perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
+    end loop;
     update memory_private.scopes
        set consolidation_due_at = null, index_text = null, index_record_ids = null,
            index_candidate_ids = null, index_built_at = null, index_bot_identity = null,

@@ -324,7 +324,8 @@ begin
                               p_frozen.scope_id, p_frozen.basis_record_ids, p_requester) v
                       where v.reason is null);
   end if;
-  select coalesce(jsonb_agg(memory_private.record_brief(r, p_frozen.mode = 'directory')
+  select coalesce(jsonb_agg(memory_private.record_brief(row(r.*)::memory_private.records,
+                                                         p_frozen.mode = 'directory')
                             order by f.pos), '[]'::jsonb),
          count(*)
     into v_records, v_shown
@@ -490,7 +491,8 @@ begin
     v_terms := memory_private.search_terms(p_query);
   end if;
   return array(
-    select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
+    select memory_private.record_detail(row(r.*)::memory_private.records,
+                                        coalesce(src.ids, '{}'), src.total, u.last_used_at,
                                         p_matches[f.pos])
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
@@ -640,11 +642,11 @@ begin
     (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
      created_at, updated_at)
   values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-          memory_private.args_hash(p_args), array(select distinct x from unnest(v_ids) x order by 1),
-          array(select distinct x from unnest(v_shown) x order by 1), v_now, v_now)
+          memory_private.args_hash(p_args), memory_private.sorted_set(v_ids),
+          memory_private.sorted_set(v_shown), v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update
-    set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
-        source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
+    set record_ids = memory_private.sorted_set(c.record_ids || v_ids),
+        source_ids = memory_private.sorted_set(c.source_ids || v_shown),
         updated_at = v_now;
   -- Usage once per tool call id (R7; a replay counts nothing).
   if v_first then

@@ -56,7 +56,8 @@ create function memory_private.operator_job_stale_reason(p_workspace_id text, p_
   set search_path = pg_catalog, pg_temp
   as $$
 begin
-  return (select memory_private.job_stale_reason(j) from memory_private.jobs j
+  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
 end
 $$;
@@ -397,7 +398,8 @@ create function memory_private.operator_job_retry_refusal(p_workspace_id text, p
   set search_path = pg_catalog, pg_temp
   as $$
 begin
-  return (select memory_private.job_retry_refusal(j) from memory_private.jobs j
+  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
 end
 $$;

@@ -152,6 +152,8 @@ declare
   v_result jsonb;
   v_view regclass;
   v_views integer := 0;
+  v_types integer := 0;
+  v_type regtype;
   v_function regprocedure;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
@@ -171,6 +173,21 @@ begin
                  current_database());
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
+  -- A composite type that only function bodies use (no signature names it) is not among any
+  -- object's dependencies: a throwaway function taking it carries it to the workers.
+  for v_type in
+    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
+     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
+  loop
+    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
+                   'language sql as %L', v_type, 'select');
+    perform create_distributed_function(
+      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
+    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
+    v_types := v_types + 1;
+  end loop;
   -- The views of memory_private (what the delegated functions read): created again with DDL
   -- propagation on, which creates them on the workers. The public views stay on the
   -- coordinator, where operators query them.
@@ -184,7 +201,7 @@ begin
     execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
     v_views := v_views + 1;
   end loop;
-  v_result := v_result || jsonb_build_object('views', v_views,
+  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
                                              'functions',
                                              memory_private.distribute_functions(true));
   -- A function that pins generic plans for speed on one node (recall, query_memories) gets

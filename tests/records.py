@@ -137,6 +137,6 @@ def set_index(conn: psycopg.Connection, ws: str, request: str, record_ids: list[
                     where s.workspace_id = %s and s.scope_id = %s))""",
         (ws, scope, text, record_ids, candidates if candidates is not None else record_ids,
          ws, scope))
-    conn.execute("update memory_private.scopes set consolidation_due_at = case when %s then "
-                 "memory_private.clock_now() end where workspace_id = %s and scope_id = %s",
-                 (due, ws, scope))
+    conn.execute(("update memory_private.scopes set consolidation_due_at = "
+                  + ("memory_private.clock_now()" if due else "null")
+                  + " where workspace_id = %s and scope_id = %s"), (ws, scope))
