@@ -8,12 +8,11 @@
 --   function of one workspace (claim_workspace_job, maintain_workspace_unless_busy), which
 --   Citus runs on the node holding it: a multi-shard FOR UPDATE SKIP LOCKED does not exist.
 -- - The operator views read one workspace at a time (memory_private.<view>_of), each on its node.
--- - memory_private.distribute() (92_distribution.sql): what `pimem migrate` calls on a Citus
+-- - memory_private.distribute() (85_distribution.sql): what `pimem migrate` calls on a Citus
 --   coordinator.
 
 create or replace function memory_private.policy_limit(p_name text) returns integer
   language plpgsql immutable parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
@@ -1497,10 +1496,9 @@ grant execute on function
   memory_private.operator_workspace_status(), memory_private.operator_job_status()
 to memory_operator;
 
--- On a Citus coordinator: the distribution (92_distribution.sql).
+-- On a Citus coordinator: the distribution (85_distribution.sql).
 create or replace function memory_private.is_distributed() returns boolean
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
@@ -1516,7 +1514,6 @@ comment on function memory_private.is_distributed() is
 
 create or replace function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_table regclass;
@@ -1577,7 +1574,6 @@ comment on function memory_private.distribute_tables() is
 
 create or replace function memory_private.distribute_functions(p_all boolean) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_function regprocedure;
@@ -1623,7 +1619,6 @@ comment on function memory_private.distribute_functions(boolean) is
 
 create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_result jsonb;
@@ -1695,7 +1690,7 @@ begin
 end
 $$;
 comment on function memory_private.distribute() is
-  'Distributes the schema on a Citus coordinator (92_distribution.sql): reference tables, '
+  'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
   'every node, the workspace functions delegated by their workspace, nested distributed '
   'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '

@@ -29,7 +29,7 @@ $$, 'no function writes a byte limit or a period down itself');
 
 select ok((select count(*) from pg_constraint c join pg_namespace n on n.oid = c.connamespace
             where n.nspname = 'memory_private' and c.contype = 'c'
-              and pg_get_constraintdef(c.oid) like '%policy()%') >= 10,
+              and pg_get_constraintdef(c.oid) like '%policy_limit(%') >= 10,
   'the limits of the tables come from the policy');
 
 select * from finish();

@@ -288,7 +288,7 @@ def _migration_dsn(dsn: str, cluster: CitusCluster | None) -> str:
 
 def distribute(dsn: str) -> dict[str, int]:
     """Distributes whatever of the schema is not yet on the Citus cluster
-    (memory_private.distribute(), sql/92_distribution.sql) and answers its counts."""
+    (memory_private.distribute(), sql/85_distribution.sql) and answers its counts."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute("select memory_private.distribute()").fetchone()
     assert row is not None

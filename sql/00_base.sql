@@ -158,7 +158,6 @@ comment on function memory_private.policy() is
 -- dependency of policy() itself, a circle it refuses to distribute (docs/scaling.md).
 create function memory_private.policy_limit(p_name text) returns integer
   language plpgsql immutable parallel safe
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;

@@ -1,4 +1,4 @@
--- 92_distribution.sql: the schema on a Citus cluster (docs/scaling.md).
+-- 85_distribution.sql: the schema on a Citus cluster (docs/scaling.md).
 --
 -- On plain PostgreSQL nothing here runs. On a Citus coordinator `pimem migrate` calls
 -- memory_private.distribute() after every migration run; it brings whatever is not yet
@@ -23,7 +23,6 @@
 
 create function memory_private.is_distributed() returns boolean
   language plpgsql stable
-  set search_path = pg_catalog, pg_temp
   as $$
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
@@ -39,7 +38,6 @@ comment on function memory_private.is_distributed() is
 
 create function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_table regclass;
@@ -100,7 +98,6 @@ comment on function memory_private.distribute_tables() is
 
 create function memory_private.distribute_functions(p_all boolean) returns integer
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_function regprocedure;
@@ -146,7 +143,6 @@ comment on function memory_private.distribute_functions(boolean) is
 
 create function memory_private.distribute() returns jsonb
   language plpgsql volatile
-  set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_result jsonb;
@@ -218,7 +214,7 @@ begin
 end
 $$;
 comment on function memory_private.distribute() is
-  'Distributes the schema on a Citus coordinator (92_distribution.sql): reference tables, '
+  'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
   'every node, the workspace functions delegated by their workspace, nested distributed '
   'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
