@@ -18,7 +18,15 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.factory import World
-from tests.jobs_world import advance, checkpoint, claim, commit, consolidation_of, maintenance, start
+from tests.jobs_world import (
+    advance,
+    checkpoint,
+    claim,
+    commit,
+    consolidation_of,
+    maintenance,
+    start,
+)
 from tests.records import invalid_reason, record_exists, sweep
 
 DOOR = "My door code is 4711-ZEBRA."
