@@ -4,8 +4,8 @@
 -- consecutive words, or a distinctive token (a number, code, identifier, URL, e-mail address), on
 -- text normalised first (format characters removed, NFKC, lower case; CJK by characters).
 -- - memory_private.copied_sources (with copy_normal, copy_words, word_runs, distinctive_tokens,
---   is_trivial, copied_parts, copy_counts) replaces the eight-word rule of the summary
---   (memory_private.passages, memory_private.repeated_sources: dropped).
+--   is_trivial, copied_parts, stock_runs, copy_counts) replaces the eight-word rule of the
+--   summary (memory_private.passages, memory_private.repeated_sources: dropped).
 -- - record_dependencies.via: 'copied' replaces 'repeated' (existing rows are renamed: they were
 --   found by eight consecutive words, a part of the copy rule); copied_by says by which part.
 --   A copied memory's dependencies join as 'reused', as a declared reuse does.
@@ -174,14 +174,15 @@ comment on function memory_private.is_trivial(text[]) is
   'fewer than policy copy_message_words (4; a CJK character is a word), or English stop words '
   'only ("ok", "thanks", "sounds good", "it is what it is").';
 
-create function memory_private.copied_parts(p_record text, p_texts text[])
+create function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
   returns table (n integer, parts text[])
   language sql immutable strict parallel safe
   as $$
-  -- The record's words, runs and tokens once; each text's against them.
+  -- The record's words, runs (but the common ones) and tokens once; each text's against them.
   with rec as (
     select ' ' || array_to_string(w.words, ' ') || ' ' as line,
-           memory_private.word_runs(w.words) as runs,
+           array(select unnest(memory_private.word_runs(w.words))
+                 except select unnest(p_common)) as runs,
            memory_private.distinctive_tokens(p_record) as tokens
       from (select memory_private.copy_words(p_record) as words) w
   )
@@ -199,12 +200,38 @@ create function memory_private.copied_parts(p_record text, p_texts text[])
            cross join lateral (select memory_private.copy_words(t.body) as words) w) x
    where cardinality(x.parts) > 0
 $$;
-comment on function memory_private.copied_parts(text, text[]) is
+comment on function memory_private.copied_parts(text, text[], text[]) is
   'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
   'parts of the rule, on normalised text (memory_private.copy_normal): message (all its words, '
   'in order, unless trivial: memory_private.is_trivial), run (policy copy_run_words consecutive '
-  'words: memory_private.word_runs), token (a distinctive token: '
+  'words, memory_private.word_runs, other than the runs p_common), token (a distinctive token: '
   'memory_private.distinctive_tokens). Texts it copies nothing of are left out.';
+
+create function memory_private.stock_runs(
+  p_workspace_id text, p_scope_id bigint, p_record text
+) returns text[]
+  language sql stable
+  as $$
+  -- A run of the record's words that two records of the scope hold although they cite no
+  -- message in common is the model's own stock phrasing (a label, a set phrase), not what
+  -- either was made from. Only the record's own runs are looked for.
+  with hits as (
+    select r.record_id, r.source_ids, x.run
+      from memory_private.records r
+     cross join lateral unnest(memory_private.word_runs(
+                  memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
+     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+       and x.run = any (memory_private.word_runs(memory_private.copy_words(p_record)))
+  )
+  select coalesce(array_agg(distinct a.run), '{}')
+    from hits a
+    join hits b on b.run = a.run and b.record_id > a.record_id
+   where not a.source_ids && b.source_ids
+$$;
+comment on function memory_private.stock_runs(text, bigint, text) is
+  'The runs of words of p_record (memory_private.word_runs) that two records of the scope '
+  'hold although they cite no message in common: stock phrasing of the model (a label, a set '
+  'phrase), which the copy rule does not take as copying a shown memory.';
 
 create function memory_private.copied_sources(p_job memory_private.jobs, p_output jsonb)
   returns table (message_id text, content_hash text, record_id bigint, copied_by text[])
@@ -212,34 +239,42 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
   as $$
   -- What the model saw besides what the output cites or declares it reused, as it saw it
   -- (redacted, memory_private.job_payload): the batch's other messages at the hash the job saw,
-  -- and the other memories shown with the batch (title and summary). Numbered once
-  -- (materialized), so that the rule's answer by place finds its row.
-  with shown as materialized (
-    select row_number() over ()::integer as n, s.*
-      from (select s.id, s.hash, null::bigint as rec, memory_private.redact(m.body) as body
-              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-              join memory_private.messages m
-                on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-             where not (p_output -> 'source_ids') ? s.id and m.content_hash = s.hash
-            union all
-            select null, null, r.record_id,
-                   memory_private.redact(r.title) || e'\n' || memory_private.redact(r.summary)
-              from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
-              join memory_private.records r
-                on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
-             where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)) s
+  -- and the other memories shown with the batch (title and summary), compared without the
+  -- scope's stock phrasing (memory_private.stock_runs). Each list numbered once (materialized),
+  -- so that the rule's answer by place finds its row.
+  with said as (
+    select concat_ws(e'\n', p_output ->> 'title', p_output ->> 'summary') as text
+  ), messages as materialized (
+    select row_number() over ()::integer as n, s.id, s.hash, memory_private.redact(m.body) as body
+      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+      join memory_private.messages m
+        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+     where not (p_output -> 'source_ids') ? s.id and m.content_hash = s.hash
+  ), memories as materialized (
+    select row_number() over ()::integer as n, r.record_id,
+           memory_private.redact(r.title) || e'\n' || memory_private.redact(r.summary) as body
+      from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
+      join memory_private.records r
+        on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
+     where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)
   )
-  select sh.id, sh.hash, sh.rec, c.parts
-    from memory_private.copied_parts(
-           concat_ws(e'\n', p_output ->> 'title', p_output ->> 'summary'),
-           array(select b.body from shown b order by b.n)) c
-    join shown sh on sh.n = c.n
+  select m.id, m.hash, null::bigint, c.parts
+    from said, memory_private.copied_parts(said.text, array(select b.body from messages b
+                                                            order by b.n), '{}') c
+    join messages m on m.n = c.n
+  union all
+  select null, null, m.record_id, c.parts
+    from said, memory_private.copied_parts(
+                 said.text, array(select b.body from memories b order by b.n),
+                 memory_private.stock_runs(p_job.workspace_id, p_job.scope_id, said.text)) c
+    join memories m on m.n = c.n
 $$;
 comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
   'The batch messages (message_id, with the hash the job saw) and the memories shown with the '
   'batch (record_id) that a validated extraction output (its title and summary) copies '
   'although it neither cites nor declares reusing them (memory_private.copied_parts, against '
-  'what the model saw: redacted), with the parts of the rule that found each (copied_by). '
+  'what the model saw: redacted; for memories, without the scope''s stock phrasing, '
+  'memory_private.stock_runs), with the parts of the rule that found each (copied_by). '
   'write_extraction makes the messages dependencies (via copied) and the memories reused.';
 
 drop function memory_private.repeated_sources(memory_private.jobs, text, text[]);

@@ -299,3 +299,32 @@ def test_a_trivial_message_is_short_or_only_stop_words(conn: psycopg.Connection)
           "好的", DOOR, "I like green tea.", "我对花生过敏了"],))]
     assert trivial == ["ok", "Thanks!", "ok thanks", "Sounds good.", "Thank you!",
                        "It is what it is.", "好的"]
+
+
+STOCK = "(summary written by the assistant from the marked lines of the conversation above)"
+
+
+def test_stock_phrasing_of_the_model_is_not_a_copy_of_a_shown_memory(
+        conn: psycopg.Connection) -> None:
+    """A phrase the model writes into every record (a label) is not content of any message.
+    Once two records citing different messages hold it, it is stock phrasing: a record repeating
+    it copies no shown memory. The first time, with one record to compare, it cannot be told
+    from a copy."""
+    w = world(conn)
+    records = []
+    for i, topic in enumerate(("green tea in the morning", "a walk after lunch",
+                               "jazz on Sunday evenings")):
+        batch(w, f"r{i}", {f"k{i}": f"I like {topic}."})
+        advance(conn, "31 minutes")
+        records.append(extract(conn, {"title": f"Likes {i}",
+                                      "summary": f"Alice likes {topic} [k{i}].\n{STOCK}",
+                                      "source_ids": [f"k{i}"]}))
+    first, second, third = records
+    assert deps(conn, first["record_id"]) == [("k0", "cited")]
+    assert second["copied_memories"] == 1, "one record to compare: taken as a copy"
+    assert deps(conn, second["record_id"]) == [("k0", "reused"), ("k1", "cited")]
+    assert third["copied_memories"] == 0
+    assert deps(conn, third["record_id"]) == [("k2", "cited")]
+    assert value(conn, "select cardinality(memory_private.stock_runs('ws1', "
+                       "(select scope_id from memory_private.records where record_id = %s), %s))",
+                 first["record_id"], STOCK) > 0
