@@ -178,12 +178,13 @@ create function memory_private.copied_parts(p_record text, p_texts text[], p_com
   returns table (n integer, parts text[])
   language sql immutable strict parallel safe
   as $$
-  -- The record's words, runs (but the common ones) and tokens once; each text's against them.
+  -- The record's words, runs and tokens (but the common ones) once; each text's against them.
   with rec as (
     select ' ' || array_to_string(w.words, ' ') || ' ' as line,
            array(select unnest(memory_private.word_runs(w.words))
                  except select unnest(p_common)) as runs,
-           memory_private.distinctive_tokens(p_record) as tokens
+           array(select unnest(memory_private.distinctive_tokens(p_record))
+                 except select unnest(p_common)) as tokens
       from (select memory_private.copy_words(p_record) as words) w
   )
   select x.n, x.parts
@@ -204,8 +205,9 @@ comment on function memory_private.copied_parts(text, text[], text[]) is
   'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
   'parts of the rule, on normalised text (memory_private.copy_normal): message (all its words, '
   'in order, unless trivial: memory_private.is_trivial), run (policy copy_run_words consecutive '
-  'words, memory_private.word_runs, other than the runs p_common), token (a distinctive token: '
-  'memory_private.distinctive_tokens). Texts it copies nothing of are left out.';
+  'words, memory_private.word_runs), token (a distinctive token: '
+  'memory_private.distinctive_tokens); runs and tokens of p_common do not count. Texts it '
+  'copies nothing of are left out.';
 
 create function memory_private.stock_runs(
   p_workspace_id text, p_scope_id bigint, p_record text
@@ -239,17 +241,22 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
   as $$
   -- What the model saw besides what the output cites or declares it reused, as it saw it
   -- (redacted, memory_private.job_payload): the batch's other messages at the hash the job saw,
-  -- and the other memories shown with the batch (title and summary), compared without the
-  -- scope's stock phrasing (memory_private.stock_runs). Each list numbered once (materialized),
-  -- so that the rule's answer by place finds its row.
+  -- and the other memories shown with the batch (title and summary). Against a memory, what
+  -- the batch itself says (its runs and tokens) and the scope's stock phrasing
+  -- (memory_private.stock_runs) do not count: the record has those from its batch or from the
+  -- model. Each list numbered once (materialized), so that the rule's answer by place finds
+  -- its row.
   with said as (
     select concat_ws(e'\n', p_output ->> 'title', p_output ->> 'summary') as text
-  ), messages as materialized (
-    select row_number() over ()::integer as n, s.id, s.hash, memory_private.redact(m.body) as body
+  ), batch as materialized (
+    select s.id, s.hash, memory_private.redact(m.body) as body,
+           (p_output -> 'source_ids') ? s.id as cited
       from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
       join memory_private.messages m
         on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where not (p_output -> 'source_ids') ? s.id and m.content_hash = s.hash
+     where m.content_hash = s.hash
+  ), messages as materialized (
+    select row_number() over ()::integer as n, b.id, b.hash, b.body from batch b where not b.cited
   ), memories as materialized (
     select row_number() over ()::integer as n, r.record_id,
            memory_private.redact(r.title) || e'\n' || memory_private.redact(r.summary) as body
@@ -257,6 +264,14 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
       join memory_private.records r
         on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
      where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)
+  ), common as (
+    select memory_private.stock_runs(p_job.workspace_id, p_job.scope_id, said.text)
+           || array(select unnest(memory_private.word_runs(memory_private.copy_words(b.body)))
+                      from batch b
+                    union
+                    select unnest(memory_private.distinctive_tokens(b.body)) from batch b)
+           as parts
+      from said
   )
   select m.id, m.hash, null::bigint, c.parts
     from said, memory_private.copied_parts(said.text, array(select b.body from messages b
@@ -264,18 +279,19 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
     join messages m on m.n = c.n
   union all
   select null, null, m.record_id, c.parts
-    from said, memory_private.copied_parts(
-                 said.text, array(select b.body from memories b order by b.n),
-                 memory_private.stock_runs(p_job.workspace_id, p_job.scope_id, said.text)) c
+    from said, common,
+         memory_private.copied_parts(said.text, array(select b.body from memories b
+                                                      order by b.n), common.parts) c
     join memories m on m.n = c.n
 $$;
 comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
   'The batch messages (message_id, with the hash the job saw) and the memories shown with the '
   'batch (record_id) that a validated extraction output (its title and summary) copies '
   'although it neither cites nor declares reusing them (memory_private.copied_parts, against '
-  'what the model saw: redacted; for memories, without the scope''s stock phrasing, '
-  'memory_private.stock_runs), with the parts of the rule that found each (copied_by). '
-  'write_extraction makes the messages dependencies (via copied) and the memories reused.';
+  'what the model saw: redacted), with the parts of the rule that found each (copied_by). '
+  'Against a memory, the runs and tokens of the batch''s own messages and the scope''s stock '
+  'phrasing (memory_private.stock_runs) do not count. write_extraction makes the messages '
+  'dependencies (via copied) and the memories reused.';
 
 drop function memory_private.repeated_sources(memory_private.jobs, text, text[]);
 drop function memory_private.passages(text);

@@ -328,3 +328,24 @@ def test_stock_phrasing_of_the_model_is_not_a_copy_of_a_shown_memory(
     assert value(conn, "select cardinality(memory_private.stock_runs('ws1', "
                        "(select scope_id from memory_private.records where record_id = %s), %s))",
                  first["record_id"], STOCK) > 0
+
+
+def test_what_the_batch_itself_says_is_no_copy_of_a_shown_memory(
+        conn: psycopg.Connection) -> None:
+    """People repeat themselves: words the record shares with a shown memory that its own batch
+    also says come from the batch, not from the memory."""
+    w = world(conn)
+    batch(w, "r1", {"k1": "It has been tough but I am gonna make it somehow, 4711 times over."})
+    advance(conn, "31 minutes")
+    extract(conn, {"title": "Tough times",
+                   "summary": "Alice: it has been tough but I am gonna make it somehow, 4711 "
+                              "times over [k1].",
+                   "source_ids": ["k1"]})
+    batch(w, "r2", {"n1": "Again: it has been tough but I am gonna make it somehow, 4711 times."})
+    advance(conn, "31 minutes")
+    result = extract(conn, {"title": "Again",
+                            "summary": "Alice, again: it has been tough but I am gonna make it "
+                                       "somehow, 4711 times [n1].",
+                            "source_ids": ["n1"]})
+    assert result["copied_memories"] == 0
+    assert deps(conn, result["record_id"]) == [("n1", "cited")]
