@@ -109,7 +109,8 @@ create type memory_private.policy_values as (
   -- provenance by content (V7, docs/retention.md: memory_private.copied_parts)
   copy_run_words integer,      -- consecutive words of a message that make a copy
   copy_message_words integer,  -- a message of fewer words is trivial: never "copied whole"
-  copy_token_chars integer     -- the shortest distinctive token (a number, code, address)
+  copy_token_chars integer,    -- the shortest distinctive token (a number, code, address)
+  copy_stock_records integer   -- the newest records searched for the model's stock phrasing
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -148,7 +149,8 @@ create function memory_private.policy() returns memory_private.policy_values
     256,                    -- workspace_records
     8,                      -- copy_run_words
     4,                      -- copy_message_words
-    4                       -- copy_token_chars
+    4,                      -- copy_token_chars
+    48                      -- copy_stock_records
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
@@ -156,7 +158,8 @@ comment on function memory_private.policy() is
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
-  'words, a token of 4 characters). Immutable: changing one is a migration.';
+  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records). '
+  'Immutable: changing one is a migration.';
 
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text

@@ -303,8 +303,9 @@ create function memory_private.copied_parts(p_record text, p_texts text[], p_com
   returns table (n integer, parts text[])
   language sql immutable strict parallel safe
   as $$
-  -- The record's words, runs and tokens (but the common ones) once; each text's against them.
-  with rec as (
+  -- The record's words, runs and tokens (but the common ones) once (materialized: not
+  -- recomputed for each text); each text's against them.
+  with rec as materialized (
     select ' ' || array_to_string(w.words, ' ') || ' ' as line,
            array(select unnest(memory_private.word_runs(w.words))
                  except select unnest(p_common)) as runs,
@@ -335,30 +336,38 @@ comment on function memory_private.copied_parts(text, text[], text[]) is
   'copies nothing of are left out.';
 
 create function memory_private.stock_runs(
-  p_workspace_id text, p_scope_id bigint, p_record text
+  p_workspace_id text, p_scope_id bigint, p_runs text[]
 ) returns text[]
   language sql stable
   as $$
-  -- A run of the record's words that two records of the scope hold although they cite no
-  -- message in common is the model's own stock phrasing (a label, a set phrase), not what
-  -- either was made from. Only the record's own runs are looked for.
-  with hits as (
-    select r.record_id, r.source_ids, x.run
+  -- A run of words that two records of the scope hold although they cite no message in common
+  -- is the model's own stock phrasing (a label, a set phrase), not what either was made from.
+  -- Only the given runs are looked for, in the scope's policy copy_stock_records newest
+  -- records (records_scope_idx); none when no run is given.
+  with recent as (
+    select r.record_id, r.source_ids, r.title, r.summary
       from memory_private.records r
+     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+       and cardinality(p_runs) > 0
+     order by r.created_at desc
+     limit (memory_private.policy()).copy_stock_records
+  ), hits as (
+    select r.record_id, r.source_ids, x.run
+      from recent r
      cross join lateral unnest(memory_private.word_runs(
                   memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
-     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-       and x.run = any (memory_private.word_runs(memory_private.copy_words(p_record)))
+     where x.run = any (p_runs)
   )
   select coalesce(array_agg(distinct a.run), '{}')
     from hits a
     join hits b on b.run = a.run and b.record_id > a.record_id
    where not a.source_ids && b.source_ids
 $$;
-comment on function memory_private.stock_runs(text, bigint, text) is
-  'The runs of words of p_record (memory_private.word_runs) that two records of the scope '
-  'hold although they cite no message in common: stock phrasing of the model (a label, a set '
-  'phrase), which the copy rule does not take as copying a shown memory.';
+comment on function memory_private.stock_runs(text, bigint, text[]) is
+  'Those of p_runs (runs of words: memory_private.word_runs) that two of the scope''s newest '
+  'records (policy copy_stock_records) hold although they cite no message in common: stock '
+  'phrasing of the model (a label, a set phrase), which the copy rule does not take as '
+  'copying a shown memory.';
 
 create function memory_private.copied_sources(p_job memory_private.jobs, p_output jsonb)
   returns table (message_id text, content_hash text, record_id bigint, copied_by text[])
@@ -389,14 +398,23 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
       join memory_private.records r
         on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
      where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)
+  ), batch_says as (
+    select array(select unnest(memory_private.word_runs(memory_private.copy_words(b.body)))
+                   from batch b
+                 union
+                 select unnest(memory_private.distinctive_tokens(b.body)) from batch b) as parts
   ), common as (
-    select memory_private.stock_runs(p_job.workspace_id, p_job.scope_id, said.text)
-           || array(select unnest(memory_private.word_runs(memory_private.copy_words(b.body)))
-                      from batch b
-                    union
-                    select unnest(memory_private.distinctive_tokens(b.body)) from batch b)
-           as parts
-      from said
+    -- Stock phrasing is looked for only among the runs the record shares with a shown memory
+    -- and not with its batch (usually none).
+    select s.parts || memory_private.stock_runs(
+             p_job.workspace_id, p_job.scope_id,
+             array(select unnest(memory_private.word_runs(memory_private.copy_words(said.text)))
+                   intersect
+                   select unnest(memory_private.word_runs(memory_private.copy_words(m.body)))
+                     from memories m
+                   except
+                   select unnest(s.parts))) as parts
+      from said, batch_says s
   )
   select m.id, m.hash, null::bigint, c.parts
     from said, memory_private.copied_parts(said.text, array(select b.body from messages b

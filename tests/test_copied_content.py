@@ -326,8 +326,9 @@ def test_stock_phrasing_of_the_model_is_not_a_copy_of_a_shown_memory(
     assert third["copied_memories"] == 0
     assert deps(conn, third["record_id"]) == [("k2", "cited")]
     assert value(conn, "select cardinality(memory_private.stock_runs('ws1', "
-                       "(select scope_id from memory_private.records where record_id = %s), %s))",
-                 first["record_id"], STOCK) > 0
+                       "(select scope_id from memory_private.records where record_id = %s), "
+                       "memory_private.word_runs(memory_private.copy_words(%s))))",
+                 first["record_id"], STOCK) == 6, "every run of the label's 13 words"
 
 
 def test_what_the_batch_itself_says_is_no_copy_of_a_shown_memory(
