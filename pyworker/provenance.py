@@ -7,8 +7,9 @@ module only reads, removes messages inside transactions it rolls back, and count
 
 - **Per record** (``memory.explain_record``): its sources (what it cites, what query_memories
   shows, 20 at most) and its dependencies by ``via`` (``cited``, ``reused``: a dependency of a
-  memory the output declared it reused, ``repeated``: an uncited message whose eight
-  consecutive words the summary repeats). Whether the sources are exactly the ids the summary
+  memory shown with the batch that the output declared it reused or copies, ``copied``: an
+  uncited batch message whose content the title or summary copies), and how often each part of
+  the copy rule (``copied_by``: ``message``, ``run``, ``token``) found a dependency. Whether the sources are exactly the ids the summary
   cites inline (``[id, ...]``, read back with ``memory.query_memories`` by id; a bracket
   that names no message of the conversation, such as a photo caption, is not a citation).
 - **Per message** of the conversation: the records that declare a dependency on it (the rows
@@ -40,6 +41,8 @@ from pyworker import locomo
 from pyworker.db import Database
 
 SHOWN_SOURCES = 20  # query_memories shows the first 20 sources of a record
+VIAS = ("cited", "reused", "copied")  # record_dependencies.via
+PARTS = ("message", "run", "token")  # the parts of the copy rule (copied_by)
 
 
 def message_ids(conv: locomo.Conversation, variant: locomo.Variant) -> list[tuple[str, str]]:
@@ -118,9 +121,12 @@ def measure(db: Database, dsn: str, layout: locomo.Layout, conv: locomo.Conversa
     deps = {rid: {str(d["message_id"]): str(d["via"]) for d in e.get("dependencies") or []}
             for rid, e in explained.items()}
     via_rows: Counter[str] = Counter(v for d in deps.values() for v in d.values())
-    via_records = {v: sum(1 for d in deps.values() if v in d.values())
-                   for v in ("cited", "reused", "repeated")}
-    repeated = sorted({m for d in deps.values() for m, v in d.items() if v == "repeated"})
+    via_records = {v: sum(1 for d in deps.values() if v in d.values()) for v in VIAS}
+    copied = sorted({m for d in deps.values() for m, v in d.items() if v == "copied"})
+    # Each dependency the copy rule found (copied, or reused through a copied memory), by part.
+    found_by = [(str(d["via"]), list(d.get("copied_by") or [])) for e in explained.values()
+                for d in e.get("dependencies") or [] if d.get("copied_by")]
+    copied_by = {part: sum(1 for _v, parts in found_by if part in parts) for part in PARTS}
 
     messages = message_ids(conv, layout.variant)
     depended: dict[str, set[int]] = {m: set() for m, _ in messages}
@@ -172,9 +178,11 @@ def measure(db: Database, dsn: str, layout: locomo.Layout, conv: locomo.Conversa
         "sources_shown_per_record": _stats([min(len(s), SHOWN_SOURCES)
                                             for s in sources.values()]),
         "sources_are_cited_ids": sources_match,
-        "dependencies_by_via": {v: via_rows.get(v, 0) for v in ("cited", "reused", "repeated")},
+        "dependencies_by_via": {v: via_rows.get(v, 0) for v in VIAS},
         "records_with_via": via_records,
-        "repeated_messages": repeated,
+        "copied_messages": copied,
+        "copied_by": copied_by,
+        "reused_by_copy": sum(1 for v, _parts in found_by if v == "reused"),
         "messages": len(messages),
         "messages_by_kind": by_kind,
         "messages_undepended": sum(1 for c in counts if c == 0),
@@ -197,7 +205,7 @@ def render(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"pimem eval --provenance, {result['adapter']} adapter: dependencies "
                         "and sources per record (mean/median/max), records one message's "
                         "removal invalidates")
-    for col in ("run", "records", "deps", "sources", "reused/repeated deps", "undepended msgs",
+    for col in ("run", "records", "deps", "sources", "reused/copied deps", "undepended msgs",
                 "removal invalidates", "first msg", "rule check"):
         table.add_column(col, justify="left" if col == "run" else "right")
 
@@ -211,7 +219,7 @@ def render(result: dict[str, Any], console: Console) -> None:
         via = p["dependencies_by_via"]
         table.add_row(escape(f"{r['conversation']} {r['variant']}"), str(p["records"]),
                       mmm(p["dependencies_per_record"]), mmm(p["sources_per_record"]),
-                      f"{via['reused']}/{via['repeated']}",
+                      f"{via['reused']}/{via['copied']}",
                       f"{p['messages_undepended']} of {p['messages']}",
                       mmm(p["invalidated_by_removal"]),
                       f"{first['invalidates']} of {p['records_valid']}",

@@ -107,7 +107,12 @@ create type memory_private.policy_values as (
   note_title_chars integer,    -- C3: a note's default title
   -- retention (T5)
   unused_days integer,         -- T5: records unused this long are pruned
-  workspace_records integer    -- T5: the most records a workspace keeps
+  workspace_records integer,   -- T5: the most records a workspace keeps
+  -- provenance by content (V7, docs/retention.md: memory_private.copied_parts)
+  copy_run_words integer,      -- consecutive words of a message that make a copy
+  copy_message_words integer,  -- a message of fewer words is trivial: never "copied whole"
+  copy_token_chars integer,    -- the shortest distinctive token (a number, code, address)
+  copy_stock_records integer   -- the newest records searched for the model's stock phrasing
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -143,14 +148,20 @@ create function memory_private.policy() returns memory_private.policy_values
     20,                     -- shown_sources
     60,                     -- note_title_chars
     30,                     -- unused_days
-    256                     -- workspace_records
+    256,                    -- workspace_records
+    8,                      -- copy_run_words
+    4,                      -- copy_message_words
+    4,                      -- copy_token_chars
+    48                      -- copy_stock_records
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
   'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace. Immutable: changing one is a migration.';
+  'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
+  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records). '
+  'Immutable: changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor
 -- rather than as `(memory_private.policy()).name`: a field of the composite type makes the

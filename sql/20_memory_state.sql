@@ -284,8 +284,9 @@ create table memory_private.record_dependencies (
   record_id bigint not null,
   message_id text not null,
   content_hash text not null,
-  via text not null check (via in ('cited', 'reused', 'repeated')),
+  via text not null check (via in ('cited', 'reused', 'copied')),
   position integer constraint record_dependencies_position_check check (position >= 1),
+  copied_by text[],
   -- content_hash and position included: a record's dependencies and sources in order are read
   -- from the index alone (memory_private.copy_dependencies after every write, and the readers
   -- of record_sources: request_citations, record_status, explain_record).
@@ -295,16 +296,26 @@ create table memory_private.record_dependencies (
   -- places: the planner would read a record's sources through it and the heap instead of from
   -- the primary key alone.)
   constraint record_dependencies_cited_position check ((via = 'cited') = (position is not null)),
+  -- What the copy rule found a copied dependency by; a reused one has it when the memory it
+  -- came through was copied rather than declared; a cited one never.
+  constraint record_dependencies_copied_by_check
+    check (case when copied_by is null then via <> 'copied'
+                else via in ('copied', 'reused') and cardinality(copied_by) > 0
+                     and copied_by <@ array['message', 'run', 'token'] end),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
 comment on table memory_private.record_dependencies is
   'What a record''s content was made from: each message with the content hash it had when used, '
-  'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
-  'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
+  'and why it counts: cited (a source of the record), reused (a dependency of a memory shown '
+  'with the batch that the output declared it reused or copies) or copied (an uncited message '
+  'of the batch whose content the record copies: memory_private.copied_sources). '
   'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
   'source: position numbers the sources in the order the summary uses them (position 1 first; '
   'memory_private.record_sources lists them).';
+comment on column memory_private.record_dependencies.copied_by is
+  'Which parts of the copy rule (memory_private.copied_parts: message, run, token) found the '
+  'copied message, or the copied memory a reused dependency came through; NULL otherwise.';
 comment on column memory_private.record_dependencies.position is
   'For a source (via = cited): its place among the record''s sources, in the order the summary '
   'uses them; NULL for any other dependency.';

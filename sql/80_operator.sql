@@ -724,8 +724,8 @@ begin
     -- state by the rule (memory_private.dependency_state).
     'dependencies', coalesce((
       select jsonb_agg(jsonb_build_object(
-               'message_id', d.message_id, 'via', d.via, 'role', m.role,
-               'speaker_id', m.speaker_id,
+               'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
+               'role', m.role, 'speaker_id', m.speaker_id,
                'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
                'retain_until', m.retain_until, 'removed_at', m.removed_at,
                'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
@@ -750,7 +750,7 @@ comment on function memory.explain_record(text, bigint, text) is
   'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
   'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
-  'reused or repeated) with the hash it had when used, the hash it has now and its state '
+  'reused or copied, with copied_by: the parts of the copy rule that found it) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
   'record is unknown.';
 

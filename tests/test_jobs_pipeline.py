@@ -136,7 +136,7 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
 def _second_extraction(conn: psycopg.Connection, w: World,
                        reuse_first: bool) -> tuple[int, int]:
     """A first record, then a second batch shown with it, whose output declares it reused the
-    first record or not."""
+    first record or not (and copies nothing of it: tests/test_copied_content.py)."""
     first = run_one_extraction(conn)["record_id"]
     run_one_extraction(conn)  # consolidation
     w.conversation("ws1", "r2", chat="dm-alice", user="alice")
@@ -145,7 +145,8 @@ def _second_extraction(conn: psycopg.Connection, w: World,
     job = claimed(conn)
     assert [e["id"] for e in job["input"]["existing"]] == [first]
     start(conn, job)
-    output = {**extraction_of(job), **({"reused_ids": [first]} if reuse_first else {})}
+    output = {**extraction_of(job, "Greeting", "The user said hello to the bot."),
+              **({"reused_ids": [first]} if reuse_first else {})}
     checkpoint(conn, job, output)
     second = commit(conn, job)["record_id"]
     return first, second

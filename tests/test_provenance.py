@@ -86,7 +86,7 @@ def deps(conn: psycopg.Connection, record_id: int) -> list[tuple[str, str]]:
         "order by 1", (record_id,))]
 
 
-# Extraction: sources, declared reuse, repeated passages ------------------------------------
+# Extraction: sources, declared reuse, copied passages --------------------------------------
 
 
 def test_a_summary_repeating_eight_words_of_an_uncited_message_depends_on_it(
@@ -107,12 +107,12 @@ def test_a_summary_repeating_eight_words_of_an_uncited_message_depends_on_it(
         "summary": "Alice keeps the spare key under the blue flower pot by the door. "
                    "Alice: the wifi password changes every Monday, she says. 备用钥匙放在门口的蓝色花盆。",
         "source_ids": ["k4"]})
-    assert result["repeated"] == 2
-    assert deps(conn, result["record_id"]) == [("k1", "repeated"), ("k3", "repeated"),
+    assert result["copied"] == result["repeated"] == 2
+    assert deps(conn, result["record_id"]) == [("k1", "copied"), ("k3", "copied"),
                                                ("k4", "cited")]
     assert [r[0] for r in conn.execute(
         "select message_id from memory_private.record_sources where record_id = %s",
-        (result["record_id"],))] == ["k4"], "a repeated message is no source"
+        (result["record_id"],))] == ["k4"], "a copied message is no source"
     w.remove("ws1", "k2")
     assert invalid_reason(conn, "ws1", result["record_id"]) is None
     w.remove("ws1", "k1")
@@ -137,13 +137,14 @@ def test_a_source_is_a_cited_dependency_with_a_place_and_nothing_else_has_one(
     assert deps(conn, rec) == [("h1-a", "cited"), ("h1-u", "cited")]
 
 
-def test_passages_are_runs_of_eight_words_and_a_cjk_character_is_a_word(
+def test_word_runs_are_runs_of_eight_words_and_a_cjk_character_is_a_word(
         conn: psycopg.Connection) -> None:
-    assert value(conn, "select memory_private.passages('One two three four five six seven')") \
-        == []
-    assert value(conn, "select memory_private.passages('One, two; three four five six seven "
-                       "EIGHT!')") == ["one two three four five six seven eight"]
-    assert value(conn, "select cardinality(memory_private.passages('我喜欢喝咖啡和茶水'))") == 2
+    def runs(text: str) -> Any:
+        return value(conn, "select memory_private.word_runs(memory_private.copy_words(%s))", text)
+    assert runs("One two three four five six seven") == []
+    assert runs("One, two; three four five six seven EIGHT!") == [
+        "one two three four five six seven eight"]
+    assert len(runs("我喜欢喝咖啡和茶水")) == 2
 
 
 def test_speakers_threads_and_grants_come_from_the_dependencies(conn: psycopg.Connection) -> None:
