@@ -1091,6 +1091,27 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
   'scheduled request.';
 
+create or replace function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  if p_job.phase = 'extract' then
+    return memory_private.validate_extraction(p_job, p_output);
+  end if;
+  return memory_private.validate_index(p_job, p_output);
+end
+$$;
+comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
+  'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
+  'extract (memory_private.validate_extraction): {"title", "summary", "source_ids", '
+  '"reused_ids"?} (all empty = no-op; title and summary within the policy''s byte limits; '
+  'source ids within the batch, kept in the order given; a batch id cited in a summary line''s '
+  'brackets must be among them; reused ids among the memories shown with the batch). '
+  'consolidate (memory_private.validate_index): {"index", "record_ids"} (index non-empty, within '
+  'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
+  'records). No other keys. The limits are memory_private.policy()''s.';
+
 -- The operator views: one workspace at a time.
 drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status;
 drop function memory_private.operator_job_stale_reason(memory_private.jobs),
@@ -1637,12 +1658,6 @@ begin
   set local citus.propagate_set_commands = 'local';
   set local check_function_bodies = off;
   set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
-  -- The functions call one another inside queries (a validity rule inside a search), which
-  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
-  -- Every such nested query here reads the same workspace as the query around it, so the
-  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
-  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
-                 current_database());
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
   -- A composite type that only function bodies use (no signature names it) is not among any
@@ -1686,6 +1701,12 @@ begin
   loop
     execute format('alter function %s reset plan_cache_mode', v_function);
   end loop;
+  -- The functions call one another inside queries (a validity rule inside a search), which
+  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
+  -- Every such nested query here reads the same workspace as the query around it, so the
+  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
+  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
+                 current_database());
   return v_result;
 end
 $$;

@@ -324,11 +324,14 @@ comment on function memory_private.validate_index(memory_private.jobs, jsonb) is
 
 create function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
-  language sql stable
+  language plpgsql stable
   as $$
-  select case p_job.phase when 'extract'
-              then memory_private.validate_extraction(p_job, p_output)
-              else memory_private.validate_index(p_job, p_output) end
+begin
+  if p_job.phase = 'extract' then
+    return memory_private.validate_extraction(p_job, p_output);
+  end if;
+  return memory_private.validate_index(p_job, p_output);
+end
 $$;
 comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
   'Validates a model output for a job and returns it redacted and normalized; raises MB023. '

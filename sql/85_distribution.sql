@@ -161,12 +161,6 @@ begin
   set local citus.propagate_set_commands = 'local';
   set local check_function_bodies = off;
   set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
-  -- The functions call one another inside queries (a validity rule inside a search), which
-  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
-  -- Every such nested query here reads the same workspace as the query around it, so the
-  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
-  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
-                 current_database());
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
   -- A composite type that only function bodies use (no signature names it) is not among any
@@ -210,6 +204,12 @@ begin
   loop
     execute format('alter function %s reset plan_cache_mode', v_function);
   end loop;
+  -- The functions call one another inside queries (a validity rule inside a search), which
+  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
+  -- Every such nested query here reads the same workspace as the query around it, so the
+  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
+  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
+                 current_database());
   return v_result;
 end
 $$;
