@@ -105,7 +105,11 @@ create type memory_private.policy_values as (
   note_title_chars integer,    -- C3: a note's default title
   -- retention (T5)
   unused_days integer,         -- T5: records unused this long are pruned
-  workspace_records integer    -- T5: the most records a workspace keeps
+  workspace_records integer,   -- T5: the most records a workspace keeps
+  -- bounded search (R4): what one query_memories call may make the search do
+  query_terms integer,         -- words and CJK pairs the word stage searches for
+  fuzzy_words integer,         -- query words the fuzzy stage compares
+  fuzzy_neighbours integer     -- scope words a fuzzy query word is compared with, on each side
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -141,14 +145,18 @@ create function memory_private.policy() returns memory_private.policy_values
     20,                     -- shown_sources
     60,                     -- note_title_chars
     30,                     -- unused_days
-    256                     -- workspace_records
+    256,                    -- workspace_records
+    32,                     -- query_terms
+    8,                      -- fuzzy_words
+    32                      -- fuzzy_neighbours
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
   'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace. Immutable: changing one is a migration.';
+  'per workspace; the bounds of one search (32 query terms, 8 fuzzy words, 32 neighbours a '
+  'side). Immutable: changing one is a migration.';
 
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.
 create function memory_private.check_id(p_name text, p_value text) returns text
@@ -260,7 +268,7 @@ comment on function memory_private.content_hash(text) is
 create function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select 6 $$;
+  as $$ select 8 $$;
 comment on function memory.schema_version() is
   'The schema version of this database: the number of the last migration applied (0001 = 1). '
   'pimem migrate fails when it differs from the version the package expects.';
