@@ -8,6 +8,11 @@
 --   written by index_records (the records trigger) and filled here for the existing records.
 -- - memory_private.fuzzy_candidates: the scope's words nearest to a query word, two bounded
 --   index scans; search_records' fuzzy stage reads them instead of every record's document.
+-- - Claims that never end: a claim that breaks before its model call counts against the input's
+--   three claims, so a job whose content kills every worker stops, with its reason in
+--   memory.job_status, instead of coming back for ever. memory_private.expire_leases counts a
+--   lease that expired with no report and no open call (claims_lost); memory.fail_job counts a
+--   failed claim with no open call unless it was a refusal (budget_exceeded, not_priced).
 
 alter type memory_private.policy_values
   add attribute query_terms integer,
@@ -325,6 +330,159 @@ comment on function memory_private.search_records(text, bigint, integer, text, t
   'of a query word to a word of the record starting with the same three characters, among the '
   'scope''s words nearest to it: memory_private.fuzzy_candidates; most similar, then newest). A '
   'stage runs only while fewer than p_limit were found; each does bounded work.';
+
+-- Claims that never end ------------------------------------------------------------------
+
+comment on column memory_private.jobs.claims is
+  'The claims this input has used: those that reached start_attempt (a model call), and those '
+  'the worker broke on before it (fail_job worker_error, or a lease that expired with no '
+  'report); a refusal before the call (budget_exceeded, not_priced) does not count. Carried over '
+  'from a superseded job of the same input and config version. At most 3; the third failed or '
+  'lost claim stops the job.';
+
+create or replace function memory_private.expire_leases(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_expired integer := 0;
+  v_unknown integer := 0;
+  v_lost integer := 0;
+begin
+  for v_job in
+    select * from memory_private.jobs
+     where workspace_id = p_workspace_id and status = 'running'
+       and lease_expires_at <= memory_private.clock_now()
+     order by job_id
+       for update
+  loop
+    v_expired := v_expired + 1;
+    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
+      v_unknown := v_unknown + 1;
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.checkpoint is not null then
+      -- A valid answer was paid for: the next claim commits it without a model call, whatever
+      -- the number of calls the input has made.
+      perform memory_private.release_job(v_job, 'pending',
+        'the lease expired after the checkpoint; the next claim commits it',
+        memory_private.clock_now());
+    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
+      -- No report and no model call: the worker died or hung holding the job, perhaps on its
+      -- content. That claim counts, so a job that kills every worker stops (issue 31).
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = (memory_private.policy()).max_claims
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'stopped', format(
+        'the lease expired without a report on claim %s of %s (a worker died or hung holding '
+        'the job, perhaps on its content): not replayed', v_job.claims,
+        (memory_private.policy()).max_claims));
+    else
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = claims + 1
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'pending', format(
+        'the lease expired without a report on claim %s of %s (the claim counts)',
+        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
+    end if;
+  end loop;
+  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
+                            'claims_lost', v_lost);
+end
+$$;
+comment on function memory_private.expire_leases(text) is
+  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
+  'to pending due now with its checkpoint when it has one (committed by the next claim without '
+  'a model call, even after the third call), and otherwise counts the lost claim (the worker '
+  'died or hung holding it, perhaps on its content: claims_lost) and goes back to pending due '
+  'now, or stops, not replayed, when that was the input''s third claim. Returns counts.';
+
+create or replace function memory.fail_job(
+  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
+  p_usage jsonb default null
+) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_open boolean;
+  v_usage jsonb;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  if p_outcome is null or p_outcome not in ('failed', 'unknown') then
+    raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
+  end if;
+  -- A code, never text: what a worker would write here can carry the model's output.
+  if p_error is null
+     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
+    raise exception 'error must be a failure code (see docs/errors.md), not a message'
+      using errcode = 'MB001',
+      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
+  end if;
+  if p_usage is not null then
+    v_usage := memory_private.check_usage(p_usage, false);
+  end if;
+  v_open := exists (select 1 from memory_private.job_attempts
+                     where workspace_id = p_workspace_id and job_id = p_job_id
+                       and outcome = 'open');
+  if not v_open and p_outcome = 'unknown' then
+    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
+      using errcode = 'MB025', hint = 'Report failed instead.';
+  end if;
+  if not v_open and v_usage is not null then
+    raise exception 'job % has no open model call to charge the usage to', p_job_id
+      using errcode = 'MB025';
+  end if;
+
+  if p_outcome = 'unknown' then
+    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
+    perform memory_private.release_job(v_job, 'stopped',
+      'outcome unknown, not replayed: ' || p_error);
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
+                              'why', 'unknown_outcome');
+  end if;
+
+  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
+  -- A claim that broke before its model call counts like one that made it (the worker failed
+  -- on the job's content: a job that breaks every worker stops); a refusal costs nothing.
+  if not v_open and v_job.checkpoint is null
+     and p_error not in ('budget_exceeded', 'not_priced') then
+    update memory_private.jobs
+       set claims = least(claims + 1, (memory_private.policy()).max_claims)
+     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+    returning * into v_job;
+  end if;
+  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
+  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
+    perform memory_private.release_job(v_job, 'stopped',
+      case when v_open then 'failed on its third model call, not replayed: '
+           else 'failed on its third claim, before its model call, not replayed: ' end
+      || p_error);
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
+  end if;
+  perform memory_private.release_job(v_job, 'pending', p_error,
+                                     v_now + (memory_private.policy()).failure_backoff);
+  return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
+                            'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
+end
+$$;
+comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
+  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
+  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
+  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
+  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
+  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
+  'third claim; a claim that failed before its model call counts too, unless it was a refusal '
+  '(budget_exceeded, not_priced); a job holding a checkpoint keeps it and stays pending. '
+  'unknown: the '
+  'provider may have run, so the open attempt is charged at its reserve and the job stops '
+  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
+  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
