@@ -55,7 +55,7 @@ class Profile:
 PROFILES = {
     "quick": Profile("quick", sizes=(4, 16), recall_samples=150, query_samples=60,
                      ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
-                     floor_samples=400, hostile_notes=64, hostile_samples=30),
+                     floor_samples=400, hostile_samples=30),
     "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
                        query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
                        model_calls=40, floor_samples=4000),
