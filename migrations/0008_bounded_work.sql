@@ -3,7 +3,7 @@
 -- sharing one three-letter prefix made a query of 32 such words take 24.8 s at 256 notes: the
 -- fuzzy stage compared every query word with every word of every record.
 -- - The policy holds the bounds of one search: query_terms (32, what search_terms wrote down
---   itself), fuzzy_words (8 query words) and fuzzy_neighbours (32 scope words on each side).
+--   itself), fuzzy_words (8 query words) and fuzzy_neighbours (16 scope words on each side).
 -- - memory_private.record_words: each record's words, keyed by scope and word in byte order,
 --   written by index_records (the records trigger) and filled here for the existing records.
 -- - memory_private.fuzzy_candidates: the scope's words nearest to a query word, two bounded
@@ -53,14 +53,14 @@ create or replace function memory_private.policy() returns memory_private.policy
     256,                    -- workspace_records
     32,                     -- query_terms
     8,                      -- fuzzy_words
-    32                      -- fuzzy_neighbours
+    16                      -- fuzzy_neighbours
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
   'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace; the bounds of one search (32 query terms, 8 fuzzy words, 32 neighbours a '
+  'per workspace; the bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a '
   'side). Immutable: changing one is a migration.';
 
 create table memory_private.record_words (

@@ -148,14 +148,14 @@ create function memory_private.policy() returns memory_private.policy_values
     256,                    -- workspace_records
     32,                     -- query_terms
     8,                      -- fuzzy_words
-    32                      -- fuzzy_neighbours
+    16                      -- fuzzy_neighbours
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
   'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace; the bounds of one search (32 query terms, 8 fuzzy words, 32 neighbours a '
+  'per workspace; the bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a '
   'side). Immutable: changing one is a migration.';
 
 -- Argument checks. Each raises MB001 naming the argument, so a bad call says what to fix.

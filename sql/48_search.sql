@@ -15,7 +15,7 @@
 --    first two found fewer than asked. Ranked by similarity, then newest.
 -- Every stage does bounded work whatever the scope holds and whatever the query asks (issue
 -- 31): at most 32 query terms (policy query_terms), at most 8 fuzzy words (fuzzy_words), each
--- compared with at most 32 of the scope's words on each side of it in spelling order
+-- compared with at most 16 of the scope's words on each side of it in spelling order
 -- (fuzzy_neighbours, read from record_words' primary key), not with every word of every record.
 -- Each stage skips what an earlier stage found; every candidate is validated before it is shown
 -- (the literal stage page by page in memory_private.recent_valid_records, the ranked ones
