@@ -197,7 +197,7 @@ class MemoryBot:
                 updates = await self._until_stopped(self.bot(
                     GetUpdates(offset=offset, timeout=self.settings.polling_timeout,
                                allowed_updates=allowed),
-                    request_timeout=int(self.bot.session.timeout
+                    request_timeout=int((self.bot.session.timeout or 0)
                                         + self.settings.polling_timeout)))
             except Exception as exc:  # noqa: BLE001 - Telegram unreachable: try again later
                 wait = _longer(wait)
