@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench import db
+from pyworker.bench import data, db
 
 WORKSPACE = "bench-hostile"
 PREFIX = "zor"
@@ -74,6 +74,7 @@ def measure(conn: psycopg.Connection, n: int, notes: int = NOTES) -> dict[str, A
     if not db.has_function(conn, db.QUERY_SIGNATURE):
         return db.not_available("memory.query_memories is not in the schema yet")
     ws, request, query = build(conn, notes)
+    data.settle(conn)  # as the bench's own data: a lived-in database's visibility map and stats
     section = db.measure_query(conn, [(ws, request)], n, {"query": query}, "hostile")
     if section.get("status") == "ok":
         section["scope_records"] = notes
