@@ -16,8 +16,13 @@ command) becomes one request of the memory, in this order:
 re-reports the text; an edit that no longer addresses the bot removes the message from the
 memory. ``my_chat_member`` keeps the group's linked state (and a private user's active flag),
 ``chat_member`` and the member service messages keep members and roles current. Non-directed
-group traffic is dropped before anything is sent to the database (V10). Updates of one chat are
-handled one at a time, in order; chats run concurrently.
+group traffic is dropped before anything is sent to the database (V10). A forward is reported
+as a quotation (someone else's words, never a request of the member who forwarded it).
+
+An update is confirmed to Telegram only once it is reported (step 1): when the database cannot
+be reached it is left unconfirmed and Telegram delivers it again (``_poll``; the webhook answers
+500). Updates are reported one at a time, in order; the answers (steps 2-3) run after their
+report, one at a time per chat and in order, chats concurrently.
 """
 
 from __future__ import annotations
