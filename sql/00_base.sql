@@ -112,7 +112,11 @@ create type memory_private.policy_values as (
   copy_run_words integer,      -- consecutive words of a message that make a copy
   copy_message_words integer,  -- a message of fewer words is trivial: never "copied whole"
   copy_token_chars integer,    -- the shortest distinctive token (a number, code, address)
-  copy_stock_records integer   -- the newest records searched for the model's stock phrasing
+  copy_stock_records integer,  -- the newest records searched for the model's stock phrasing
+  -- bounded search (R4): what one query_memories call may make the search do
+  query_terms integer,         -- words and CJK pairs the word stage searches for
+  fuzzy_words integer,         -- query words the fuzzy stage compares
+  fuzzy_neighbours integer     -- scope words a fuzzy query word is compared with, on each side
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -152,7 +156,10 @@ create function memory_private.policy() returns memory_private.policy_values
     8,                      -- copy_run_words
     4,                      -- copy_message_words
     4,                      -- copy_token_chars
-    48                      -- copy_stock_records
+    48,                     -- copy_stock_records
+    32,                     -- query_terms
+    8,                      -- fuzzy_words
+    16                      -- fuzzy_neighbours
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
@@ -160,8 +167,9 @@ comment on function memory_private.policy() is
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
-  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records). '
-  'Immutable: changing one is a migration.';
+  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records); the '
+  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side). Immutable: '
+  'changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor
 -- rather than as `(memory_private.policy()).name`: a field of the composite type makes the

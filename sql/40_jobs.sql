@@ -15,9 +15,11 @@
 --                                         │   charged at the reserve, 'stopped' (no replay)
 --                                         └ input changed: 'superseded' (a fresh snapshot follows)
 --
--- Claims are counted per unchanged input, and only claims that could reach the provider count
--- (graphile/worker's attempts keyed by the job's input): start_attempt counts the model call;
--- a claim that ends before it (a budget refusal, a crash, a checkpoint commit) costs nothing. A
+-- Claims are counted per unchanged input (graphile/worker's attempts keyed by the job's input):
+-- start_attempt counts the model call. A claim that ends before it counts too when the worker
+-- broke on the job (fail_job worker_error, or no report at all: the lease expired), so a job
+-- whose content kills every worker stops after three claims; a refusal before any model call
+-- (budget_exceeded, not_priced) and a checkpoint commit cost nothing. A
 -- job made for an input a superseded job already tried carries that job's count and backoff on
 -- (memory_private.input_carryover), so no transient change in between (bot deactivated and
 -- reactivated, recall off and on) gives an input more than three model calls. A job holding a
@@ -79,9 +81,11 @@ comment on table memory_private.jobs is
   'ownership token, lease, claims for this input (<= 3), next attempt time, and the separate '
   'model checkpoint (validated, redacted output + usage).';
 comment on column memory_private.jobs.claims is
-  'The model calls made for this input: claims that reached start_attempt (a claim that ends '
-  'before the call does not count), carried over from a superseded job of the same input and '
-  'config version. At most 3; the third failed call stops the job.';
+  'The claims this input has used: those that reached start_attempt (a model call), and those '
+  'the worker broke on before it (fail_job worker_error, or a lease that expired with no '
+  'report); a refusal before the call (budget_exceeded, not_priced) does not count. Carried over '
+  'from a superseded job of the same input and config version. At most 3; the third failed or '
+  'lost claim stops the job.';
 comment on column memory_private.jobs.token is
   'The token of the latest claim. Kept when the claim ends, so a worker that reports after '
   'maintenance retired the job is told why (MB021 input changed, MB022 config changed) rather '
@@ -521,6 +525,7 @@ declare
   v_job memory_private.jobs;
   v_expired integer := 0;
   v_unknown integer := 0;
+  v_lost integer := 0;
 begin
   for v_job in
     select * from memory_private.jobs
@@ -540,21 +545,36 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims >= (memory_private.policy()).max_claims then
-      perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired and the input has made its three model calls');
+    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
+      -- No report and no model call: the worker died or hung holding the job, perhaps on its
+      -- content. That claim counts, so a job that kills every worker stops (issue 31).
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = (memory_private.policy()).max_claims
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'stopped', format(
+        'the lease expired without a report on claim %s of %s (a worker died or hung holding '
+        'the job, perhaps on its content): not replayed', v_job.claims,
+        (memory_private.policy()).max_claims));
     else
-      perform memory_private.release_job(v_job, 'pending', 'the lease expired',
-                                         memory_private.clock_now());
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = claims + 1
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'pending', format(
+        'the lease expired without a report on claim %s of %s (the claim counts)',
+        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
     end if;
   end loop;
-  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown);
+  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
+                            'claims_lost', v_lost);
 end
 $$;
 comment on function memory_private.expire_leases(text) is
   'Maintenance step: a running job whose lease passed is stopped when a model call was open '
   '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
   'to pending due now with its checkpoint when it has one (committed by the next claim without '
-  'a model call, even after the third call), is stopped when its input made its three calls, '
-  'and otherwise goes back to pending. Returns counts.';
+  'a model call, even after the third call), and otherwise counts the lost claim (the worker '
+  'died or hung holding it, perhaps on its content: claims_lost) and goes back to pending due '
+  'now, or stops, not replayed, when that was the input''s third claim. Returns counts.';
 

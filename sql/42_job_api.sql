@@ -773,10 +773,21 @@ begin
   end if;
 
   perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
+  -- A claim that broke before its model call counts like one that made it (the worker failed
+  -- on the job's content: a job that breaks every worker stops); a refusal costs nothing.
+  if not v_open and v_job.checkpoint is null
+     and p_error not in ('budget_exceeded', 'not_priced') then
+    update memory_private.jobs
+       set claims = least(claims + 1, (memory_private.policy()).max_claims)
+     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+    returning * into v_job;
+  end if;
   -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
   if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
     perform memory_private.release_job(v_job, 'stopped',
-      'failed on its third model call, not replayed: ' || p_error);
+      case when v_open then 'failed on its third model call, not replayed: '
+           else 'failed on its third claim, before its model call, not replayed: ' end
+      || p_error);
     return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
   end if;
   perform memory_private.release_job(v_job, 'pending', p_error,
@@ -791,7 +802,9 @@ comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
   '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
   'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
   'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
-  'third model call; a job holding a checkpoint keeps it and stays pending. unknown: the '
+  'third claim; a claim that failed before its model call counts too, unless it was a refusal '
+  '(budget_exceeded, not_priced); a job holding a checkpoint keeps it and stays pending. '
+  'unknown: the '
   'provider may have run, so the open attempt is charged at its reserve and the job stops '
   'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
   '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';

@@ -13,6 +13,10 @@
 -- 3. fuzzy: pg_trgm's word similarity between a query word and a word of the record that starts
 --    with the same three characters (typos after the third character, partial words), when the
 --    first two found fewer than asked. Ranked by similarity, then newest.
+-- Every stage does bounded work whatever the scope holds and whatever the query asks (issue
+-- 31): at most 32 query terms (policy query_terms), at most 8 fuzzy words (fuzzy_words), each
+-- compared with at most 16 of the scope's words on each side of it in spelling order
+-- (fuzzy_neighbours, read from record_words' primary key), not with every word of every record.
 -- Each stage skips what an earlier stage found; every candidate is validated before it is shown
 -- (the literal stage page by page in memory_private.recent_valid_records, the ranked ones
 -- set-wise in memory_private.first_valid_records). A scope holds at most 256 records
@@ -86,6 +90,26 @@ comment on table memory_private.record_lines is
   'search reads to find which lines of a found record it matched (memory_private.matching_lines), '
   'so that their sources are shown first.';
 
+create table memory_private.record_words (
+  workspace_id text not null,
+  scope_id bigint not null,
+  word text collate "C" not null,
+  record_id bigint not null,
+  primary key (workspace_id, scope_id, word, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_words is
+  'The words of each record''s document of three characters or more (its lexemes, as written '
+  'and English-stemmed), with its scope, written by the same trigger as record_documents: what '
+  'the fuzzy search reads, a bounded number of a scope''s words nearest to a query word in '
+  'spelling order (the primary key, in byte order: collate "C"), so a search does bounded work '
+  'however many words the scope holds (memory_private.fuzzy_candidates).';
+comment on column memory_private.record_words.word is
+  'A lexeme of the record''s document (record_documents.document), three characters or more.';
+create index record_words_record_idx on memory_private.record_words (workspace_id, record_id);
+comment on index memory_private.record_words_record_idx is
+  'A record''s words, for rewriting them and for the cascade when the record is deleted.';
+
 
 create function memory_private.cjk_bigrams(p_text text) returns text
   language sql immutable strict parallel safe
@@ -146,8 +170,8 @@ create function memory_private.index_records(
   as $$
 begin
   -- What the searches read of the given records, derived from their title and summary: the
-  -- word search's document, the literal search's folded text and, with p_lines, the documents
-  -- of the summary's lines.
+  -- word search's document, the fuzzy search's words, the literal search's folded text and,
+  -- with p_lines, the documents of the summary's lines.
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
@@ -169,6 +193,14 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         search_text = excluded.search_text, grams = excluded.grams;
+  delete from memory_private.record_words
+   where workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
+  select d.workspace_id, d.scope_id, l.word, d.record_id
+    from memory_private.record_documents d
+   cross join lateral unnest(tsvector_to_array(d.document)) l(word)
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and char_length(l.word) >= 3;
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
   insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
@@ -179,8 +211,8 @@ begin
 end
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
-  'Writes what the searches read of the given records: their documents (record_documents), '
-  'their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
+  'Writes what the searches read of the given records: their documents (record_documents) and '
+  'words (record_words), their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
   'documents (record_lines). The records trigger calls it for one record; a bulk load with '
   'triggers off calls it for all it loaded.';
 
@@ -221,8 +253,8 @@ create function memory_private.search_terms(p_query text, p_weight text default 
   as $$
   -- One term per distinct word of the query, English stop words left out: the word as written
   -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
-  -- then one term per CJK bigram. The first 32 in the query's order: a long query costs no
-  -- more than that.
+  -- then one term per CJK bigram. The first (policy query_terms, 32) in the query's order: a
+  -- long query costs no more than that.
   select coalesce(array_agg(x.q order by x.n, x.pos), '{}')
     from (select y.n, y.pos, y.q from (
             select 1 as n, w.pos,
@@ -240,30 +272,66 @@ create function memory_private.search_terms(p_query text, p_weight text default 
               from unnest(to_tsvector('pg_catalog.simple',
                                       memory_private.cjk_bigrams(p_query))) b) y
           order by y.n, y.pos
-          limit 32) x
+          limit (memory_private.policy()).query_terms) x
 $$;
 comment on function memory_private.search_terms(text, text) is
   'The terms a query searches for: one tsquery per distinct word (its written and English-'
-  'stemmed forms OR-ed; English stop words dropped), then per CJK bigram, the first 32 in the '
-  'query''s order; p_weight '':A'' restricts them to the title.';
+  'stemmed forms OR-ed; English stop words dropped), then per CJK bigram, the first '
+  '(policy query_terms) in the query''s order; p_weight '':A'' restricts them to the title.';
 
 create function memory_private.fuzzy_words(p_query text) returns text[]
   language sql immutable strict parallel safe
   as $$
   -- The query's words of three characters or more that are not English stop words, as written
-  -- (case-folded): what typo and partial-word matching compares. The first 32 in the query's
-  -- order, as for the word search.
+  -- (case-folded): what typo and partial-word matching compares. The first eight (policy
+  -- fuzzy_words) distinct ones in the query's order: the fuzzy stage's work grows with them.
   select coalesce(array_agg(w.lexeme order by w.pos), '{}')
     from (select u.lexeme, u.positions[1] as pos
             from unnest(to_tsvector('pg_catalog.simple', p_query)) u
            where char_length(u.lexeme) >= 3
              and to_tsvector('pg_catalog.english', u.lexeme) <> ''::tsvector
            order by 2
-           limit 32) w
+           limit (memory_private.policy()).fuzzy_words) w
 $$;
 comment on function memory_private.fuzzy_words(text) is
   'The words of a query that fuzzy matching compares: three characters or more, not an English '
-  'stop word, case-folded; the first 32 in the query''s order.';
+  'stop word, case-folded, distinct; the first (policy fuzzy_words) in the query''s order.';
+
+create function memory_private.fuzzy_candidates(
+  p_workspace_id text, p_scope_id bigint, p_words text[]
+) returns table (query_word text, word text, similarity real)
+  language sql stable
+  as $$
+  -- For each query word, the scope's words that start with its first three characters and are
+  -- nearest to it in spelling (byte) order: up to fuzzy_neighbours at or after it and as many
+  -- before it, each read from record_words' primary key in order (two bounded index scans), a
+  -- word repeated by several records read once per record. Typos after the third character and
+  -- partial words sort near the word they miss. So a query word costs at most 2 x
+  -- fuzzy_neighbours index entries and similarities, whatever the scope holds.
+  select q.w, n.word, memory_private.trgm_word_similarity(q.w, n.word)
+    from unnest(p_words) q(w)
+   cross join lateral (
+     select distinct c.word
+       from ((select r.word from memory_private.record_words r
+               where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                 and r.word >= q.w collate "C"
+                 and r.word < left(q.w, 3) || chr(1114111) collate "C"
+               order by r.word
+               limit (memory_private.policy()).fuzzy_neighbours)
+             union all
+             (select r.word from memory_private.record_words r
+               where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+                 and r.word < q.w collate "C"
+                 and r.word >= left(q.w, 3) collate "C"
+               order by r.word desc
+               limit (memory_private.policy()).fuzzy_neighbours)) c
+      where left(c.word, 3) = left(q.w, 3)) n
+$$;
+comment on function memory_private.fuzzy_candidates(text, bigint, text[]) is
+  'The words of a scope the fuzzy search compares with each query word, and their pg_trgm word '
+  'similarity: those starting with the query word''s first three characters, at most policy '
+  'fuzzy_neighbours on each side of it in byte order (record_words). Bounded work per query '
+  'word, however many words the scope holds.';
 
 -- The search -----------------------------------------------------------------------------------
 
@@ -282,7 +350,6 @@ declare
   v_query tsquery;
   v_scope_size bigint;
   v_fuzzy_words text[];
-  v_prefixes tsquery;
   v_candidates bigint[];
 begin
   -- 1. literal, newest first (the spec's search).
@@ -327,26 +394,30 @@ begin
                  p_requester);
   end if;
   -- 3. fuzzy: the records holding a word that starts like a query word (its first three
-  -- characters, a prefix search of the stored document: cheap), scored by the best word
-  -- similarity between a query word and such a word of the record.
+  -- characters) and is among the words nearest to it (memory_private.fuzzy_candidates: bounded
+  -- work), scored by the best word similarity between a query word and such a word of the record.
   if cardinality(v_literal) + cardinality(v_words) < p_limit then
     v_fuzzy_words := memory_private.fuzzy_words(p_query);
   end if;
   if cardinality(v_fuzzy_words) > 0 then
-    v_prefixes := (select string_agg(memory_private.lexeme_query(left(w, 3), ':*')::text, ' | ')
-                     from unnest(v_fuzzy_words) w)::tsquery;
     v_candidates := array(
+      with c as materialized (  -- once, not once per row of a join
+        select f.word, f.similarity
+          from memory_private.fuzzy_candidates(p_workspace_id, p_scope_id, v_fuzzy_words) f
+         where f.similarity >= 0.5
+      )
       select s.record_id
-        from (select d.record_id, d.created_at,
-                     (select max(memory_private.trgm_word_similarity(w, l))
-                        from unnest(v_fuzzy_words) w
-                        join unnest(tsvector_to_array(d.document)) l
-                          on left(l, 3) = left(w, 3)) as similarity
-                from memory_private.record_documents d
-               where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
-                 and d.document @@ v_prefixes
-                 and not d.record_id = any(v_literal || v_words)) s
-       where s.similarity >= 0.5
+        from (select d.record_id, d.created_at, max(c.similarity) as similarity
+                from c
+               cross join lateral (  -- the records of each word, through record_words' key
+                 select w.record_id from memory_private.record_words w
+                  where w.workspace_id = p_workspace_id and w.scope_id = p_scope_id
+                    and w.word = c.word
+                 offset 0) w
+                join memory_private.record_documents d
+                  on d.workspace_id = p_workspace_id and d.record_id = w.record_id
+               where not w.record_id = any(v_literal || v_words)
+               group by d.record_id, d.created_at) s
        order by s.similarity desc, s.created_at desc, s.record_id desc);
     v_fuzzy := memory_private.first_valid_records(
                  p_workspace_id, p_scope_id, v_candidates,
@@ -365,5 +436,6 @@ comment on function memory_private.search_records(text, bigint, integer, text, t
   'case-insensitive substring of the title or summary; newest first), then words (the query''s words OR-ed over the stored '
   'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
   'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
-  'of a query word to a word of the record starting with the same three characters; most '
-  'similar, then newest). A stage runs only while fewer than p_limit were found.';
+  'of a query word to a word of the record starting with the same three characters, among the '
+  'scope''s words nearest to it: memory_private.fuzzy_candidates; most similar, then newest). A '
+  'stage runs only while fewer than p_limit were found; each does bounded work.';

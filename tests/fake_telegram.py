@@ -177,9 +177,14 @@ class FakeTelegram(JsonServer):
         return int(created["message_id"])
 
     def message(self, chat: JsonDict, sender: JsonDict, text: str, *, topic: int | None = None,
-                reply_to: JsonDict | None = None) -> JsonDict:
-        """A text message from ``sender``; in a forum ``topic``, as a reply to ``reply_to``."""
+                reply_to: JsonDict | None = None,
+                forwarded_from: JsonDict | None = None) -> JsonDict:
+        """A text message from ``sender``; in a forum ``topic``, as a reply to ``reply_to``;
+        a forward of ``forwarded_from``'s words (a user: ``forward_origin`` of type user)."""
         msg = self._new_message(chat, sender, text)
+        if forwarded_from is not None:
+            msg["forward_origin"] = {"type": "user", "date": msg["date"] - 60,
+                                     "sender_user": forwarded_from}
         if topic:
             msg.update(message_thread_id=topic, is_topic_message=True)
             reply_to = reply_to or self._topics[(chat["id"], topic)]

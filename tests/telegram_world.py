@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pyworker.adapters.openai_compat import OpenAIAdapter, Price, load_prices
+from pyworker.client import MemoryClient
 from pyworker.fakemodel import FakeModel
 from pyworker.payload import ModelRef
 from pyworker.telegram.bot import MemoryBot
@@ -43,8 +44,9 @@ def settings_for(tg: FakeTelegram, chat: FakeChat, dsn: str, **changes: Any) -> 
 class RunningBot:
     """The bot on its own event loop in a thread; :meth:`wait_handled` follows its updates."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, memory: MemoryClient | None = None) -> None:
         self.settings = settings
+        self.memory = memory
         self.handled: set[int] = set()
         self.error: BaseException | None = None
         self._cond = threading.Condition()
@@ -59,7 +61,7 @@ class RunningBot:
 
     def _main(self) -> None:
         async def main() -> None:
-            self.bot = MemoryBot(self.settings)
+            self.bot = MemoryBot(self.settings, memory=self.memory)
             self.bot.on_update_handled = self._handled
             self._ready.set()
             await self.bot.run(handle_signals=False)
@@ -146,9 +148,11 @@ class World:
 
 
 @contextmanager
-def telegram_world(conn: psycopg.Connection, dsn: str, **settings: Any) -> Iterator[World]:
+def telegram_world(conn: psycopg.Connection, dsn: str, *, memory: MemoryClient | None = None,
+                   **settings: Any) -> Iterator[World]:
+    """The world; ``memory`` replaces the bot's own client (the caller closes it)."""
     with FakeTelegram() as tg, FakeChat() as chat, FakeModel() as extractor:
-        bot = RunningBot(settings_for(tg, chat, dsn, **settings))
+        bot = RunningBot(settings_for(tg, chat, dsn, **settings), memory)
         try:
             yield World(conn, dsn, tg, chat, extractor, bot)
         finally:

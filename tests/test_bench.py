@@ -29,7 +29,8 @@ from pyworker.servers import LocalCluster
 
 # The quick profile over fewer workspaces, unless PIMEM_TEST_BENCH=quick.
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
-SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "recall_directory",
+SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "hostile_query",
+            "recall_directory",
             "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
 
 
@@ -37,7 +38,8 @@ SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "recall_
 # tables included.
 LOADED = ["workspaces", "workspace_memory", "members", "bots", "chats", "topics",
           "repository_grants", "requests", "messages", "scopes", "records", "record_dependencies",
-          "record_usage", "record_texts", "record_documents", "record_lines", "index_dependencies"]
+          "record_usage", "record_texts", "record_documents", "record_lines", "record_words",
+          "index_dependencies"]
 
 
 @pytest.mark.slow  # the whole bench --quick
@@ -55,6 +57,7 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     # such as a new signature, must not pass as "not available"); the others either ran or say
     # why they could not (Pi missing), never a made-up number.
     ours = [report["floor"], report["recall_directory"], report["ingest"], report["explain"],
+            report["hostile_query"],
             report["jobs"], report["growth"],
             *report["recall"].values(), *report["query"].values()]
     for part in ours:

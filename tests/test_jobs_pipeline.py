@@ -234,7 +234,9 @@ def test_lease_expiry_lets_another_worker_take_over_and_refuses_the_old_owner(
     assert job_row(conn, old["job_id"])["status"] == "pending"
     new = claimed(conn, "w-new")
     assert new["job_id"] == old["job_id"] and new["token"] != old["token"]
-    assert new["attempt"] == 1, "the old claim made no model call, so it did not count"
+    # The old claim made no model call but lost its lease without a report: it counts (a
+    # worker that dies on a job's content must not get it back for ever; test_claims_lost.py).
+    assert new["attempt"] == 2
     for call in (lambda: commit(conn, old), lambda: extend(conn, old),
                  lambda: start(conn, old), lambda: fail(conn, old)):
         with pytest.raises(psycopg.Error) as err:

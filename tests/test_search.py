@@ -145,3 +145,81 @@ def test_a_literal_match_lies_in_the_title_or_in_the_summary_never_across_them(
     assert (inside, "literal") in found and (across, "literal") not in found, found
     assert matched(query(conn, "ws1", "live", "q2", {"query": "ALPHA"}))[:2] == [
         (inside, "literal"), (across, "literal")]
+
+
+# Bounded work (issue 31): a member who fills a scope with notes of words sharing one prefix,
+# then asks for many such words, gets an answer from a bounded number of comparisons.
+
+def policy(conn: psycopg.Connection, name: str) -> int:
+    row = conn.execute(f"select (memory_private.policy()).{name}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_fuzzy_search_compares_the_query_s_first_eight_words(
+        conn: psycopg.Connection, w: World) -> None:
+    cap = policy(conn, "fuzzy_words")
+    assert cap == 8
+    words = ["kestrel", "marigold", "tundra", "obelisk", "saffron", "quarry", "lantern",
+             "velvet", "harbor", "juniper", "cobalt", "meadow", "pixel", "walrus", "fjord",
+             "gazebo", "nectar", "orchid", "zephyr", "biscuit"]
+    row = conn.execute("select memory_private.fuzzy_words(%s)",
+                       (" ".join(words + words),)).fetchone()
+    assert row == (words[:cap],)
+    # A typo of the ninth distinct word is not looked for; of the eighth, it is.
+    eighth = add(conn, w, "eighth", "Eighth", f"the word {words[7]}q")
+    ninth = add(conn, w, "ninth", "Ninth", f"the word {words[8]}q")
+    found = ids(query(conn, "ws1", "live", "q1", {"query": " ".join(words)}))
+    assert eighth in found and ninth not in found
+
+
+def scope_words(conn: psycopg.Connection, w: World, n_records: int, per_record: int) -> list[str]:
+    """Records whose words all start with "zor", none a query word: the hostile scope."""
+    words = [f"zor{i:05d}" for i in range(n_records * per_record)]
+    for r in range(n_records):
+        add(conn, w, f"n{r}", "Notes", " ".join(words[r * per_record:(r + 1) * per_record]))
+    return words
+
+
+def test_each_fuzzy_word_is_compared_with_a_bounded_number_of_the_scope_s_words(
+        conn: psycopg.Connection, w: World) -> None:
+    words = scope_words(conn, w, 6, 100)  # 600 words of one prefix
+    near = policy(conn, "fuzzy_neighbours")
+    scope = conn.execute("select scope_id from memory.resolve_scope('ws1', 'live')").fetchone()
+    assert scope is not None
+    query_words = [f"zor{i:05d}x" for i in range(0, 600, 75)]  # 8 words, none held exactly
+    rows = conn.execute(
+        "select query_word, word from memory_private.fuzzy_candidates('ws1', %s, %s)",
+        (scope[0], query_words)).fetchall()
+    by_word: dict[str, list[str]] = {}
+    for q, word in rows:
+        by_word.setdefault(q, []).append(word)
+    assert set(by_word) == set(query_words)
+    for q, compared in by_word.items():
+        # The nearest words in byte order on each side, not the scope's 600.
+        ordered = sorted({*words, *(w.lower() for w in words)})
+        before = [x for x in ordered if x < q][-near:]
+        after = [x for x in ordered if x >= q][:near]
+        assert sorted(compared) == sorted(before + after), q
+        assert len(compared) <= 2 * near
+
+
+def test_a_typo_is_still_found_among_many_words_of_its_prefix(
+        conn: psycopg.Connection, w: World) -> None:
+    scope_words(conn, w, 4, 150)
+    target = add(conn, w, "target", "Zoology", "she studies zoroastrianism at night")
+    answer = query(conn, "ws1", "live", "q1", {"query": "zoroastrianizm"})
+    assert matched(answer)[0] == (target, "fuzzy")
+
+
+def test_the_fuzzy_stage_reads_the_scope_s_words_through_their_key(
+        conn: psycopg.Connection, w: World) -> None:
+    scope_words(conn, w, 2, 50)
+    conn.execute("analyze memory_private.record_words")
+    scope = conn.execute("select scope_id from memory.resolve_scope('ws1', 'live')").fetchone()
+    assert scope is not None
+    plan = "\n".join(r[0] for r in conn.execute(
+        "explain (costs off) select * from memory_private.fuzzy_candidates('ws1', %s, %s)",
+        (scope[0], ["zor00010x", "zor00070x"])).fetchall())
+    assert plan.count("record_words_pkey") == 2, plan
+    assert "Limit" in plan and "Seq Scan" not in plan, plan

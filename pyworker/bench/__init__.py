@@ -3,7 +3,8 @@
 One run, one server, the same connections:
 1. build W workspaces x 256 records (``bench.data``), growing through the sizes of the profile;
 2. at each size: recall for a new request and query_memories over a full scope, each
-   interleaved with a ``SELECT 1`` round trip (``bench.db``);
+   interleaved with a ``SELECT 1`` round trip (``bench.db``); then the worst case of
+   query_memories, a scope filled with notes made to stall fuzzy search (``bench.hostile``);
 3. at the largest size: ingest (``memory.upsert_message``) vs a plain INSERT of the same row,
    and the EXPLAIN of every statement of the hot paths;
 4. the job machinery with the offline model, 1 and 4 workers, vs procrastinate's
@@ -30,7 +31,7 @@ from typing import Any
 import psycopg
 
 from pyworker import schema
-from pyworker.bench import data, db
+from pyworker.bench import data, db, hostile
 
 Section = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -47,12 +48,14 @@ class Profile:
     peer_jobs: int       # jobs per run of the peer
     model_calls: int     # calls per adapter for the worker overhead
     floor_samples: int = 1000
+    hostile_notes: int = 256   # notes of the worst-case search's scope
+    hostile_samples: int = 200
 
 
 PROFILES = {
     "quick": Profile("quick", sizes=(4, 16), recall_samples=150, query_samples=60,
                      ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
-                     floor_samples=400),
+                     floor_samples=400, hostile_samples=30),
     "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
                        query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
                        model_calls=40, floor_samples=4000),
@@ -61,7 +64,7 @@ PROFILES = {
 TARGETS = {
     "recall_p50_x_floor": 3.0, "recall_p99_x_floor": 6.0, "recall_flat_p50": 1.3,
     "query_p50_x_floor": 10.0, "ingest_rate_of_floor": 1 / 3, "jobs_x_peer": 1.0,
-    "pi_rpc_added_ms": 50.0,
+    "pi_rpc_added_ms": 50.0, "hostile_query_p50_ms": 50.0,
 }
 
 
@@ -200,6 +203,9 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                                          "args": question["args"], "reads": question.get("reads")}
                 result["recall"][str(width)] = recall
                 result["query"][str(width)] = query
+            log(f"query_memories worst case ({profile.hostile_notes} hostile notes)")
+            result["hostile_query"] = hostile.measure(conn, profile.hostile_samples,
+                                                      profile.hostile_notes)
             result["dataset"]["consistency"] = data.check_consistency(conn)
             log(f"ingest at W={have}")
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
@@ -332,6 +338,14 @@ def verdict(result: Section) -> list[dict[str, Any]]:
                              TARGETS["query_p50_x_floor"]))
     else:
         out.append({"name": "query_memories", "met": None, "note": "not available yet"})
+    worst = result.get("hostile_query", {})
+    if worst.get("status") == "ok":
+        out.append(db.target(f"query_memories worst case p50 ms ({worst['scope_records']} "
+                             "hostile notes, 32 fuzzy words)", worst["query"]["p50_ms"],
+                             TARGETS["hostile_query_p50_ms"]))
+    else:
+        out.append({"name": "query_memories worst case", "met": None,
+                    "note": worst.get("reason", "not available yet")})
     wide = result.get("explain", {}).get("wide_reads")
     if wide:
         nodes = sum(len(v) for v in wide["nodes"].values())
@@ -455,6 +469,11 @@ def markdown(result: Section) -> str:
                     q["question"].get("reads"))
         else:
             lines.append(f"| query_memories | {width} | {q.get('reason')} | | | | | | | | |")
+    worst = result.get("hostile_query", {})
+    if worst.get("status") == "ok":
+        row(f"query_memories worst case: 32 fuzzy words over {worst['scope_records']} hostile "
+            f"notes (target p50 <= {_fmt(worst['target_ms'])} ms)", 1, worst["query"],
+            worst["floor"], worst.get("reads"))
     ing = result.get("ingest", {})
     if ing.get("status") == "ok":
         row("upsert_message vs plain INSERT, 1 per transaction", ing["workspaces"],

@@ -374,7 +374,7 @@ def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
 SETTLED_TABLES = ("workspaces", "workspace_memory", "members", "bots", "chats", "topics",
                   "repository_grants", "requests", "messages", "scopes", "records",
                   "record_dependencies", "record_usage", "record_texts", "record_documents",
-                  "record_lines", "index_dependencies")
+                  "record_lines", "record_words", "index_dependencies")
 
 
 def settle(conn: psycopg.Connection) -> None:

@@ -16,8 +16,13 @@ command) becomes one request of the memory, in this order:
 re-reports the text; an edit that no longer addresses the bot removes the message from the
 memory. ``my_chat_member`` keeps the group's linked state (and a private user's active flag),
 ``chat_member`` and the member service messages keep members and roles current. Non-directed
-group traffic is dropped before anything is sent to the database (V10). Updates of one chat are
-handled one at a time, in order; chats run concurrently.
+group traffic is dropped before anything is sent to the database (V10). A forward is reported
+as a quotation (someone else's words, never a request of the member who forwarded it).
+
+An update is confirmed to Telegram only once it is reported (step 1): when the database cannot
+be reached it is left unconfirmed and Telegram delivers it again (``_poll``; the webhook answers
+500). Updates are reported one at a time, in order; the answers (steps 2-3) run after their
+report, one at a time per chat and in order, chats concurrently.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import PRODUCTION, TelegramAPIServer
 from aiogram.enums import ChatType
 from aiogram.exceptions import TelegramAPIError
+from aiogram.methods import GetUpdates
 from aiogram.types import Chat, ChatMemberUpdated, Message, TelegramObject, Update, User
 
 from pyworker import errors
@@ -64,6 +70,16 @@ HELP = (
 SORRY = "Sorry, I could not answer this time."
 # What can go wrong with the memory: its own coded errors, a lost database, anything else of it.
 DB_ERRORS = (errors.MemoryError_, DatabaseUnavailable, psycopg.Error)
+RETRY_SECONDS = (0.5, 30.0)  # the wait before Telegram's next delivery, doubling: first, most
+
+
+class NotReported(Exception):
+    """The database could not be reached while an update was being reported: it must not be
+    confirmed to Telegram, which then delivers it again (polling: the offset stays before it;
+    webhook: the handler fails, the server answers 500). Nothing of it was answered."""
+
+
+FollowUp = Callable[[], Awaitable[None]]  # what a message handler leaves to do after its report
 
 
 def render_recall(recall: Recall) -> str:
@@ -123,6 +139,9 @@ class MemoryBot:
         self.webhook_address: tuple[str, int] | None = None
         self._locks: weakref.WeakValueDictionary[int, asyncio.Lock] = (
             weakref.WeakValueDictionary())
+        self._answer_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+        self._tasks: set[asyncio.Task[None]] = set()  # answers running after their report
         self._stopped = asyncio.Event()
         self._inflight = 0  # updates being handled
         self._idle = asyncio.Event()
@@ -161,20 +180,68 @@ class MemoryBot:
         self._stopped.set()
 
     async def _poll(self, handle_signals: bool) -> None:
-        polling = asyncio.create_task(self.dispatcher.start_polling(
-            self.bot, polling_timeout=self.settings.polling_timeout,
-            handle_signals=handle_signals, close_bot_session=False))
+        """getUpdates until :meth:`stop`. Each update is reported before the next is taken, and
+        confirmed (the next call's offset moves past it) only once reported: an update whose
+        report could not reach the database (:class:`NotReported`) is left unconfirmed, and
+        Telegram delivers it again after a wait (aiogram's own polling confirms every update,
+        whatever its handler did). Answers run after the report, per chat, in order."""
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._stopped.set)
+        allowed = self.dispatcher.resolve_used_update_types()
+        offset: int | None = None
+        wait = 0.0
+        while not self._stopped.is_set():
+            if wait:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), wait)
+                if self._stopped.is_set():
+                    break
+            try:
+                updates = await self._until_stopped(self.bot(
+                    GetUpdates(offset=offset, timeout=self.settings.polling_timeout,
+                               allowed_updates=allowed),
+                    request_timeout=int((self.bot.session.timeout or 0)
+                                        + self.settings.polling_timeout)))
+            except Exception as exc:  # noqa: BLE001 - Telegram unreachable: try again later
+                wait = _longer(wait)
+                event("updates_not_fetched", logging.WARNING, retry_s=wait,
+                      error=f"{type(exc).__name__}: {exc}")
+                continue
+            if updates is None:
+                break
+            wait = 0.0
+            for update in updates:
+                try:
+                    await self.dispatcher.feed_update(self.bot, update)
+                except NotReported as exc:
+                    wait = _longer(wait)
+                    event("update_not_reported", logging.WARNING, update_id=update.update_id,
+                          retry_s=wait, error=str(exc))
+                    break  # this one and those after it stay unconfirmed: delivered again
+                except Exception as exc:  # noqa: BLE001 - a bug: confirmed, as aiogram does
+                    event("update_failed", logging.ERROR, update_id=update.update_id,
+                          error=f"{type(exc).__name__}: {exc}")
+                offset = update.update_id + 1
+        if offset is not None:  # Telegram learns the offset from the next call: confirm now
+            with suppress(Exception):
+                await self.bot(GetUpdates(offset=offset, timeout=0, limit=1))
+
+    async def _until_stopped(self, call: Awaitable[T]) -> T | None:
+        """The call's result, or None when :meth:`stop` came first (the call is cancelled)."""
+        task = asyncio.ensure_future(call)
         stopped = asyncio.create_task(self._stopped.wait())
         try:
-            await asyncio.wait({polling, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            while not polling.done():
-                try:
-                    await self.dispatcher.stop_polling()
-                except RuntimeError:  # stopped before polling began: once it has begun
-                    await asyncio.sleep(0.05)
-            await polling
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            return None
+        return task.result()
 
     async def aclose(self) -> None:
         await self.bot.session.close()
@@ -189,7 +256,11 @@ class MemoryBot:
         s = self.settings
         assert s.webhook_url is not None
         app = web.Application()
-        SimpleRequestHandler(self.dispatcher, self.bot, secret_token=s.webhook_secret).register(
+        # Not in the background: Telegram gets its answer once the update is reported, and an
+        # error status (NotReported: the database could not be reached) when it was not, so it
+        # delivers the update again. The answer to a message runs after the report.
+        SimpleRequestHandler(self.dispatcher, self.bot, secret_token=s.webhook_secret,
+                             handle_in_background=False).register(
             app, path=urlsplit(s.webhook_url).path or "/")
         runner = web.AppRunner(app)
         await runner.setup()
@@ -212,34 +283,71 @@ class MemoryBot:
 
     async def _in_order(self, handler: Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]],
                         update: TelegramObject, data: dict[str, Any]) -> Any:
-        """Updates of one chat one at a time, in the order they came; chats concurrently."""
+        """Updates of one chat one at a time, in the order they came; chats concurrently. A
+        handler that leaves an answer to give (a :data:`FollowUp`, once its message is
+        reported) has it run in the background, after the chat's earlier answers."""
         chat = getattr(getattr(update, "event", None), "chat", None)
-        lock = self._locks.setdefault(chat.id if isinstance(chat, Chat) else 0, asyncio.Lock())
+        key = chat.id if isinstance(chat, Chat) else 0
         began = time.monotonic()
+        self._enter()
+        follows = False
+        try:
+            async with self._lock(self._locks, key):
+                result = await handler(update, data)
+            if callable(result):
+                follows = True
+                task = asyncio.create_task(self._follow(key, result, update, began))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return None
+            return result
+        finally:
+            if not follows:
+                self._leave(update, began)
+
+    async def _follow(self, key: int, follow_up: FollowUp, update: TelegramObject,
+                      began: float) -> None:
+        try:
+            async with self._lock(self._answer_locks, key):
+                await follow_up()
+        except Exception as exc:  # noqa: BLE001 - logged; the bot goes on
+            event("answer_crashed", logging.ERROR, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._leave(update, began)
+
+    @staticmethod
+    def _lock(locks: weakref.WeakValueDictionary[int, asyncio.Lock], key: int) -> asyncio.Lock:
+        lock = locks.get(key)
+        if lock is None:
+            lock = locks[key] = asyncio.Lock()
+        return lock
+
+    def _enter(self) -> None:
         self._inflight += 1
         self._idle.clear()
-        try:
-            async with lock:
-                return await handler(update, data)
-        finally:
-            self._inflight -= 1
-            if not self._inflight:
-                self._idle.set()
-            if isinstance(update, Update):
-                event("update_handled", update_id=update.update_id, kind=update.event_type,
-                      ms=round((time.monotonic() - began) * 1000))
-                if self.on_update_handled is not None:
-                    self.on_update_handled(update)
+
+    def _leave(self, update: TelegramObject, began: float) -> None:
+        self._inflight -= 1
+        if not self._inflight:
+            self._idle.set()
+        if isinstance(update, Update):
+            event("update_handled", update_id=update.update_id, kind=update.event_type,
+                  ms=round((time.monotonic() - began) * 1000))
+            if self.on_update_handled is not None:
+                self.on_update_handled(update)
 
     async def _report(self, what: str, workspace_id: str, report: Callable[[], None],
                       **fields: Any) -> bool:
         """Runs ``report`` (facts for the database) off the event loop; logs ``what`` or why
-        it failed. Whether it worked."""
+        it failed. Whether it worked; NotReported when the database could not be reached
+        (Telegram then delivers the update again)."""
         try:
             await self._db(report)
         except DB_ERRORS as exc:
             event("facts_not_reported", logging.WARNING, workspace_id=workspace_id, what=what,
                   error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, DatabaseUnavailable):
+                raise NotReported(f"{what}: {exc}") from exc
             return False
         event(what, workspace_id=workspace_id, **fields)
         return True
@@ -304,28 +412,30 @@ class MemoryBot:
 
     # Messages -----------------------------------------------------------------------------------
 
-    async def on_message(self, message: Message) -> None:
+    async def on_message(self, message: Message) -> FollowUp | None:
         me = self.me
         assert me is not None
         chat = message.chat
         if chat.type not in (ChatType.PRIVATE, *mapping.GROUP_TYPES):
-            return
+            return None
         if message.migrate_to_chat_id is not None:  # became a supergroup: a new chat id
             await self._link_group(chat, linked=False, admins=[])
-            return
+            return None
         if message.new_chat_members or message.left_chat_member:
             await self._member_service(message, me)
-            return
-        user, text = message.from_user, mapping.text_of(message)
+            return None
+        # A forwarded message is reported as what it is, someone else's words quoted
+        # (mapping.reported_text): the database then refuses it as a direct request.
+        user, text = message.from_user, mapping.reported_text(message)
         if user is None or user.is_bot or message.sender_chat is not None or not text:
-            return  # channels, anonymous admins, other bots, stickers: no person, no text
+            return None  # channels, anonymous admins, other bots, stickers: no person, no text
         if not mapping.is_directed(message, me):
-            return  # ordinary group traffic never reaches the memory (V10)
+            return None  # ordinary group traffic never reaches the memory (V10)
         command = mapping.command_of(message, me)
         if command in ("start", "help"):
             with suppress(TelegramAPIError):
                 await self._send(message, HELP)
-            return
+            return None
         place = mapping.place_of(self.settings.workspace_prefix, message)
         membership = await self._membership(chat, user) if place.kind == "group" else None
         reported = await self._report(
@@ -334,11 +444,11 @@ class MemoryBot:
         if not reported:
             with suppress(TelegramAPIError):
                 await self._send(message, SORRY)
-            return
+            return None
         if command == "memory":
             await self.show_memory(message, place, str(user.id))
-        else:
-            await self.answer(message, place, str(user.id), text)
+            return None
+        return await self.report_message(message, place, str(user.id), text)
 
     def _conversation(self, message: Message, place: mapping.Place, recall: Recall,
                       text: str) -> list[dict[str, Any]]:
@@ -368,28 +478,41 @@ class MemoryBot:
                 {"role": "system", "content": memory},
                 {"role": "user", "content": json.dumps(header, ensure_ascii=False) + "\n" + text}]
 
-    async def answer(self, message: Message, place: mapping.Place, user_id: str,
-                     text: str) -> None:
-        """One answer, one request: running while the model works, then succeeded or failed
-        with its spend."""
+    async def report_message(self, message: Message, place: mapping.Place, user_id: str,
+                             text: str) -> FollowUp | None:
+        """The request reported ``running`` and the message stored: then the answer follows
+        (returned, to run after the chat's earlier answers). :class:`NotReported` when the
+        database could not be reached: Telegram delivers the message again."""
         ws, request_id = place.workspace_id, mapping.request_key(message)
         ids: dict[str, Any] = {"workspace_id": ws, "request_id": request_id}
         try:
             await self._db(self._report_request, place, user_id, request_id, "running")
-        except errors.Conflict:
-            # Telegram delivered the update again (the bot stopped before confirming it): the
-            # request already finished, and the message was answered or failed once.
-            event("duplicate_update", **ids)
-            return
-        except DB_ERRORS as exc:
-            await self._fail(message, place, user_id, request_id, Decimal(0), exc)
-            return
-        spent = Decimal(0)
-        try:
             await self._db(self.memory.upsert_message, ws,
                            mapping.message_key(message.chat.id, message.message_id),
                            request_id, "user", user_id, text, directed=True,
                            retain_until=self._retain_until(message.date))
+        except errors.Conflict:
+            # Telegram delivered the update again (the bot stopped before confirming it): the
+            # request already finished, and the message was answered or failed once.
+            event("duplicate_update", **ids)
+            return None
+        except DatabaseUnavailable as exc:
+            event("message_not_reported", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                  **ids)
+            raise NotReported(f"message {request_id}: {exc}") from exc
+        except DB_ERRORS as exc:
+            await self._fail(message, place, user_id, request_id, Decimal(0), exc)
+            return None
+        return lambda: self.answer(message, place, user_id, text)
+
+    async def answer(self, message: Message, place: mapping.Place, user_id: str,
+                     text: str) -> None:
+        """One answer, one request (reported ``running``, its message stored): the model's
+        answer, then the request ``succeeded`` or ``failed`` with its spend."""
+        ws, request_id = place.workspace_id, mapping.request_key(message)
+        ids: dict[str, Any] = {"workspace_id": ws, "request_id": request_id}
+        spent = Decimal(0)
+        try:
             recall = await self._db(self.memory.recall, ws, request_id)
             await self._typing(message)
 
@@ -480,7 +603,7 @@ class MemoryBot:
             return
         place = mapping.place_of(self.settings.workspace_prefix, message)
         key = mapping.message_key(message.chat.id, message.message_id)
-        text = mapping.text_of(message)
+        text = mapping.reported_text(message)
         outcome: str
         try:
             if text and mapping.is_directed(message, me):
@@ -495,6 +618,8 @@ class MemoryBot:
         except DB_ERRORS as exc:
             event("edit_not_reported", logging.WARNING, workspace_id=place.workspace_id,
                   message_id=key, error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, DatabaseUnavailable):
+                raise NotReported(f"edit {key}: {exc}") from exc
             return
         event("edit_reported", workspace_id=place.workspace_id, message_id=key, outcome=outcome)
 
@@ -568,3 +693,8 @@ async def serve(settings: Settings) -> None:
     """``pimem telegram``: the bot until SIGTERM or SIGINT."""
     bot = MemoryBot(settings)
     await bot.run(handle_signals=True)
+
+
+def _longer(wait: float) -> float:
+    """The next wait before asking Telegram again: doubling, within RETRY_SECONDS."""
+    return min(max(wait * 2, RETRY_SECONDS[0]), RETRY_SECONDS[1])

@@ -81,6 +81,39 @@ def text_of(message: Message) -> str | None:
     return message.text if message.text is not None else message.caption
 
 
+def is_forwarded(message: Message) -> bool:
+    """Whether the message is a forward: someone else's words, not its sender's."""
+    return message.forward_origin is not None
+
+
+def origin_of(message: Message) -> str:
+    """Who wrote a forwarded message, as Telegram tells it."""
+    origin = message.forward_origin
+    user = getattr(origin, "sender_user", None)
+    if user is not None:
+        return f"{user.full_name} (user {user.id})"
+    name = getattr(origin, "sender_user_name", None)
+    if name:
+        return str(name)
+    chat = getattr(origin, "sender_chat", None) or getattr(origin, "chat", None)
+    if chat is not None:
+        return f"{chat.title or chat.id} (chat {chat.id})"
+    return "someone"
+
+
+def reported_text(message: Message) -> str | None:
+    """The text the memory stores for a message. A forward is reported as the quotation it
+    is: a line naming its origin, then the text with every line quoted (``> ``). The database
+    reads a quotation as no direct request (memory_private.request_form: "quoted"), so a
+    forwarded "remember that ..." is refused as the forwarding member's request (C1, C2), and
+    extraction sees whose words they were (V9)."""
+    text = text_of(message)
+    if text is None or not is_forwarded(message):
+        return text
+    quoted = "\n".join(f"> {line}" for line in text.split("\n"))
+    return f"[forwarded from {origin_of(message)}]\n{quoted}"
+
+
 def command_of(message: Message, me: User) -> str | None:
     """The bot command a message opens with (``/memory`` or ``/memory@this_bot``), lower-case,
     or None (also for a command addressed to another bot)."""
@@ -95,10 +128,12 @@ def command_of(message: Message, me: User) -> str | None:
 
 def is_directed(message: Message, me: User) -> bool:
     """Whether a message is meant for the bot: everything in a private chat; in a group a
-    mention of the bot, a reply to one of its messages, or a command (for it). Nothing else in
-    a group ever reaches the memory (V10)."""
+    mention of the bot, a reply to one of its messages, or a command (for it), never a forward
+    (its mentions are its author's). Nothing else in a group ever reaches the memory (V10)."""
     if message.chat.type == ChatType.PRIVATE:
         return True
+    if is_forwarded(message):
+        return False  # a mention in it is its author's, not the forwarding member's
     text = text_of(message) or ""
     username = (me.username or "").lower()
     for entity in (message.entities or message.caption_entities or []):
