@@ -175,8 +175,8 @@ create or replace function memory_private.index_records(
   as $$
 begin
   -- What the searches read of the given records, derived from their title and summary: the
-  -- word search's document, the literal search's folded text and, with p_lines, the documents
-  -- of the summary's lines.
+  -- word search's document, the fuzzy search's words, the literal search's folded text and,
+  -- with p_lines, the documents of the summary's lines.
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
@@ -198,6 +198,14 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         search_text = excluded.search_text, grams = excluded.grams;
+  delete from memory_private.record_words
+   where workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
+  select d.workspace_id, d.scope_id, l.word, d.record_id
+    from memory_private.record_documents d
+   cross join lateral unnest(tsvector_to_array(d.document)) l(word)
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and char_length(l.word) >= 3;
   delete from memory_private.record_lines
    where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
   insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
@@ -208,8 +216,8 @@ begin
 end
 $$;
 comment on function memory_private.index_records(text, bigint[], boolean) is
-  'Writes what the searches read of the given records: their documents (record_documents), '
-  'their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
+  'Writes what the searches read of the given records: their documents (record_documents) and '
+  'words (record_words), their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
   'documents (record_lines). The records trigger calls it for one record; a bulk load with '
   'triggers off calls it for all it loaded.';
 
