@@ -44,7 +44,7 @@ def status_view(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
     names = [d.name for d in cur.description or []]
     row = cur.fetchone()
     assert row is not None
-    return dict(zip(names, row))
+    return dict(zip(names, row, strict=True))
 
 
 def test_a_job_that_kills_every_worker_stops_after_three_claims_with_a_visible_reason(
