@@ -309,7 +309,7 @@ comment on function memory_private.content_hash(text) is
 create function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
-  as $$ select 9 $$;
+  as $$ select 2 $$;
 comment on function memory.schema_version() is
   'The schema version of this database: the number of the last migration applied (0001 = 1). '
   'pimem migrate fails when it differs from the version the package expects.';
