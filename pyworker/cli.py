@@ -91,6 +91,10 @@ def migrate(
             f"node(s) ({cluster.reference_tables} reference tables, "
             f"{cluster.distributed_tables} tables by workspace, "
             f"{cluster.workspace_functions} functions delegated by workspace)", markup=False)
+        console.print(
+            "[yellow]Citus support is not finished: recall, the tools and the job commits do "
+            "not yet run correctly on a cluster; keep production on one PostgreSQL server "
+            "(docs/scaling.md)[/yellow]")
 
 
 @app.command("schema-bundle")

@@ -123,6 +123,7 @@ def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
     assert result.exit_code == 0, result.output
     assert "already up to date" in result.output
     assert "Citus" in result.output and "2 worker" in result.output
+    assert "not finished" in result.output  # says what does not run on a cluster yet
     with psycopg.connect(cluster.dsn) as conn:
         assert conn.execute("select count(*) from pg_dist_object").fetchone() == before
         assert conn.execute("select memory_private.distribute()").fetchone() == (
