@@ -100,11 +100,13 @@ def migrate(
 @app.command("schema-bundle")
 def schema_bundle() -> None:
     """Regenerate the unreleased first migration from sql/ (maintainers, in a checkout)."""
+    from pyworker.lab import releases
+
     if not schema.in_checkout():
         console.print("[red]schema-bundle runs in a source checkout only[/red]")
         raise typer.Exit(1)
     try:
-        path = schema.write_initial_migration()
+        path = releases.write_initial_migration()
     except schema.MigrateError as exc:
         console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
@@ -120,7 +122,8 @@ def freeze_release(
 ) -> None:
     """Record VERSION in migrations/releases.json: its migration files and their sha256, the
     schema version and the API per role (maintainers, in a checkout; docs/migrations.md)."""
-    from pyworker import __version__, releases
+    from pyworker import __version__
+    from pyworker.lab import releases
 
     if not schema.in_checkout():
         console.print("[red]freeze-release runs in a source checkout only[/red]")
@@ -234,7 +237,7 @@ def bench(
                       "pip install 'pimem[bench]' (from a checkout: scripts/bench). Without it "
                       "the growth plot and the procrastinate peer are reported as not "
                       "available.", markup=False)
-    from pyworker import bench as benchmark
+    from pyworker.lab import bench as benchmark
 
     profile = benchmark.profile_for(quick, sizes)
     if server not in ("embedded", "local"):
@@ -281,8 +284,9 @@ def eval_(
     ] = False,
 ) -> None:
     """Measure whether recall finds what was said, on LoCoMo conversations (docs/quality.md)."""
-    from pyworker import evaluate, locomo, schema
+    from pyworker import schema
     from pyworker.adapters import AdapterUnavailable
+    from pyworker.lab import evaluate, locomo
     from pyworker.payload import ModelRef
 
     variants: list[locomo.Variant]
@@ -325,7 +329,7 @@ def demo(
         help="models.json with custom Pi providers")] = None,
 ) -> None:
     """Run the whole pipeline on a bundled sample and print what a bot would get."""
-    from pyworker.demo import run_demo
+    from pyworker.lab.demo import run_demo
 
     provider, _, model_id = model_ref.partition("/")
     try:
@@ -356,8 +360,8 @@ def telegram(
                       "pip install 'pimem[telegram]'", markup=False)
         raise typer.Exit(2)
     from pyworker import logs
-    from pyworker.telegram.bot import serve
-    from pyworker.telegram.config import Settings, SettingsError
+    from pyworker.contrib.telegram.bot import serve
+    from pyworker.contrib.telegram.config import Settings, SettingsError
 
     logs.setup(log_level)
     try:

@@ -295,26 +295,3 @@ def distribute(dsn: str) -> dict[str, int]:
     counts = dict(row[0])
     event("citus_distributed", logging.INFO, **counts)
     return counts
-
-
-INITIAL_MIGRATION = MIGRATIONS_DIR / "0001_initial.sql"
-BUNDLE_HEADER = """\
--- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
--- is regenerated from sql/; after it, it never changes and every change ships as a new migration
--- (see docs/migrations.md).
-"""
-
-
-def write_initial_migration() -> Path:
-    """Regenerates the unreleased first migration from the canonical files; refuses once a
-    release has frozen it (then every change is a new migration)."""
-    from pyworker import releases
-
-    for release in releases.load(INITIAL_MIGRATION.parent):
-        if INITIAL_MIGRATION.name in release.migrations:
-            raise MigrateError(
-                f"{INITIAL_MIGRATION.name} was released in {release.version} and is frozen: "
-                "write the change as a new migration NNNN_<what>.sql (docs/migrations.md)")
-    INITIAL_MIGRATION.write_text(BUNDLE_HEADER + "\n" + canonical_sql())
-    return INITIAL_MIGRATION

@@ -31,9 +31,6 @@ from pyworker.logs import event
 from pyworker.payload import UNKNOWN_USAGE, ClaimPayload, ReplyError, reply_object
 from pyworker.prompting import build_prompt
 
-# Debug hook for the crash tests: seconds to pause after the checkpoint and before the commit.
-PAUSE_AFTER_CHECKPOINT = "PIMEM_DEBUG_PAUSE_AFTER_CHECKPOINT"
-
 
 @dataclass
 class WorkerConfig:
@@ -306,10 +303,6 @@ class Worker:
             return self._fail(job, ids, "failed", "worker_error",
                               usage if usage is not None else UNKNOWN_USAGE.as_json())
         self._log("checkpoint_saved", **ids)
-        pause = float(os.environ.get(PAUSE_AFTER_CHECKPOINT) or 0)
-        if pause:
-            self._log("debug_pause_after_checkpoint", seconds=pause, **ids)
-            time.sleep(pause)
         return self._commit(job, ids)
 
     def _commit(self, job: ClaimPayload, ids: dict[str, Any]) -> TickResult:

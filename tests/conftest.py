@@ -21,7 +21,7 @@ The canonical schema (``sql/``) is built once into a template database. Tests se
   changes the schema (creates a function, disables a trigger).
 
 **The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs it after the main suite): the
-server is a throwaway Citus cluster (a coordinator and two workers, ``pyworker.servers.
+server is a throwaway Citus cluster (a coordinator and two workers, ``pyworker.lab.servers.
 CitusCluster``), the schema is built by ``pimem migrate`` on the coordinator (which distributes
 it), and every test runs against that one distributed database: ``conn`` and ``db_dsn`` alike,
 reset after every test as the shared database is. A test that changes the schema
@@ -48,7 +48,7 @@ import psycopg
 import pytest
 
 from pyworker import schema
-from pyworker.servers import CitusCluster, LocalCluster, citus_available, find_bindir
+from pyworker.lab.servers import CitusCluster, LocalCluster, citus_available, find_bindir
 from tests.shared_db import SharedDatabase
 
 pytest_plugins = ["tests.scheduling"]  # the long tests first, work stealing (under xdist)

@@ -1,5 +1,5 @@
 """The HTTP part of the tests' fake servers: a threaded server on 127.0.0.1 that answers every
-POST with JSON from :meth:`JsonServer.handle`; its lifecycle is pyworker.fakemodel.LocalServer's,
+POST with JSON from :meth:`JsonServer.handle`; its lifecycle is pyworker.testing.LocalServer's,
 shared with the fake model server."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from pyworker.fakemodel import LocalServer
+from pyworker.testing import LocalServer
 
 
 class JsonServer(LocalServer):

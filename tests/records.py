@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from pyworker.bench.data import DEPENDENCY_COPIES_DIFFERING, RECORDS_WITHOUT_USAGE
+from pyworker.lab.bench.data import DEPENDENCY_COPIES_DIFFERING, RECORDS_WITHOUT_USAGE
 
 
 def scope_of(conn: psycopg.Connection, ws: str, request: str) -> int:

@@ -18,10 +18,10 @@ from psycopg.rows import dict_row
 
 from pyworker.adapters.openai_compat import OpenAIAdapter, Price, load_prices
 from pyworker.client import MemoryClient
-from pyworker.fakemodel import FakeModel
+from pyworker.contrib.telegram.bot import MemoryBot
+from pyworker.contrib.telegram.config import Settings
 from pyworker.payload import ModelRef
-from pyworker.telegram.bot import MemoryBot
-from pyworker.telegram.config import Settings
+from pyworker.testing import FakeModel
 from pyworker.worker import Worker, WorkerConfig
 from tests.fake_chat import FakeChat
 from tests.fake_telegram import FakeTelegram, JsonDict

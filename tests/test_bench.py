@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pyworker.bench import takeout
-from pyworker.bench.db import reads_per_call, start_reads
 from pyworker.cli import app
-from pyworker.servers import LocalCluster
+from pyworker.lab.bench import takeout
+from pyworker.lab.bench.db import reads_per_call, start_reads
+from pyworker.lab.servers import LocalCluster
 
 # The quick profile over fewer workspaces, unless PIMEM_TEST_BENCH=quick.
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
@@ -34,7 +34,7 @@ SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "hostile
             "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
 
 
-# What the bench's loader writes (pyworker.bench.data.build_workspaces), the searches' derived
+# What the bench's loader writes (pyworker.lab.bench.data.build_workspaces), the searches' derived
 # tables included.
 LOADED = ["workspaces", "workspace_memory", "members", "bots", "chats", "topics",
           "repository_grants", "requests", "messages", "scopes", "records", "record_dependencies",
@@ -157,7 +157,7 @@ Nested Loop  (cost=48.90..128.49 rows=1 width=80) (actual time=0.030..26.7 rows=
 
 
 def test_the_plan_check_finds_whole_table_reads_and_nothing_else() -> None:
-    from pyworker.bench.db import wide_reads
+    from pyworker.lab.bench.db import wide_reads
 
     found = wide_reads([HASHED_SUBPLAN], 512)
     assert [(n["node"], n["table"], n["rows"]) for n in found] == [

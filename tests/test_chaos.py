@@ -28,8 +28,8 @@ import psycopg
 import pytest
 
 from pyworker import schema
-from pyworker.fakemodel import FakeModel, default_reply
-from pyworker.servers import find_bindir
+from pyworker.lab.servers import find_bindir
+from pyworker.testing import FakeModel, default_reply
 from tests.conftest import local_cluster
 from tests.factory import World
 

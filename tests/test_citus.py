@@ -1,5 +1,5 @@
 """The schema on a real Citus cluster: a coordinator and two workers of the machine's
-PostgreSQL with Citus installed (pyworker.servers.CitusCluster), built and distributed by
+PostgreSQL with Citus installed (pyworker.lab.servers.CitusCluster), built and distributed by
 ``pimem migrate`` on the coordinator (docs/scaling.md).
 
 Skipped, with one line saying why, when Citus is not installed (scripts/bootstrap builds it from
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from pyworker import schema
 from pyworker.cli import app
-from pyworker.servers import CitusCluster, citus_available, find_bindir
+from pyworker.lab.servers import CitusCluster, citus_available, find_bindir
 from tests.conftest import cluster_parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.no_citus("starts a cluster of its own")]

@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from pyworker import evaluate, locomo
-from pyworker.adapters.replay import ReplayAdapter
+from pyworker.lab import evaluate, locomo
+from pyworker.lab.replay import ReplayAdapter
 from pyworker.payload import ExtractInput, Limits, ModelRef, Source
 
 MINI = Path(__file__).parent / "data" / "locomo-mini.json"
@@ -130,7 +130,7 @@ def test_the_command_runs_the_offline_model_and_says_when_it_cannot_plot(
 
 def test_the_eval_runs_a_model_adapter_through_the_worker(
         db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyworker.fakemodel import FakeModel
+    from pyworker.testing import FakeModel
 
     monkeypatch.setenv("PIMEM_PRICES", json.dumps({"fake/m": {"input": 3, "output": 15}}))
     monkeypatch.setenv("PIMEM_OPENAI_API_KEY", "fake-key")

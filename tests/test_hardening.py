@@ -200,7 +200,7 @@ def test_the_demo_and_the_command_errors_print_model_and_database_text_literally
     from typer.testing import CliRunner
 
     from pyworker.cli import app
-    from pyworker.demo import show_recall, show_records
+    from pyworker.lab.demo import show_recall, show_records
 
     record = {"id": 1, "title": HOSTILE_TEXT, "summary": "a line [m1]\n" + HOSTILE_TEXT,
               "speaker_ids": [HOSTILE_TEXT], "source_ids": ["m1", HOSTILE_TEXT]}

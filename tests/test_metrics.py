@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyworker import metrics
-from pyworker.fakemodel import FakeModel
+from pyworker.testing import FakeModel
 from tests.test_worker_e2e import CALL_COST, finished_conversation, make_worker, openai_adapter
 
 ROOT = Path(__file__).resolve().parent.parent

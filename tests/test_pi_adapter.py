@@ -16,8 +16,8 @@ import pytest
 
 from pyworker.adapters.base import Cancelled, DeadlineExceeded, ModelFailure
 from pyworker.adapters.pi import PiAdapter, pi_unavailable_reason
-from pyworker.fakemodel import FakeModel
 from pyworker.prompting import build_prompt
+from pyworker.testing import FakeModel
 from tests.test_worker_units import payload
 
 REASON = pi_unavailable_reason()

@@ -31,9 +31,10 @@ from psycopg.types.json import Jsonb
 from typer.testing import CliRunner
 
 import pyworker
-from pyworker import releases, schema
+from pyworker import schema
 from pyworker.adapters import make_adapter
 from pyworker.cli import app
+from pyworker.lab import releases
 from pyworker.worker import Worker, WorkerConfig
 from tests.catalog import SCHEMAS, snapshot
 from tests.conftest import Server
@@ -175,11 +176,11 @@ def test_the_freeze_guard_refuses_an_edited_release_and_a_migration_numbered_bef
 
 def test_a_frozen_first_migration_is_never_regenerated_and_a_release_is_frozen_once(
         synthetic: Synthetic, pg_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    initial = synthetic.release_dir / schema.INITIAL_MIGRATION.name
+    initial = synthetic.release_dir / releases.INITIAL_MIGRATION.name
     before = initial.read_bytes()
-    monkeypatch.setattr(schema, "INITIAL_MIGRATION", initial)
+    monkeypatch.setattr(releases, "INITIAL_MIGRATION", initial)
     with pytest.raises(schema.MigrateError, match="is frozen"):
-        schema.write_initial_migration()
+        releases.write_initial_migration()
     assert initial.read_bytes() == before
     with pytest.raises(ValueError, match="is not after the last release"):
         releases.freeze(synthetic.release.version, dsn=pg_server.admin_dsn,

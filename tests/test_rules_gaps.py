@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pyworker.fakemodel import FakeModel
 from pyworker.prompting import build_prompt
+from pyworker.testing import FakeModel
 from pyworker.worker import WorkerConfig
 from tests.factory import World
 from tests.jobs_world import (

@@ -96,7 +96,7 @@ def test_pimem_telegram_without_the_extra_names_it(monkeypatch: pytest.MonkeyPat
 def test_the_worker_and_the_cli_never_import_aiogram() -> None:
     probe = ("import sys, pyworker.cli, pyworker.worker, pyworker.client\n"
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiogram', 'aiohttp')"
-             " or m.startswith('pyworker.telegram')))")
+             " or m.startswith('pyworker.contrib.telegram')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"

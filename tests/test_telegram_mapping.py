@@ -12,9 +12,9 @@ from aiogram.types import Message, User
 from pydantic import TypeAdapter
 
 from pyworker.client import Recall
-from pyworker.telegram import mapping
-from pyworker.telegram.bot import render_recall
-from pyworker.telegram.config import Settings, SettingsError
+from pyworker.contrib.telegram import mapping
+from pyworker.contrib.telegram.bot import render_recall
+from pyworker.contrib.telegram.config import Settings, SettingsError
 from tests.fake_telegram import entities_of, member
 
 ME = User(id=7_000_001, is_bot=True, first_name="Memo", username="memo_bot")

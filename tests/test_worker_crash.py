@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from pyworker.adapters.pi import pi_unavailable_reason
-from pyworker.fakemodel import FakeModel
+from pyworker.testing import FakeModel
 from tests.test_pi_adapter import fake_models
 from tests.test_worker_e2e import (
     PRICES,
@@ -35,6 +35,10 @@ from tests.test_worker_e2e import (
 )
 
 PIMEM = [sys.executable, "-m", "pyworker.cli"]
+# The same command line, with a commit that stalls after the checkpoint (the fault is injected
+# here, on the test side: tests/stalled_commit_worker.py).
+STALLED_COMMIT = [sys.executable, "-m", "tests.stalled_commit_worker"]
+ROOT = Path(__file__).resolve().parent.parent
 ADAPTER = os.environ.get("PIMEM_TEST_WORKER_ADAPTER") or (
     "pi" if pi_unavailable_reason() is None else "openai")
 
@@ -43,17 +47,16 @@ class WorkerProcess:
     """``pimem worker`` in a subprocess, its JSON log lines read into a queue."""
 
     def __init__(self, dsn: str, fake: FakeModel, tmp: Path, *, once: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 stall_commit: bool = False) -> None:
         models = tmp / "models.json"
         models.write_text(json.dumps(fake_models(fake.url)))
-        cmd = [*PIMEM, "worker", "--dsn", dsn, "--model", ADAPTER, "--interval", "0.2",
+        cmd = [*(STALLED_COMMIT if stall_commit else PIMEM), "worker", "--dsn", dsn, "--model", ADAPTER, "--interval", "0.2",
                "--pi-models", str(models), "--openai-base-url", fake.url, "--prices", PRICES]
         if once:
             cmd.append("--once")
-        full_env = {**os.environ, "FAKE_API_KEY": "fake-key", "PIMEM_OPENAI_API_KEY": "fake-key",
-                    **(env or {})}
+        full_env = {**os.environ, "FAKE_API_KEY": "fake-key", "PIMEM_OPENAI_API_KEY": "fake-key"}
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=full_env)
+                                     env=full_env, cwd=ROOT)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.log: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -151,8 +154,8 @@ def test_kill_9_during_the_model_call_leaves_unknown_and_no_replay(
 def test_kill_9_after_the_checkpoint_resumes_without_a_second_model_call(
         conn: psycopg.Connection, model: FakeModel, spawn: Any) -> None:
     finished_conversation(conn)
-    first = spawn(env={"PIMEM_DEBUG_PAUSE_AFTER_CHECKPOINT": "60"})
-    first.wait_for("debug_pause_after_checkpoint")
+    first = spawn(stall_commit=True)
+    first.wait_for("commit_stalled")
     first.kill9()
     [job] = jobs(conn)
     assert job["has_checkpoint"] and job["status"] == "running" and records(conn) == []

@@ -17,7 +17,7 @@ import pytest
 from pyworker.adapters.base import Adapter
 from pyworker.adapters.openai_compat import OpenAIAdapter, load_prices
 from pyworker.db import DatabaseUnavailable
-from pyworker.fakemodel import FakeModel
+from pyworker.testing import FakeModel
 from pyworker.worker import Worker, WorkerConfig
 from tests.factory import World
 

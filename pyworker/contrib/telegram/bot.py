@@ -52,11 +52,11 @@ from aiogram.types import Chat, ChatMemberUpdated, Message, TelegramObject, Upda
 
 from pyworker import errors
 from pyworker.client import ManageResult, MemoryClient, Recall
+from pyworker.contrib.telegram import mapping
+from pyworker.contrib.telegram.chat import ChatFailure, ChatModel, function_tools
+from pyworker.contrib.telegram.config import Settings
 from pyworker.db import DatabaseUnavailable
 from pyworker.logs import event
-from pyworker.telegram import mapping
-from pyworker.telegram.chat import ChatFailure, ChatModel, function_tools
-from pyworker.telegram.config import Settings
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -43,7 +43,7 @@ def sample() -> dict[str, Any]:
 
 def embedded_database(console: Console) -> str:
     """A fresh ``pimem_demo`` database in the project-local embedded server."""
-    from pyworker.servers import embedded_dsn, state_dir
+    from pyworker.lab.servers import embedded_dsn, state_dir
 
     demo_dir = state_dir() / "demo-pg"
     with console.status(f"starting the embedded PostgreSQL in {demo_dir} ..."), \

@@ -19,7 +19,7 @@ is compared with the whole search by the median of the paired differences (same 
 same round), in wall time and in the backend's CPU time (from ``/proc/<pid>/schedstat``, when
 the server runs on this machine).
 
-    .venv/bin/python -m pyworker.bench.takeout [--dsn DSN] [--workspaces N] [--rounds R]
+    .venv/bin/python -m pyworker.lab.bench.takeout [--dsn DSN] [--workspaces N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench import data, db
+from pyworker.lab.bench import data, db
 
 SCHEMA = "bench_takeout"
 QUERY = "memory.query_memories(text,text,text,jsonb)"
@@ -161,7 +161,7 @@ def backend_cpu(pid: int) -> int | None:
 
 
 def p50(samples_ns: Sequence[int]) -> float | None:
-    """The bench's p50 (nearest rank, pyworker.bench.db.percentile), in ms."""
+    """The bench's p50 (nearest rank, pyworker.lab.bench.db.percentile), in ms."""
     return round(db.percentile(sorted(samples_ns), 50), 4) if samples_ns else None
 
 
@@ -254,7 +254,7 @@ def table(report: dict[str, Any]) -> str:
 def bench_database() -> str:
     """The pimem_bench database of the embedded PostgreSQL that ``pimem bench`` leaves in the
     state directory (started, or reused if it runs)."""
-    from pyworker.servers import embedded_dsn, state_dir
+    from pyworker.lab.servers import embedded_dsn, state_dir
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set

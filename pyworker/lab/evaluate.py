@@ -1,7 +1,7 @@
 """``pimem eval``: does recall find what was said? Measured on LoCoMo conversations.
 
 For each conversation (a LoCoMo JSON file; nothing is downloaded) and each variant (``group``:
-a group topic, ``private``: a private chat; :mod:`pyworker.locomo` says how a two-person
+a group topic, ``private``: a private chat; :mod:`pyworker.lab.locomo` says how a two-person
 dialogue becomes requests), the eval
 
 1. ingests the conversation through the public API session by session, moving the memory clock
@@ -36,7 +36,7 @@ Questions whose evidence names no turn of the conversation are left out and coun
 ``eval.json`` (everything, per question too), prints a table, and draws ``eval.png`` when
 matplotlib (the ``bench`` extra) is installed. With ``provenance`` (``--provenance``), each run
 also measures what its records depend on and what removing each message invalidates
-(:mod:`pyworker.provenance`, docs/retention.md), before the questions are asked.
+(:mod:`pyworker.lab.provenance`, docs/retention.md), before the questions are asked.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pyworker import locomo
 from pyworker.adapters.base import Adapter
 from pyworker.db import Database
+from pyworker.lab import locomo
 from pyworker.payload import ModelRef
 
 ADAPTERS = ("offline", "replay", "pi", "openai")
@@ -103,7 +103,7 @@ def eval_database(dsn: str | None, server: str, data_dir: Path) -> Iterator[tupl
     ``pimem_eval`` database in the embedded PostgreSQL (``server="embedded"``, data in
     ``data_dir``) or in a throwaway cluster of the machine's binaries (``"local"``)."""
     from pyworker import schema
-    from pyworker.servers import fresh_database
+    from pyworker.lab.servers import fresh_database
 
     with fresh_database(EVAL_DB, dsn=dsn, server=server, data_dir=data_dir) as (target, where):
         with psycopg.connect(target, autocommit=True) as conn:
@@ -265,7 +265,7 @@ def store_facts(db: Database, workspace: str, sources: dict[int, list[str]],
 def make_eval_adapter(name: str, conv: locomo.Conversation, *, pi_models: Path | None = None,
                       openai_base_url: str | None = None) -> Adapter:
     if name == "replay":
-        from pyworker.adapters.replay import ReplayAdapter
+        from pyworker.lab.replay import ReplayAdapter
 
         return ReplayAdapter(locomo.facts_by_message(conv))
     from pyworker.adapters import make_adapter
@@ -280,7 +280,7 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
                           judge: str = "api", provenance: bool = False) -> dict[str, Any]:
     """Ingests one conversation in one variant and asks its questions; the result section
     (with ``provenance``, also what each record depends on and what removing each message
-    invalidates: :mod:`pyworker.provenance`, measured before the questions)."""
+    invalidates: :mod:`pyworker.lab.provenance`, measured before the questions)."""
     label = escape(f"{conv.name} {variant}")  # a name from the dataset file: no markup
     task = progress.add_task(f"{label}: sessions", total=len(conv.sessions)) if progress else None
 
@@ -294,7 +294,7 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
     sources = record_sources(db, layout, judge)
     measured: dict[str, Any] | None = None
     if provenance:
-        from pyworker import provenance as prov
+        from pyworker.lab import provenance as prov
 
         if progress is not None and task is not None:
             progress.update(task, description=f"{label}: provenance")
@@ -383,7 +383,7 @@ def run(paths: Sequence[Path], adapter_name: str, variants: Sequence[locomo.Vari
     }
     render(result, console)
     if provenance:
-        from pyworker import provenance as prov
+        from pyworker.lab import provenance as prov
 
         prov.render(result, console)
     if out_dir is not None:

@@ -1,4 +1,7 @@
-"""A fake OpenAI-compatible chat-completions server on 127.0.0.1 for the worker tests.
+"""The declared test double: a fake OpenAI-compatible chat-completions server on 127.0.0.1.
+
+The tests and the bench (:mod:`pyworker.lab.bench.worker`) share it; no runtime module imports
+it (``tests/test_layout.py`` checks that).
 
     with FakeModel() as fake:            # fake.url == "http://127.0.0.1:PORT/v1"
         fake.mode = "ok"                 # or error | hang | malformed | oversize | length
@@ -398,7 +401,7 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], Hostile]] = {
 }
 
 
-if __name__ == "__main__":  # a standalone fake for manual runs: python -m pyworker.fakemodel
+if __name__ == "__main__":  # a standalone fake for manual runs: python -m pyworker.testing
     with FakeModel() as f:
         print(f.url, flush=True)
         threading.Event().wait()

@@ -1,6 +1,6 @@
 """``pimem eval --provenance``: what each record depends on, and what removing a message does.
 
-Run after a conversation is ingested (:func:`pyworker.locomo.ingest_conversation`), on the
+Run after a conversation is ingested (:func:`pyworker.lab.locomo.ingest_conversation`), on the
 records the real worker wrote. Everything is read through the API; the rules stay in the
 database (``memory_private.record_reasons``/``invalid_records``, ``sweep_retention``). This
 module only reads, removes messages inside transactions it rolls back, and counts.
@@ -37,8 +37,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pyworker import locomo
 from pyworker.db import Database
+from pyworker.lab import locomo
 
 SHOWN_SOURCES = 20  # query_memories shows the first 20 sources of a record
 VIAS = ("cited", "reused", "copied")  # record_dependencies.via
@@ -113,7 +113,7 @@ def worked_removal(conn: psycopg.Connection[Any], layout: locomo.Layout, message
 def measure(db: Database, dsn: str, layout: locomo.Layout, conv: locomo.Conversation,
             cited: dict[int, list[str]]) -> dict[str, Any]:
     """The provenance section of one ingested conversation. ``cited``: each valid record's
-    inline-cited ids (:func:`pyworker.evaluate.record_sources` with the ``citations`` judge)."""
+    inline-cited ids (:func:`pyworker.lab.evaluate.record_sources` with the ``citations`` judge)."""
     began = time.monotonic()
     ws = layout.workspace
     explained = {rid: db.explain_record(ws, rid) for rid in sorted(cited)}

@@ -1,6 +1,6 @@
 """The worker's own cost: overhead per model call (Pi RPC vs a direct HTTP call) and peak RSS.
 
-Both adapters call the same local fake OpenAI-compatible server (``pyworker/fakemodel.py``), which
+Both adapters call the same local fake OpenAI-compatible server (``pyworker/testing.py``), which
 answers at once, so what is measured is the adapters' overhead, not a model. The fake runs in
 its own process so that it does not share the measuring process's interpreter lock.
 
@@ -25,13 +25,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyworker.bench.db import not_available, summarize
+from pyworker.lab.bench.db import not_available, summarize
 
 PRICES: dict[str, Any] = {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}
 
 FAKE_SERVER = """
 import sys
-from pyworker.fakemodel import FakeModel
+from pyworker.testing import FakeModel
 with FakeModel() as fake:
     print(fake.url, flush=True)
     sys.stdin.read()
@@ -47,7 +47,7 @@ def fake_server() -> Iterator[str]:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         if not url.startswith("http"):
-            raise RuntimeError("the fake model server did not start (pyworker/fakemodel.py)")
+            raise RuntimeError("the fake model server did not start (pyworker/testing.py)")
         yield url
     finally:
         if proc.stdin:
@@ -198,7 +198,7 @@ def rss_child(adapter_name: str, url: str, dsn: str | None, calls: int) -> dict[
     pi_mib = None
     try:
         if dsn is not None:
-            from pyworker.bench.jobs import NoMaintenanceDatabase
+            from pyworker.lab.bench.jobs import NoMaintenanceDatabase
             from pyworker.worker import Worker, WorkerConfig
 
             config = WorkerConfig(dsn=dsn, interval=0.1)
@@ -233,7 +233,7 @@ def measure_memory(url: str, calls: int, job_dsn: Any) -> dict[str, Any]:
     variants = ["offline"] + (["pi"] if pi_unavailable_reason() is None else [])
     for name in variants:
         dsn = job_dsn(name)
-        code = ("import json, sys; from pyworker.bench.worker import rss_child; "
+        code = ("import json, sys; from pyworker.lab.bench.worker import rss_child; "
                 "print(json.dumps(rss_child(sys.argv[1], sys.argv[2], "
                 "sys.argv[3] or None, int(sys.argv[4]))))")
         res = subprocess.run([sys.executable, "-c", code, name, url, dsn or "", str(calls)],

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 from pyworker import schema
-from pyworker.bench import data, db, hostile
+from pyworker.lab.bench import data, db, hostile
 
 Section = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -86,7 +86,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
     fresh ``pimem_bench`` database."""
     cleanup: Callable[[], None] = lambda: None
     if dsn is None and server == "local":
-        from pyworker.servers import LocalCluster, find_bindir
+        from pyworker.lab.servers import LocalCluster, find_bindir
 
         bindir = find_bindir()
         if bindir is None:
@@ -98,7 +98,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
         dsn = cluster.dsn("pimem_bench")
         description = f"a throwaway cluster of {bindir} (LocalCluster settings)"
     elif dsn is None:
-        from pyworker.servers import embedded_dsn
+        from pyworker.lab.servers import embedded_dsn
 
         admin = embedded_dsn(data_dir)
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -158,7 +158,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
         data_dir: Path | None = None, server: str = "embedded") -> Section:
     started = time.monotonic()
     if data_dir is None:
-        from pyworker.servers import state_dir
+        from pyworker.lab.servers import state_dir
 
         data_dir = state_dir() / "bench-pg"
     target = open_target(dsn, data_dir, server)
@@ -211,7 +211,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
             log("EXPLAIN of the hot paths")
             if run_jobs_available(target.dsn):
-                from pyworker.bench import jobs as bench_jobs
+                from pyworker.lab.bench import jobs as bench_jobs
 
                 bench_jobs.prepare_jobs(target.dsn, "explain", 1)  # a job for claim_job's plan
             result["explain"] = db.explain_hot_paths(conn, have)
@@ -249,7 +249,7 @@ def guarded(part: Callable[[], Section]) -> Section:
 
 def run_jobs(profile: Profile, dsn: str) -> Section:
     try:
-        from pyworker.bench import jobs as bench_jobs
+        from pyworker.lab.bench import jobs as bench_jobs
     except ImportError as exc:
         return db.not_available(f"job benchmark cannot load: {exc}")
     return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs)
@@ -257,7 +257,7 @@ def run_jobs(profile: Profile, dsn: str) -> Section:
 
 def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
     try:
-        from pyworker.bench import worker as bench_worker
+        from pyworker.lab.bench import worker as bench_worker
     except ImportError as exc:
         reason = f"worker benchmark cannot load: {exc}"
         return db.not_available(reason), db.not_available(reason)
@@ -265,7 +265,7 @@ def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
         """The DSN with jobs ready for a memory run of this adapter, or None without the job
         machinery (the run then makes adapter calls only)."""
         if run_jobs_available(dsn):
-            from pyworker.bench import jobs as bench_jobs
+            from pyworker.lab.bench import jobs as bench_jobs
 
             if bench_jobs.prepare_jobs(dsn, f"rss-{adapter}", profile.model_calls):
                 return dsn

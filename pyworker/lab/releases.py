@@ -156,7 +156,7 @@ def scratch_database(dsn: str | None) -> Iterator[str]:
     connection), or in a throwaway cluster of the machine's PostgreSQL binaries."""
     cluster = None
     if dsn is None:
-        from pyworker.servers import LocalCluster, find_bindir
+        from pyworker.lab.servers import LocalCluster, find_bindir
 
         bindir = find_bindir()
         if bindir is None or not (bindir / "initdb").exists():
@@ -217,3 +217,24 @@ def copy_release(release: Release, source: Path, target: Path) -> Path:
     for name in release.migrations:
         shutil.copyfile(source / name, target / name)
     return target
+
+
+INITIAL_MIGRATION = schema.MIGRATIONS_DIR / "0001_initial.sql"
+BUNDLE_HEADER = """\
+-- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
+-- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
+-- is regenerated from sql/; after it, it never changes and every change ships as a new migration
+-- (see docs/migrations.md).
+"""
+
+
+def write_initial_migration() -> Path:
+    """Regenerates the unreleased first migration from the canonical files; refuses once a
+    release has frozen it (then every change is a new migration)."""
+    for release in load(INITIAL_MIGRATION.parent):
+        if INITIAL_MIGRATION.name in release.migrations:
+            raise schema.MigrateError(
+                f"{INITIAL_MIGRATION.name} was released in {release.version} and is frozen: "
+                "write the change as a new migration NNNN_<what>.sql (docs/migrations.md)")
+    INITIAL_MIGRATION.write_text(BUNDLE_HEADER + "\n" + schema.canonical_sql())
+    return INITIAL_MIGRATION

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench import data
+from pyworker.lab.bench import data
 
 Section = dict[str, Any]
 FLOOR_SQL = "select 1"

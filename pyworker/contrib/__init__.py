@@ -1,0 +1,1 @@
+"""Examples built on the public client (:mod:`pyworker.client`); the runtime imports none of them."""
