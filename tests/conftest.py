@@ -107,17 +107,23 @@ def local_cluster(bindir: Path, settings: dict[str, str] | None = None) -> Local
 TEST_SERVER_SETTINGS = {"wal_level": "minimal", "max_wal_senders": "0"}
 
 
-def _start_citus() -> tuple[Server | None, object]:
+def start_citus_cluster() -> CitusCluster:
+    """A started throwaway Citus cluster whose nodes keep their files under
+    :func:`cluster_parent`; skips the test, saying why, when Citus is not installed."""
     bindir = find_bindir()
     reason = citus_available(bindir)
     if reason is not None or bindir is None:
-        pytest.skip(f"the Citus profile needs Citus: {reason}")
+        pytest.skip(f"no Citus cluster: {reason}")
     saved = tempfile.tempdir
     tempfile.tempdir = cluster_parent() or saved  # the nodes' directories
     try:
-        citus = CitusCluster(bindir).start()
+        return CitusCluster(bindir).start()
     finally:
         tempfile.tempdir = saved
+
+
+def _start_citus() -> tuple[Server | None, object]:
+    citus = start_citus_cluster()
     return Server(citus.coordinator.dsn(), citus=citus), citus
 
 

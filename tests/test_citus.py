@@ -9,7 +9,6 @@ Skipped, with one line saying why, when Citus is not installed (scripts/bootstra
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,8 +18,8 @@ from typer.testing import CliRunner
 
 from pyworker import schema
 from pyworker.cli import app
-from pyworker.lab.servers import CitusCluster, citus_available, find_bindir
-from tests.conftest import cluster_parent
+from pyworker.lab.servers import CitusCluster
+from tests.conftest import start_citus_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.no_citus("starts a cluster of its own")]
 
@@ -33,16 +32,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    bindir = find_bindir()
-    reason = citus_available(bindir)
-    if reason is not None or bindir is None:
-        pytest.skip(f"no Citus cluster: {reason}")
-    saved = tempfile.tempdir
-    tempfile.tempdir = cluster_parent() or saved
-    try:
-        citus = CitusCluster(bindir).start()
-    finally:
-        tempfile.tempdir = saved
+    citus = start_citus_cluster()
     try:
         dsn = citus.create_database("pimem_citus")
         schema.migrate(dsn)
