@@ -4684,11 +4684,13 @@ declare
   v_types integer := 0;
   v_type regtype;
   v_function regprocedure;
+  v_sql_functions integer;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
     raise exception 'this database has no Citus extension: nothing to distribute'
       using errcode = 'MB025';
   end if;
+  v_sql_functions := memory_private.distribute_sql_functions();
   -- Function bodies refer to one another in any order: do not check them while the workers
   -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
   set local citus.propagate_set_commands = 'local';
@@ -4725,6 +4727,7 @@ begin
     v_views := v_views + 1;
   end loop;
   v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
+                                             'sql_functions_made_plpgsql', v_sql_functions,
                                              'functions',
                                              memory_private.distribute_functions(true));
   -- A function that pins generic plans for speed on one node (recall, query_memories) gets
@@ -4746,7 +4749,6 @@ begin
   return v_result;
 end
 $$;
-
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
@@ -4758,3 +4760,65 @@ create or replace function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
   as $$ select 2 $$;
+
+create or replace function memory_private.distribute_sql_functions() returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_function record;
+  v_body text;
+  v_header text;
+  v_count integer := 0;
+begin
+  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
+  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
+  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
+  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
+  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
+  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
+  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
+  -- with the same body:
+  -- called, never inlined, each of its statements planned by Citus with the values, on the node
+  -- of the workspace. Columns win over variables of the same name, as in a SQL function.
+  for v_function in
+    select p.oid, p.prosrc, p.proretset,
+           pg_get_function_arguments(p.oid) as arguments,
+           pg_get_function_result(p.oid) as result,
+           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
+           p.prosecdef, p.proconfig
+      from pg_proc p
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and p.prolang = (select oid from pg_language where lanname = 'sql')
+       and p.provolatile <> 'i'
+       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
+                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
+                    where c.relkind in ('r', 'v', 'p'))
+     order by 1
+  loop
+    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
+    v_body := case
+      when v_function.proretset then
+        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
+      else
+        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
+    end;
+    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
+                       v_function.oid::regproc, v_function.arguments, v_function.result,
+                       v_function.volatility,
+                       case when v_function.prosecdef then ' security definer' else '' end);
+    if v_function.proconfig is not null then
+      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
+                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
+        into v_header from unnest(v_function.proconfig) c;
+    end if;
+    execute format('%s as %L', v_header, v_body);
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end
+$$;
+comment on function memory_private.distribute_sql_functions() is
+  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
+  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
+  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
+  'over empty table shells. Answers how many.';

@@ -118,7 +118,7 @@ def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
         assert conn.execute("select count(*) from pg_dist_object").fetchone() == before
         assert conn.execute("select memory_private.distribute()").fetchone() == (
             {"views": 0, "types": 0, "functions": 0, "reference_tables": 0,
-             "distributed_tables": 0},)
+             "distributed_tables": 0, "sql_functions_made_plpgsql": 0},)
 
 
 def test_migrate_on_a_worker_node_refuses_and_names_the_coordinator(cluster: Cluster) -> None:
