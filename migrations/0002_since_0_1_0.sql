@@ -2306,6 +2306,9 @@ declare
   v_dep_hashes text[];
   v_dep_via text[];
   v_dep_by text[];
+  v_speakers text[];
+  v_threads text[];
+  v_repositories text[];
   v_record_id bigint;
 begin
   -- The dependencies: the cited messages at the hash the job saw; every dependency of the
@@ -2342,25 +2345,27 @@ begin
                  ) u
            order by u.message_id, u.rank) d;
 
-  insert into memory_private.records
-    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-     bot_identity, origin_request_id, created_at)
-  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
-         p_output ->> 'summary',
-         -- Statements are attributed to the people whose messages the record rests on (V9);
-         -- grants follow every repository those messages drew on (V6).
-         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
+  -- Statements are attributed to the people whose messages the record rests on (V9); grants
+  -- follow every repository those messages drew on (V6). Read first, then written by key: on
+  -- Citus an INSERT ... SELECT cannot carry a subquery beside aggregates.
+  select coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
                     filter (where m.role = 'user'), '{}'),
-         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
-         coalesce(array(select distinct x from memory_private.messages mm,
-                                              unnest(mm.repositories) as x
-                         where mm.workspace_id = p_job.workspace_id
-                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
-         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
+         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}')
+    into v_speakers, v_threads
     from memory_private.messages m
     join memory_private.requests q
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
-   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids);
+  v_repositories := coalesce(array(
+    select distinct x from memory_private.messages mm, unnest(mm.repositories) as x
+     where mm.workspace_id = p_job.workspace_id and mm.message_id = any (v_dep_ids)
+     order by 1), '{}');
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  values (p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
+          p_output ->> 'summary', v_speakers, v_threads, v_repositories,
+          p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now)
   returning record_id into v_record_id;
   -- The dependencies; the cited ones are the sources, numbered in the order the summary uses
   -- them: by the first line that cites each, then those no line cites, in the order the
@@ -2385,7 +2390,6 @@ begin
          || memory_private.copy_counts(v_copied, v_dep_via);
 end
 $$;
-
 comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
   'Writes the record of a validated, non-empty extraction output: its sources (the cited '
   'messages in the order given), its dependencies (cited; reused: of the memories it declared '
@@ -3363,6 +3367,7 @@ declare
   v_job memory_private.jobs;
   v_config integer;
   v_reason text;
+  v_token uuid;
 begin
   -- The workspace's memory lock, without waiting: another claim or a memory write holds it
   -- briefly.
@@ -3399,9 +3404,11 @@ begin
       perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
       continue;
     end if;
-    -- The claim is counted by start_attempt, when it can reach the provider.
+    -- The claim is counted by start_attempt, when it can reach the provider. The token is
+    -- drawn first: Citus takes no volatile function in an UPDATE of a distributed table.
+    v_token := gen_random_uuid();
     update memory_private.jobs
-       set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
+       set status = 'running', token = v_token, worker_id = p_worker_id,
            lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
      where workspace_id = v_job.workspace_id and job_id = v_job.job_id
     returning * into v_job;
@@ -3410,7 +3417,6 @@ begin
   return null;
 end
 $$;
-
 comment on function memory_private.claim_workspace_job(text, text) is
   'Claims the next due job of one workspace under its memory lock (not waiting for it): NULL '
   'when the lock is busy, the workspace is paused, a job of it is running, or none is due. '
@@ -4461,8 +4467,8 @@ begin
            coalesce(c.cost_usd, 0) as cost_usd,
            j.origin_request_id, j.model_provider, j.model_id, j.config_version,
            j.config_version = w.config_version as config_current,
-           case j.phase when 'extract' then jsonb_array_length(j.input -> 'sources')
-                        else jsonb_array_length(j.input -> 'candidates') end as input_items,
+           case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
+                else jsonb_array_length(j.input -> 'candidates') end as input_items,
            case when j.status in ('pending', 'running', 'stopped')
                 then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
                   as stale_reason,
@@ -4488,7 +4494,6 @@ begin
    where v.workspace_id = p_workspace_id;
 end
 $$;
-
 comment on function memory_private.job_status_of(text) is
   'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
 
@@ -4574,6 +4579,7 @@ declare
   v_table regclass;
   v_reference integer := 0;
   v_distributed integer := 0;
+  v_has_rows boolean;
 begin
   for v_table in
     select c.oid::regclass from pg_class c
@@ -4603,11 +4609,21 @@ begin
      order by c.relname <> 'workspaces', c.relname
      limit 1;
     exit when not found;
+    -- A table with rows (a database upgraded onto the cluster) is copied into its shards with
+    -- its triggers off: its rows' side effects are already in the other tables, and a trigger
+    -- firing on a shard would write to a table not distributed yet.
+    execute format('select exists (select 1 from %s)', v_table) into v_has_rows;
+    if v_has_rows then
+      execute format('alter table %s disable trigger user', v_table);
+    end if;
     if v_table = 'memory_private.workspaces'::regclass then
       perform create_distributed_table(v_table, 'workspace_id');
     else
       perform create_distributed_table(v_table, 'workspace_id',
                                        colocate_with => 'memory_private.workspaces');
+    end if;
+    if v_has_rows then
+      execute format('alter table %s enable trigger user', v_table);
     end if;
     v_distributed := v_distributed + 1;
   end loop;
@@ -4622,7 +4638,6 @@ begin
                             'distributed_tables', v_distributed);
 end
 $$;
-
 comment on function memory_private.distribute_tables() is
   'Makes every table of memory_private not yet on the cluster a reference table (no '
   'workspace_id) or a table distributed by workspace_id co-located with workspaces, in '
@@ -4822,3 +4837,224 @@ comment on function memory_private.distribute_sql_functions() is
   'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
   'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
   'over empty table shells. Answers how many.';
+
+create or replace function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_identity text;
+  v_reason text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  if not v_scope.recall_enabled then
+    return 'recall is disabled in the scope';
+  end if;
+  select case when b.active then b.identity end into v_identity from memory_private.bots b
+   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
+  if v_identity is distinct from p_job.input ->> 'bot_identity' then
+    return 'the bot was replaced or deactivated';
+  end if;
+
+  if p_job.phase = 'extract' then
+    -- Each source of the batch must be current at the hash the snapshot took (the rule's
+    -- memory_private.dependency_state).
+    select format('source %s %s', x.id,
+             case when x.state = 'source_removed' then 'was removed'
+                  when x.state = 'source_expired' then 'is past its retention'
+                  when x.state = 'source_edited' then 'was edited'
+                  else 'was forgotten' end)
+      into v_reason
+      from (select s.id, memory_private.dependency_state(
+                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                           s.hash,
+                           exists (select 1 from memory_private.tombstones t
+                                    where t.workspace_id = p_job.workspace_id
+                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           v_now) as state
+              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+              left join memory_private.messages m
+                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
+     where x.state is not null
+     limit 1;
+    if v_reason is not null then
+      return v_reason;
+    end if;
+  end if;
+
+  -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
+  -- must still exist in the scope and be valid (validated as one set).
+  select format('memory %s %s', e.id,
+           coalesce('is no longer valid (' || v.reason || ')', 'is gone'))
+    into v_reason
+    from jsonb_array_elements_text(
+           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates'))
+         with ordinality as e(id, pos)
+    left join memory_private.invalid_records(
+                p_job.workspace_id, p_job.scope_id,
+                array(select x::bigint from jsonb_array_elements_text(
+                        coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) x),
+                null) v
+      on v.record_id = e.id::bigint
+   where v.record_id is null or v.reason is not null
+   order by e.pos
+   limit 1;
+  return v_reason;
+end
+$$;
+comment on function memory_private.job_stale_reason(memory_private.jobs) is
+  'Why a job''s input snapshot is no longer current, or NULL: recall disabled, bot replaced, '
+  'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
+  'longer valid.';
+
+create or replace function memory_private.close_attempt(
+  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
+) returns boolean
+  language plpgsql volatile
+  as $$
+declare
+  v_attempt memory_private.job_attempts;
+  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
+  v_cost numeric;
+begin
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
+     for update;
+  if not found then
+    return false;
+  end if;
+  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
+  v_cost := case
+              -- the provider may have run and charged anything up to what was reserved
+              when p_outcome = 'unknown' then v_attempt.reserved_usd
+              -- the provider answered with no usage (an error status): nothing was billed
+              when p_usage is null then 0
+              -- it answered, but its cost could not be read: assume the reserve
+              when v_reported is null then v_attempt.reserved_usd
+              else least(v_reported, v_attempt.reserved_usd)
+            end;
+  update memory_private.job_attempts
+     set outcome = p_outcome,
+         input_tokens = (p_usage ->> 'input_tokens')::integer,
+         output_tokens = (p_usage ->> 'output_tokens')::integer,
+         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
+     and attempt_no = v_attempt.attempt_no;
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          -- searched CASE: Citus deparses a simple one (CASE x WHEN) into text = boolean
+          case when p_job.phase = 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
+          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
+  update memory_private.workspace_memory
+     set memory_spent_usd = memory_spent_usd + v_cost
+   where workspace_id = p_job.workspace_id;
+  return true;
+end
+$$;
+comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
+  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
+  'could read (memory_private.check_usage) and a failure code, and charges it to the '
+  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
+  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
+  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
+
+create or replace function memory.manage_memory(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
+) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_action text;
+  v_source_id text;
+  v_memory_id bigint;
+  v_title text;
+  v_call memory_private.tool_calls;
+  v_start record;
+  v_outcome jsonb;
+  v_authority text;
+  v_refusal text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'manage_memory', p_args,
+                                        array['action', 'sourceId', 'memoryId', 'title']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
+  v_action := memory_private.arg_text(p_args, 'action', 40);
+  if v_action is null
+     or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
+    raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
+      using errcode = 'MB001';
+  end if;
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
+  perform memory_private.check_id('args.sourceId', v_source_id);
+  v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title',
+                                                  (memory_private.policy()).title_bytes)), '');
+  if v_action = 'forget' and v_memory_id is null then
+    raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
+  end if;
+  if v_action <> 'forget' and v_memory_id is not null then
+    raise exception 'args.memoryId is only for forget' using errcode = 'MB001';
+  end if;
+  if v_action <> 'remember' and v_title is not null then
+    raise exception 'args.title is only for remember' using errcode = 'MB001';
+  end if;
+
+  if v_call.tool_call_id is not null then
+    if v_call.outcome ->> 'status' = 'done' then
+      -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
+      v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
+      if v_refusal is not null then
+        return memory_private.control_outcome('refused', v_action, 'access_lost',
+          'This change was made by an earlier call, but ' || v_refusal || ' now.',
+          (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
+      end if;
+      return memory_private.replay_outcome(v_call, v_request, v_scope)
+             || jsonb_build_object('replayed', true);
+    end if;
+    -- A refused call changed nothing; its replay is decided again on current facts.
+  end if;
+
+  select a.outcome, a.authority into v_outcome, v_authority
+    from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
+                                      v_title) a;
+  insert into memory_private.tool_calls
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
+     record_ids, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
+          memory_private.args_hash(p_args), v_authority, v_outcome,
+          -- an array literal, not a subquery: Citus takes none in an INSERT's values
+          case when v_outcome ->> 'memory_id' is null then '{}'::bigint[]
+               else array[(v_outcome ->> 'memory_id')::bigint] end, v_now, v_now)
+  on conflict (workspace_id, request_id, tool_call_id) do update
+    set authority = excluded.authority, outcome = excluded.outcome,
+        record_ids = excluded.record_ids, updated_at = excluded.updated_at;
+  return v_outcome || jsonb_build_object('replayed', false);
+end
+$$;
+comment on function memory.manage_memory(text, text, text, jsonb) is
+  'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
+  'MB004). sourceId must be the request''s current human message and that message must directly '
+  'ask for the action (English or Chinese); remember stores the message itself as a note '
+  'attributed to its speaker, forget deletes the record and every record sharing a dependency '
+  'with it and tombstones what the record was made from (a group participant only when all of '
+  'them hold only their own statements), enable-/disable-memory toggle recall of the scope '
+  '(records kept). Private '
+  'scope: its user; group: a participant for notes and their own records, an owner/admin for '
+  'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
+  '"replayed"}; a replayed tool call id is never applied again: once access is re-checked it '
+  'answers the stored outcome while it still holds, or code no_longer_holds when the state '
+  'changed since (the note forgotten, memory turned back on), with "holds" (C9). Committed '
+  'when the call returns (C4). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';

@@ -221,7 +221,7 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
         backend.connection.close()
         if printed.getvalue():
             event("migration_rows", logging.DEBUG, rows=printed.getvalue())
-    if cluster is not None:
+    if cluster is not None and _can_distribute(dsn):
         distribute(dsn)
     state = schema_state(dsn, source)
     problem = state.problem() or (
@@ -275,15 +275,27 @@ def _migration_dsn(dsn: str, cluster: CitusCluster | None) -> str:
     the migrations build it on the coordinator alone (DDL propagation off: the objects reach
     the workers when distribute() distributes them, in an order Citus accepts); once it is
     distributed, Citus propagates every later change (a replaced function, a new column) to the
-    workers, and a trigger may be created on a distributed table."""
+    workers, a trigger may be created on a distributed table, and a migration's statements run
+    over one connection per node (a migration is one transaction, and Citus refuses a function's
+    DDL after a parallel change to a distributed table in the same transaction)."""
     if cluster is None:
         return dsn
     settings = ("-c citus.enable_ddl_propagation=off" if not cluster.distributed else
                 "-c citus.enable_unsafe_triggers=on "
-                "-c citus.allow_nested_distributed_execution=on")
+                "-c citus.allow_nested_distributed_execution=on "
+                "-c citus.multi_shard_modify_mode=sequential")
     options = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
     return psycopg.conninfo.make_conninfo(
         dsn, options=f"{options} {settings}" if options else settings)
+
+
+def _can_distribute(dsn: str) -> bool:
+    """Whether the schema has memory_private.distribute() (a release before Citus support,
+    migrated on a coordinator, stays on the coordinator until a later one is applied)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select to_regprocedure('memory_private.distribute()') is not null"
+                           ).fetchone()
+    return bool(row and row[0])
 
 
 def distribute(dsn: str) -> dict[str, int]:

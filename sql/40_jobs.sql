@@ -290,10 +290,10 @@ begin
     -- Each source of the batch must be current at the hash the snapshot took (the rule's
     -- memory_private.dependency_state).
     select format('source %s %s', x.id,
-             case x.state when 'source_removed' then 'was removed'
-                          when 'source_expired' then 'is past its retention'
-                          when 'source_edited' then 'was edited'
-                          else 'was forgotten' end)
+             case when x.state = 'source_removed' then 'was removed'
+                  when x.state = 'source_expired' then 'is past its retention'
+                  when x.state = 'source_edited' then 'was edited'
+                  else 'was forgotten' end)
       into v_reason
       from (select s.id, memory_private.dependency_state(
                            m.removed_at, m.body is not null, m.retain_until, m.content_hash,
@@ -433,7 +433,8 @@ begin
     (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
      cost_usd, created_at)
   values (p_job.workspace_id, p_job.origin_request_id,
-          case p_job.phase when 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          -- searched CASE: Citus deparses a simple one (CASE x WHEN) into text = boolean
+          case when p_job.phase = 'extract' then 'memory_extract' else 'memory_consolidate' end,
           p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
           (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
   update memory_private.workspace_memory

@@ -15,6 +15,7 @@ declare
   v_job memory_private.jobs;
   v_config integer;
   v_reason text;
+  v_token uuid;
 begin
   -- The workspace's memory lock, without waiting: another claim or a memory write holds it
   -- briefly.
@@ -51,9 +52,11 @@ begin
       perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
       continue;
     end if;
-    -- The claim is counted by start_attempt, when it can reach the provider.
+    -- The claim is counted by start_attempt, when it can reach the provider. The token is
+    -- drawn first: Citus takes no volatile function in an UPDATE of a distributed table.
+    v_token := gen_random_uuid();
     update memory_private.jobs
-       set status = 'running', token = gen_random_uuid(), worker_id = p_worker_id,
+       set status = 'running', token = v_token, worker_id = p_worker_id,
            lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
      where workspace_id = v_job.workspace_id and job_id = v_job.job_id
     returning * into v_job;
@@ -505,6 +508,9 @@ declare
   v_dep_hashes text[];
   v_dep_via text[];
   v_dep_by text[];
+  v_speakers text[];
+  v_threads text[];
+  v_repositories text[];
   v_record_id bigint;
 begin
   -- The dependencies: the cited messages at the hash the job saw; every dependency of the
@@ -541,25 +547,27 @@ begin
                  ) u
            order by u.message_id, u.rank) d;
 
-  insert into memory_private.records
-    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-     bot_identity, origin_request_id, created_at)
-  select p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
-         p_output ->> 'summary',
-         -- Statements are attributed to the people whose messages the record rests on (V9);
-         -- grants follow every repository those messages drew on (V6).
-         coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
+  -- Statements are attributed to the people whose messages the record rests on (V9); grants
+  -- follow every repository those messages drew on (V6). Read first, then written by key: on
+  -- Citus an INSERT ... SELECT cannot carry a subquery beside aggregates.
+  select coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
                     filter (where m.role = 'user'), '{}'),
-         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}'),
-         coalesce(array(select distinct x from memory_private.messages mm,
-                                              unnest(mm.repositories) as x
-                         where mm.workspace_id = p_job.workspace_id
-                           and mm.message_id = any (v_dep_ids) order by 1), '{}'),
-         p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now
+         coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}')
+    into v_speakers, v_threads
     from memory_private.messages m
     join memory_private.requests q
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
-   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids)
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids);
+  v_repositories := coalesce(array(
+    select distinct x from memory_private.messages mm, unnest(mm.repositories) as x
+     where mm.workspace_id = p_job.workspace_id and mm.message_id = any (v_dep_ids)
+     order by 1), '{}');
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  values (p_job.workspace_id, p_job.scope_id, 'extracted', p_output ->> 'title',
+          p_output ->> 'summary', v_speakers, v_threads, v_repositories,
+          p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now)
   returning record_id into v_record_id;
   -- The dependencies; the cited ones are the sources, numbered in the order the summary uses
   -- them: by the first line that cites each, then those no line cites, in the order the

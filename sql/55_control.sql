@@ -723,8 +723,9 @@ begin
      record_ids, created_at, updated_at)
   values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
           memory_private.args_hash(p_args), v_authority, v_outcome,
-          array(select (v_outcome ->> 'memory_id')::bigint
-                 where v_outcome ->> 'memory_id' is not null), v_now, v_now)
+          -- an array literal, not a subquery: Citus takes none in an INSERT's values
+          case when v_outcome ->> 'memory_id' is null then '{}'::bigint[]
+               else array[(v_outcome ->> 'memory_id')::bigint] end, v_now, v_now)
   on conflict (workspace_id, request_id, tool_call_id) do update
     set authority = excluded.authority, outcome = excluded.outcome,
         record_ids = excluded.record_ids, updated_at = excluded.updated_at;

@@ -439,8 +439,8 @@ begin
            coalesce(c.cost_usd, 0) as cost_usd,
            j.origin_request_id, j.model_provider, j.model_id, j.config_version,
            j.config_version = w.config_version as config_current,
-           case j.phase when 'extract' then jsonb_array_length(j.input -> 'sources')
-                        else jsonb_array_length(j.input -> 'candidates') end as input_items,
+           case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
+                else jsonb_array_length(j.input -> 'candidates') end as input_items,
            case when j.status in ('pending', 'running', 'stopped')
                 then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
                   as stale_reason,

@@ -43,6 +43,7 @@ declare
   v_table regclass;
   v_reference integer := 0;
   v_distributed integer := 0;
+  v_has_rows boolean;
 begin
   for v_table in
     select c.oid::regclass from pg_class c
@@ -72,11 +73,21 @@ begin
      order by c.relname <> 'workspaces', c.relname
      limit 1;
     exit when not found;
+    -- A table with rows (a database upgraded onto the cluster) is copied into its shards with
+    -- its triggers off: its rows' side effects are already in the other tables, and a trigger
+    -- firing on a shard would write to a table not distributed yet.
+    execute format('select exists (select 1 from %s)', v_table) into v_has_rows;
+    if v_has_rows then
+      execute format('alter table %s disable trigger user', v_table);
+    end if;
     if v_table = 'memory_private.workspaces'::regclass then
       perform create_distributed_table(v_table, 'workspace_id');
     else
       perform create_distributed_table(v_table, 'workspace_id',
                                        colocate_with => 'memory_private.workspaces');
+    end if;
+    if v_has_rows then
+      execute format('alter table %s enable trigger user', v_table);
     end if;
     v_distributed := v_distributed + 1;
   end loop;

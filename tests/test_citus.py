@@ -9,17 +9,27 @@ Skipped, with one line saying why, when Citus is not installed (scripts/bootstra
 from __future__ import annotations
 
 import re
+import shutil
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
 from typer.testing import CliRunner
 
 from pyworker import schema
+from pyworker.adapters import make_adapter
 from pyworker.cli import app
+from pyworker.lab import releases
 from pyworker.lab.servers import CitusCluster
+from pyworker.worker import Worker, WorkerConfig
 from tests.conftest import start_citus_cluster
+from tests.factory import World
+from tests.test_releases import DROPPED_TABLES, load_world, smoke, tenant_rows, usage_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.no_citus("starts a cluster of its own")]
 
@@ -165,3 +175,216 @@ def test_one_workspaces_call_runs_whole_on_the_node_holding_it(cluster: Cluster)
         # the whole call is one task on the workspace's node (function call delegation)
         assert "Task Count: 1" in plan, plan
         assert re.search(rf"port={node[0]}\b", plan), plan
+
+
+def _release_dir(tmp_path: Path) -> Path:
+    """The first released migrations alone (a database at 0.1.0)."""
+    release = releases.load()[0]
+    directory = tmp_path / "release"
+    directory.mkdir()
+    for name in release.migrations:
+        shutil.copyfile(schema.MIGRATIONS_DIR / name, directory / name)
+    return directory
+
+
+def test_a_database_at_the_first_release_upgrades_onto_the_cluster_with_its_rows(
+    cluster: Cluster, tmp_path: Path,
+) -> None:
+    # 0.1.0 had no Citus support: migrated on a coordinator it stays there, undistributed.
+    dsn = cluster.citus.create_database("upgraded")
+    schema.migrate(dsn, directory=_release_dir(tmp_path))
+    info = schema.citus_cluster(dsn)
+    assert info is not None and not info.distributed
+    load_world(dsn)
+    rows, usage = tenant_rows(dsn), usage_of(dsn)
+    assert rows["messages"] > 0 and rows["records"] > 0, rows
+    # The head: the later migrations, then the whole schema distributed with the rows in it.
+    assert schema.migrate(dsn)
+    info = schema.citus_cluster(dsn)
+    assert info is not None and info.distributed
+    after = tenant_rows(dsn)
+    assert {t: n for t, n in after.items() if t in rows} == {
+        t: n for t, n in rows.items() if t not in DROPPED_TABLES}, "rows were lost"
+    assert usage_of(dsn) == usage
+    with psycopg.connect(dsn) as conn:
+        local = conn.execute("""
+            select count(*) from pg_class c
+             where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+               and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
+        """).fetchone()
+        assert local == (0,)
+    smoke(dsn)  # the pipeline, recall and search on the upgraded, distributed data
+
+
+LATER = """-- {name}: what a later migration does on a distributed database (tests/test_citus.py)
+alter table memory_private.messages add column synthetic_flag boolean not null default false;
+
+create table memory_private.synthetic_notes (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  note_id bigint not null,
+  body text not null,
+  primary key (workspace_id, note_id)
+);
+
+create function memory.synthetic_note(p_workspace_id text, p_note_id bigint, p_body text)
+  returns integer
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  insert into memory_private.synthetic_notes (workspace_id, note_id, body)
+  values (p_workspace_id, p_note_id, p_body);
+  return (select count(*) from memory_private.synthetic_notes n
+           join memory_private.messages m on m.workspace_id = n.workspace_id
+          where n.workspace_id = p_workspace_id and not m.synthetic_flag);
+end
+$$;
+
+create or replace function memory_private.clip_label(p_text text) returns text
+  language sql stable
+  as $$ select left(p_text, 3) || (select count(*)::text from memory_private.invalid_reasons) $$;
+
+create or replace function memory.schema_version() returns integer
+  language sql immutable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select {number} $$;
+"""
+
+
+def test_a_later_migration_reaches_every_node_of_a_distributed_database(
+    cluster: Cluster, tmp_path: Path,
+) -> None:
+    dsn = cluster.citus.create_database("later")
+    schema.migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _ingest(conn, "later-1", n_messages=3)
+    head = tmp_path / "head"
+    shutil.copytree(schema.MIGRATIONS_DIR, head)
+    number = schema.expected_version() + 1
+    name = f"{number:04d}_synthetic"
+    (head / f"{name}.sql").write_text(LATER.format(name=name, number=number))
+    assert schema.migrate(dsn, directory=head) == [name]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # a new table of a workspace: distributed by it, with the workspaces
+        colocated = conn.execute("""
+            select p.colocationid = w.colocationid from pg_dist_partition p,
+                   pg_dist_partition w
+             where p.logicalrelid = 'memory_private.synthetic_notes'::regclass
+               and w.logicalrelid = 'memory_private.workspaces'::regclass""").fetchone()
+        assert colocated == (True,)
+        # a new workspace function: delegated; it reads the new column on the workspace's node
+        delegated = conn.execute("""
+            select distribution_argument_index from pg_dist_object
+             where classid = 'pg_proc'::regclass
+               and objid = 'memory.synthetic_note(text,bigint,text)'::regprocedure""").fetchone()
+        assert delegated == (0,)
+        assert conn.execute("select memory.synthetic_note('later-1', 1, 'x')").fetchone() == (3,)
+        # a new SQL function that reads a table takes the cluster's form too
+        assert conn.execute("select memory_private.clip_label('abcdef')").fetchone() == ("abc10",)
+    for worker in cluster.citus.workers:
+        with psycopg.connect(worker.dsn("later")) as w:
+            assert w.execute("select memory.schema_version()").fetchone() == (number,)
+            assert w.execute("""select count(*) from pg_attribute
+                                 where attrelid = 'memory_private.messages'::regclass
+                                   and attname = 'synthetic_flag'""").fetchone() == (1,)
+            assert w.execute("""select l.lanname from pg_proc p join pg_language l
+                                    on l.oid = p.prolang
+                                 where p.oid = 'memory_private.clip_label(text)'::regprocedure
+                             """).fetchone() == ("plpgsql",)
+
+
+def test_the_demo_runs_on_the_cluster(cluster: Cluster) -> None:
+    dsn = cluster.citus.create_database("demo")
+    result = CliRunner().invoke(app, ["demo", "--dsn", dsn])
+    assert result.exit_code == 0, result.output
+    with psycopg.connect(dsn) as conn:
+        records = conn.execute("select count(*) from memory_private.records").fetchone()
+        assert records is not None and records[0] > 0
+        info = schema.citus_cluster(dsn)
+        assert info is not None and info.distributed
+
+
+def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Cluster) -> None:
+    dsn = cluster.citus.create_database("rebalance")
+    schema.migrate(dsn)
+    spaces = [f"rb-{i}" for i in range(12)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        w = World(conn)
+        for ws in spaces:
+            w.basic(ws)
+            w.conversation(ws, "r0", chat="dm-alice", user="alice",
+                           user_text="Please remember that I prefer tea.", reply="Noted: tea.")
+        conn.execute("select memory_private.advance_clock('31 minutes')")
+    stop = threading.Event()
+    errors: list[str] = []
+    written: Counter[str] = Counter()  # messages whose ingest call returned
+
+    def ingest() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            w = World(c)
+            n = 0
+            while not stop.is_set():
+                ws = spaces[n % len(spaces)]
+                try:
+                    w.conversation(ws, f"live-{n}", chat="dm-alice", user="alice",
+                                   user_text=f"Please remember that item {n} is blue.",
+                                   reply=f"Noted: item {n}.")
+                    written[ws] += 2
+                except psycopg.Error as exc:
+                    errors.append(f"ingest: {exc}")
+                n += 1
+
+    def work(i: int) -> None:
+        worker = Worker(WorkerConfig(dsn=dsn, interval=0, worker_id=f"rebalance-{i}"),
+                        make_adapter("offline"))
+        try:
+            while not stop.is_set():
+                if worker.tick().status == "idle":
+                    time.sleep(0.05)
+        finally:
+            worker.adapter.close()
+            worker.db.close()
+
+    threads = [threading.Thread(target=ingest)] + [
+        threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        node = cluster.citus.add_worker()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("select citus_add_node('127.0.0.1', %s)", (node.port,))
+            conn.execute("select rebalance_table_shards(shard_transfer_mode => 'force_logical')")
+            moved = conn.execute("""
+                select count(*) from pg_dist_placement p join pg_dist_node n using (groupid)
+                 where n.nodeport = %s""", (node.port,)).fetchone()
+            assert moved is not None and moved[0] > 0, "no shard moved to the new worker"
+        time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert errors == []
+    # Everything written is there, and the pipeline finishes on the rebalanced cluster.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select memory_private.advance_clock('31 minutes')")
+        worker = Worker(WorkerConfig(dsn=dsn, interval=0), make_adapter("offline"))
+        try:
+            for _ in range(200):
+                if worker.tick().status == "idle":
+                    break
+            else:
+                pytest.fail("the pipeline did not finish")
+        finally:
+            worker.adapter.close()
+            worker.db.close()
+        counts = dict(conn.execute(
+            "select workspace_id, count(*) from memory_private.messages group by 1").fetchall())
+        assert counts == {ws: 2 + written[ws] for ws in spaces}
+        jobs = dict(conn.execute(
+            "select status, count(*) from memory_private.jobs group by 1").fetchall())
+        assert set(jobs) <= {"succeeded", "skipped", "superseded"}, jobs
+        w = World(conn)
+        for ws in spaces:
+            w.request(ws, "after", chat="dm-alice", user="alice", status="running")
+            recall = w.call("recall", ws, "after")
+            assert recall["mode"] in ("index", "directory") and recall["records"], (ws, recall)
