@@ -292,6 +292,16 @@ class MemoryClient:
                             bot_id, chat_id, topic_id, user_id, kind, status, model_provider,
                             model_id, _money(budget_usd), _money(spent_usd), thread_id)
 
+    def finish_request(self, workspace_id: str, request_id: str,
+                       status: Literal["succeeded", "failed"] = "succeeded",
+                       spent_usd: Money | None = None) -> Literal["updated", "unchanged"]:
+        """Marks a reported request finished (``succeeded`` by default), with its final spend
+        when given; nothing else about it is sent again. ``unchanged`` when it already was."""
+        answer: Literal["updated", "unchanged"] = self._value(
+            "finish_request", workspace_id, request_id, status,
+            None if spent_usd is None else _money(spent_usd))
+        return answer
+
     def upsert_message(self, workspace_id: str, message_id: str, request_id: str,
                        role: Literal["user", "assistant"], speaker_id: str, text: str, *,
                        directed: bool = True, retain_until: datetime | None = None,
