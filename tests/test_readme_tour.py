@@ -7,24 +7,19 @@ tour must end in a memory: the new request's recall shows it and a search finds 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import Server
-
 README = Path(__file__).resolve().parents[1] / "README.md"
 TOUR_HEADING = "## A short tour"
-_n = itertools.count()
 
 
 def tour_blocks(text: str) -> list[tuple[str, str]]:
@@ -42,18 +37,6 @@ def psql() -> str:
     if not Path(found).exists():
         pytest.skip("no psql: apt-get install postgresql-client-15")
     return found
-
-
-@pytest.fixture
-def empty_dsn(pg_server: Server) -> Iterator[str]:
-    name = f"tour_{os.getpid()}_{next(_n)}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"create database {name}")
-    try:
-        yield pg_server.dsn(name)
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f"drop database if exists {name} with (force)")
 
 
 def test_the_tour_has_the_steps_a_backend_takes() -> None:
