@@ -79,7 +79,7 @@ def test_the_readme_tour_ends_in_a_memory(empty_dsn: str) -> None:
     assert "German" in shown, recall
     found = json.loads(lines[2])
     assert found["mode"] == "search" and found["count"] >= 1, found
-    assert "m1" in found["records"][0]["source_ids"], found
+    assert "m1" in found["records"][0]["source_ids"] and found["records"][0]["rank"] == 1, found
 
     with psycopg.connect(empty_dsn) as conn:
         first = conn.execute("select memory.recall('acme', 'r1')").fetchone()
