@@ -1368,7 +1368,7 @@ create type memory_private.record_answer as (
   -- token, at each step (docs/benchmarks.md).
   id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
   source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text
+  last_used_at timestamptz, match text, rank integer
 );
 
 comment on type memory_private.record_answer is
@@ -1765,7 +1765,7 @@ comment on function memory_private.record_failures(text, bigint, text, text, tex
 
 create or replace function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
-  p_last_used_at timestamptz, p_match text
+  p_last_used_at timestamptz, p_match text, p_rank integer
 ) returns memory_private.record_answer
   language sql stable
   -- One expression, so that it is inlined into answer_records' statement.
@@ -1773,15 +1773,15 @@ create or replace function memory_private.record_detail(
   select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
              p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
              greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match)::memory_private.record_answer
+             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
 $$;
 
 comment on function memory_private.record_detail(memory_private.records, text[], bigint,
-                                                  timestamptz, text) is
+                                                  timestamptz, text, integer) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
   'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing). '
-  'memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
+  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
   'record''s last use before the call (memory_private.record_usage).';
 
 create function memory_private.found_lines(
@@ -1835,7 +1835,7 @@ begin
   end if;
   return array(
     select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches[f.pos])
+                                        p_matches[f.pos], f.pos::integer)
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
         on r.workspace_id = p_workspace_id and r.record_id = f.record_id
@@ -3916,7 +3916,7 @@ begin
   return array(
     select memory_private.record_detail(row(r.*)::memory_private.records,
                                         coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches[f.pos])
+                                        p_matches[f.pos], f.pos::integer)
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
         on r.workspace_id = p_workspace_id and r.record_id = f.record_id
@@ -4105,8 +4105,8 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'words, then typo and partial-word matches (memory_private.search_records); at most limit '
   '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
   'ids (the messages its summary cites, in the order it uses them), the source count and '
-  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
-  'R5). The source ids join the request''s citation set (R6); the returned records are the '
+  'overflow, dates, match: how it matched (literal, words, fuzzy; null when browsing), and '
+  'rank: its place in the answer, 1 first (R4, R5). The source ids join the request''s citation set (R6); the returned records are the '
   'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
   'scheduled request.';
@@ -4770,6 +4770,53 @@ comment on function memory_private.distribute() is
   'every node, the workspace functions delegated by their workspace, nested distributed '
   'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
   'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+
+-- memory.finish_request: the end of a request (status, final spend) without repeating the
+-- fields of upsert_request (issue 33).
+create or replace function memory.finish_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_status text default 'succeeded',
+  p_spent_usd numeric default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The end of a request, without repeating where it ran: the status it ended with, and its
+  -- spend when given (NULL keeps the spend reported before). The same rules as upsert_request:
+  -- a finished request keeps its status (MB003).
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_choice('status', p_status, array['succeeded', 'failed']);
+  if p_spent_usd is not null then
+    perform memory_private.check_money('spent_usd', p_spent_usd);
+  end if;
+  if v_request.status in ('succeeded', 'failed') and p_status <> v_request.status then
+    raise exception 'request % already finished as %; it cannot become %', p_request_id,
+      v_request.status, p_status using errcode = 'MB003';
+  end if;
+  update memory_private.requests r
+     set status = p_status, spent_usd = coalesce(p_spent_usd, r.spent_usd),
+         updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
+   where r.workspace_id = p_workspace_id and r.request_id = p_request_id
+     and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
+  return case when found then 'updated' else 'unchanged' end;
+end
+$$;
+
+comment on function memory.finish_request(text, text, text, numeric) is
+  'Marks a request finished: succeeded (the default) or failed, with its final spend when given '
+  '(NULL keeps the spend reported before), without repeating the fields of upsert_request. A '
+  'succeeded interactive request becomes a memory once it has a user and an assistant message '
+  'and the workspace''s idle window has passed. Answers updated or unchanged (finishing again '
+  'with the same status). MB001 (ids, status, spend), MB002 (request unknown), MB003 (it already '
+  'finished with the other status).';
+
+revoke all on function memory.finish_request(text, text, text, numeric) from public;
+grant execute on function memory.finish_request(text, text, text, numeric) to memory_backend;
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer

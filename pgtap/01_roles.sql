@@ -12,7 +12,8 @@ grant select on role_functions to public;
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_backend' $$,
   array['upsert_workspace', 'upsert_member', 'upsert_bot', 'upsert_chat', 'upsert_topic',
-        'set_repository_grant', 'upsert_request', 'upsert_message', 'remove_message',
+        'set_repository_grant', 'upsert_request', 'finish_request', 'upsert_message',
+        'remove_message',
         'recall', 'query_memories', 'manage_memory', 'request_citations',
         'resolve_scope', 'delete_workspace', 'answer_retention_boundary', 'schema_version',
         'tool_definitions'],

@@ -18,37 +18,43 @@ return to the model.
                               model_provider="openai", model_id="gpt-4o-mini", budget_usd="0.50")
         memory.upsert_message("acme", "m91", "r9", "user", "alice", "What tea do I like?")
         recall = memory.recall("acme", "r9")                 # beside the conversation
-        tools = memory.tool_definitions()                    # offered to the model
+        tools = memory.tool_definitions("openai")            # offered to the model
         result = memory.call_tool("acme", "r9", "query_memories", '{"query": "tea"}', "call_1")
         cites = memory.request_citations("acme", "r9")       # the only ids you may cite
+        memory.upsert_message("acme", "m92", "r9", "assistant", "helper", "Green tea.")
+        memory.finish_request("acme", "r9", spent_usd="0.0031")
 
-docs/telegram.md walks through a whole request; docs/api.md is the reference of every function.
+:class:`AsyncMemoryClient` has the same methods as coroutines, for asyncio code. docs/telegram.md
+walks through a whole request; docs/api.md is the reference of every function.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, Self
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Self, TypeVar, overload
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict
 
 from pyworker import errors
 from pyworker.db import DatabaseUnavailable
+from pyworker.tools import SHAPES, ToolShape, in_shape
 
 APPLICATION_NAME = "pimem-backend"
 
 Money = Decimal | int | str
 Upsert = Literal["inserted", "updated", "unchanged"]
 MessageUpsert = Literal["inserted", "updated", "unchanged", "ignored"]
+Finish = Literal["updated", "unchanged"]
 
 
 # Answers ----------------------------------------------------------------------------------------
@@ -100,7 +106,10 @@ class Recall(Answer):
 
 
 class MemoryRecord(Answer):
-    """A record as ``query_memories`` returns it."""
+    """A record as ``query_memories`` returns it. ``rank`` is its place in the answer, 1 first:
+    a search gives literal matches (newest first), then word matches ranked by how rare the
+    words they hold are in the scope, then typo and partial-word matches by similarity
+    (``match`` says which); browsing gives the newest first."""
 
     id: int
     kind: Literal["extracted", "note"]
@@ -113,6 +122,8 @@ class MemoryRecord(Answer):
     sources_overflow: int
     created_at: datetime
     last_used_at: datetime | None = None
+    match: Literal["literal", "words", "fuzzy"] | None = None
+    rank: int | None = None
 
 
 class QueryResult(Answer):
@@ -169,30 +180,342 @@ def _money(value: Money) -> Decimal:
     return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
-class MemoryClient:
+def _money_or_none(value: Money | None) -> Decimal | None:
+    return None if value is None else _money(value)
+
+
+# Calls ------------------------------------------------------------------------------------------
+#
+# Every method is written once, as the call it makes (:class:`_Call`: the statement, its
+# arguments, how the answer is read). MemoryClient runs a call over a connection pool,
+# AsyncMemoryClient over an asyncio one; :class:`_Endpoint` gives each client the method with
+# its own signature, returning the answer or an awaitable of it.
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One call of a ``memory`` function (``query``, ``args``), and how its answer is read:
+    its rows (``rows``) or its single value, given to ``parse``. An error of ``recover`` becomes
+    ``on_error``'s answer instead of an exception. Without a ``query`` the answer is
+    ``parse(None)``, and the database is not asked."""
+
+    query: sql.Composed | None
+    args: tuple[Any, ...] = ()
+    parse: Callable[[Any], T] = lambda raw: raw
+    rows: bool = False
+    recover: tuple[type[errors.MemoryError_], ...] = ()
+    on_error: Callable[[errors.MemoryError_], T] | None = None
+
+    @property
+    def params(self) -> tuple[Any, ...]:
+        return tuple(Jsonb(a) if isinstance(a, dict) else a for a in self.args)
+
+    def fetch(self, rows: list[dict[str, Any]]) -> Any:
+        """The raw answer from the rows the statement gave."""
+        return rows if self.rows else (rows[0] if rows else {}).get("value")
+
+    def fail(self, exc: Exception) -> T:
+        """The answer to an error: ``on_error``'s for an error of ``recover``; otherwise the
+        error raised as the client's exception (an MB error typed, a lost database
+        :class:`DatabaseUnavailable`)."""
+        mapped = _mapped_error(exc)
+        if self.on_error is not None and isinstance(mapped, self.recover):
+            return self.on_error(mapped)
+        if mapped is exc:
+            raise exc
+        raise mapped from exc
+
+
+def _mapped_error(exc: Exception) -> Exception:
+    """The client's exception for a transport error: the typed MB error, DatabaseUnavailable
+    for no connection or a lost one, anything else as it is."""
+    if isinstance(exc, PoolTimeout):
+        return DatabaseUnavailable(f"no database connection: {exc}")
+    if not isinstance(exc, psycopg.Error):
+        return exc
+    mapped = errors.translate(exc)
+    if mapped is not exc:
+        return mapped
+    state = exc.sqlstate or ""
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and (
+            not state or state.startswith(("08", "57P"))):
+        return DatabaseUnavailable(str(exc).strip())
+    return exc
+
+
+def _statement(function: str, arity: int, *, table: bool = False) -> sql.Composed:
+    call = sql.SQL("{}({})").format(sql.Identifier("memory", function),
+                                    sql.SQL(", ").join([sql.Placeholder()] * arity))
+    if table:
+        return sql.SQL("select * from {}").format(call)
+    return sql.SQL("select {} as value").format(call)
+
+
+def _value(function: str, *args: Any) -> _Call[Any]:
+    """``select memory.<function>(args...)``: its single value."""
+    return _Call(_statement(function, len(args)), args)
+
+
+def _table(function: str, *args: Any, parse: Callable[[list[dict[str, Any]]], T]) -> _Call[T]:
+    """``select * from memory.<function>(args...)``: its rows, read by ``parse``."""
+    return _Call(_statement(function, len(args), table=True), args, parse, rows=True)
+
+
+def _single_scope(rows: list[dict[str, Any]]) -> Scope:
+    [row] = rows
+    return Scope.model_validate(row)
+
+
+def _tool_call(workspace_id: str, request_id: str, name: str,
+               arguments: str | dict[str, Any] | None, tool_call_id: str) -> _Call[ToolResult]:
+    """A model's tool call as the call of its function, or a refusal without one (see
+    :meth:`_MemoryApi.call_tool`)."""
+
+    def refused(code: str, message: str) -> ToolResult:
+        content = json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False)
+        return ToolResult(tool_call_id, name, content, None, code)
+
+    def answered(answer: QueryResult | ManageResult) -> ToolResult:
+        return ToolResult(tool_call_id, name, json.dumps(answer.as_json(), ensure_ascii=False),
+                          answer)
+
+    models: dict[str, type[QueryResult | ManageResult]] = {
+        "query_memories": QueryResult, "manage_memory": ManageResult}
+    model = models.get(name)
+    if model is None:
+        return _Call(None, parse=lambda _: refused(
+            "unknown_tool", f"there is no tool {name!r}; the tools are {', '.join(models)}"))
+    args: Any = arguments
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        args = {}
+    elif isinstance(arguments, str):
+        try:
+            args = json.loads(arguments)
+        except ValueError as exc:
+            problem = f"the arguments are not JSON: {exc}"
+            return _Call(None, parse=lambda _: refused("invalid_json", problem))
+    return _Call(_statement(name, 4), (workspace_id, request_id, tool_call_id, Jsonb(args)),
+                 lambda raw: answered(model.model_validate(raw)), recover=MODEL_ERRORS,
+                 on_error=lambda exc: refused(exc.code, exc.message))
+
+
+class _Endpoint(Generic[P, T]):
+    """A method of both clients, written once as the call it makes: MemoryClient's runs the
+    call and answers, AsyncMemoryClient's answers an awaitable."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], _Call[T]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Callable[Concatenate[Any, P], _Call[T]]: ...
+    @overload
+    def __get__(self, obj: MemoryClient, owner: type | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: AsyncMemoryClient,
+                owner: type | None = None) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self.build
+        build, execute = self.build, obj._execute
+
+        @functools.wraps(build)
+        def method(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return execute(build(obj, *args, **kwargs))
+
+        return method
+
+
+def endpoint(build: Callable[Concatenate[Any, P], _Call[T]]) -> _Endpoint[P, T]:
+    return _Endpoint(build)
+
+
+class _MemoryApi:
+    """The ``memory`` backend functions, one method each, shared by both clients."""
+
+    # Facts the backend mirrors (docs/api.md, Ingest) ---------------------------------------------
+
+    @endpoint
+    def schema_version(self) -> _Call[int]:
+        return _Call(_statement("schema_version", 0), parse=int)
+
+    @endpoint
+    def upsert_workspace(self, workspace_id: str, config_version: int, budget_usd: Money,
+                         spent_usd: Money = 0, idle_minutes: int = 30) -> _Call[Upsert]:
+        """``idle_minutes``: how long a finished conversation stays quiet before it is made
+        into a memory (0: at the next maintenance pass)."""
+        return _value("upsert_workspace", workspace_id, config_version,
+                      _money(budget_usd), _money(spent_usd), idle_minutes)
+
+    @endpoint
+    def upsert_member(self, workspace_id: str, user_id: str,
+                      role: Literal["owner", "admin", "member"],
+                      active: bool = True) -> _Call[Upsert]:
+        return _value("upsert_member", workspace_id, user_id, role, active)
+
+    @endpoint
+    def upsert_bot(self, workspace_id: str, bot_id: str, identity: str,
+                   active: bool = True) -> _Call[Upsert]:
+        return _value("upsert_bot", workspace_id, bot_id, identity, active)
+
+    @endpoint
+    def upsert_chat(self, workspace_id: str, chat_id: str, kind: Literal["private", "group"],
+                    private_user_id: str | None = None, linked: bool = True) -> _Call[Upsert]:
+        return _value("upsert_chat", workspace_id, chat_id, kind, private_user_id, linked)
+
+    @endpoint
+    def upsert_topic(self, workspace_id: str, chat_id: str, topic_id: int,
+                     title: str | None = None) -> _Call[Upsert]:
+        return _value("upsert_topic", workspace_id, chat_id, topic_id, title)
+
+    @endpoint
+    def set_repository_grant(self, workspace_id: str, user_id: str, repository_id: str,
+                             granted: bool) -> _Call[Upsert]:
+        return _value("set_repository_grant", workspace_id, user_id, repository_id, granted)
+
+    @endpoint
+    def upsert_request(self, workspace_id: str, request_id: str, *, bot_id: str, chat_id: str,
+                       topic_id: int, user_id: str,
+                       kind: Literal["interactive", "scheduled"],
+                       status: Literal["queued", "running", "awaiting_approval", "succeeded",
+                                       "failed"],
+                       model_provider: str, model_id: str, budget_usd: Money,
+                       spent_usd: Money = 0, thread_id: str | None = None) -> _Call[Upsert]:
+        return _value("upsert_request", workspace_id, request_id,
+                      bot_id, chat_id, topic_id, user_id, kind, status, model_provider,
+                      model_id, _money(budget_usd), _money(spent_usd), thread_id)
+
+    @endpoint
+    def finish_request(self, workspace_id: str, request_id: str,
+                       status: Literal["succeeded", "failed"] = "succeeded",
+                       spent_usd: Money | None = None) -> _Call[Finish]:
+        """Marks a reported request finished (``succeeded`` by default), with its final spend
+        when given; nothing else about it is sent again. ``unchanged`` when it already was."""
+        return _value("finish_request", workspace_id, request_id, status,
+                      _money_or_none(spent_usd))
+
+    @endpoint
+    def upsert_message(self, workspace_id: str, message_id: str, request_id: str,
+                       role: Literal["user", "assistant"], speaker_id: str, text: str, *,
+                       directed: bool = True, retain_until: datetime | None = None,
+                       repositories: Iterable[str] = ()) -> _Call[MessageUpsert]:
+        return _value("upsert_message", workspace_id, message_id, request_id, role, speaker_id,
+                      text, directed, retain_until, list(repositories))
+
+    @endpoint
+    def remove_message(self, workspace_id: str, message_id: str) -> _Call[Upsert]:
+        return _value("remove_message", workspace_id, message_id)
+
+    @endpoint
+    def resolve_scope(self, workspace_id: str, request_id: str) -> _Call[Scope]:
+        return _table("resolve_scope", workspace_id, request_id, parse=_single_scope)
+
+    # A request's memory (docs/api.md, Recall and tools) ------------------------------------------
+
+    @endpoint
+    def recall(self, workspace_id: str, request_id: str) -> _Call[Recall]:
+        """What a new request starts with. Frozen at the request's first call: a memory made
+        later comes to the requests that start after it."""
+        return _Call(_statement("recall", 2), (workspace_id, request_id), Recall.model_validate)
+
+    @endpoint
+    def query_memories(self, workspace_id: str, request_id: str, tool_call_id: str,
+                       args: Any) -> _Call[QueryResult]:
+        """The ``query_memories`` tool; ``args`` as the model gave them (validated there)."""
+        return _Call(_statement("query_memories", 4),
+                     (workspace_id, request_id, tool_call_id, Jsonb(args)),
+                     QueryResult.model_validate)
+
+    @endpoint
+    def manage_memory(self, workspace_id: str, request_id: str, tool_call_id: str,
+                      args: Any) -> _Call[ManageResult]:
+        """The ``manage_memory`` tool; a refusal is an answer (``status == "refused"``)."""
+        return _Call(_statement("manage_memory", 4),
+                     (workspace_id, request_id, tool_call_id, Jsonb(args)),
+                     ManageResult.model_validate)
+
+    @endpoint
+    def request_citations(self, workspace_id: str, request_id: str) -> _Call[list[str]]:
+        """The message ids the request's answer may cite, and no others."""
+        return _table("request_citations", workspace_id, request_id,
+                      parse=lambda rows: [row["message_id"] for row in rows])
+
+    @endpoint
+    def answer_retention_boundary(self, workspace_id: str,
+                                  request_id: str) -> _Call[datetime | None]:
+        """Keep the request's answer no longer than this (``None``: no limit from memory)."""
+        return _value("answer_retention_boundary", workspace_id, request_id)
+
+    @endpoint
+    def delete_workspace(self, workspace_id: str) -> _Call[dict[str, Any]]:
+        return _value("delete_workspace", workspace_id)
+
+    # The model's tools ---------------------------------------------------------------------------
+
+    @endpoint
+    def tool_definitions(self, shape: ToolShape = "database") -> _Call[list[dict[str, Any]]]:
+        """The two tools as the database serves them (``memory.tool_definitions()``: JSON
+        schemas whose limits are the ones the tools' functions enforce): ``database``
+        ``[{name, description, parameters}]``, or in the shape of a model API, ``openai``
+        (``{"type": "function", "function": {...}}``) or ``anthropic`` (``{name,
+        description, input_schema}``); :func:`pyworker.tools.in_shape`."""
+        if shape not in SHAPES:
+            raise ValueError(f"no tool shape {shape!r}: the shapes are {', '.join(SHAPES)}")
+        return _Call(_statement("tool_definitions", 0),
+                     parse=lambda definitions: in_shape(definitions, shape))
+
+    @endpoint
+    def call_tool(self, workspace_id: str, request_id: str, name: str,
+                  arguments: str | dict[str, Any] | None, tool_call_id: str) -> _Call[ToolResult]:
+        """Hands one tool call of the model to its function, arguments and id unchanged.
+
+        ``arguments`` is the JSON text the model produced (or its parsed value). Text that is
+        not JSON, an unknown tool name, and the errors its arguments cause in the database
+        (:data:`MODEL_ERRORS`) become an ``{"error": ...}`` result for the model, with nothing
+        changed. Other errors are raised.
+        """
+        return _tool_call(workspace_id, request_id, name, arguments, tool_call_id)
+
+
+PoolT = TypeVar("PoolT", ConnectionPool, AsyncConnectionPool)
+
+
+def _client_pool(factory: Callable[..., PoolT], dsn: str | None, pool: PoolT | None, *,
+                 min_size: int, max_size: int, timeout: float, application_name: str,
+                 statement_timeout_ms: int) -> tuple[PoolT, bool]:
+    """The pool a client runs on, and whether the client owns it: the caller's, or one of
+    ``factory`` made for the DSN (autocommit connections, the statement timeout), not opened."""
+    if (dsn is None) == (pool is None):
+        raise ValueError("give a dsn or a pool")
+    if pool is not None:
+        return pool, False
+    return factory(dsn, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
+                   name=application_name,
+                   kwargs={"autocommit": True, "application_name": application_name,
+                           "connect_timeout": 10,
+                           "options": f"-c statement_timeout={statement_timeout_ms}"}), True
+
+
+class MemoryClient(_MemoryApi):
     """The ``memory`` backend API over a connection pool (thread-safe; one call, one transaction).
 
     Give a DSN (the client opens and owns a pool) or a pool of your own (connections must be
-    autocommit). The login role needs ``memory_backend`` only. From async code (aiogram, ...)
-    call the methods with ``asyncio.to_thread``: each is a short database round trip.
+    autocommit). The login role needs ``memory_backend`` only. From asyncio code (aiogram, ...)
+    use :class:`AsyncMemoryClient`, which has the same methods.
     """
 
     def __init__(self, dsn: str | None = None, *, pool: ConnectionPool | None = None,
                  min_size: int = 1, max_size: int = 4, timeout: float = 10.0,
                  application_name: str = APPLICATION_NAME,
                  statement_timeout_ms: int = 30_000) -> None:
-        if (dsn is None) == (pool is None):
-            raise ValueError("give a dsn or a pool")
-        self._owns_pool = pool is None
-        if dsn is not None:
-            pool = ConnectionPool(
-                dsn, min_size=min_size, max_size=max_size, timeout=timeout, open=True,
-                name=application_name,
-                kwargs={"autocommit": True, "application_name": application_name,
-                        "connect_timeout": 10,
-                        "options": f"-c statement_timeout={statement_timeout_ms}"})
-        assert pool is not None
-        self.pool = pool
+        self.pool, self._owns_pool = _client_pool(
+            ConnectionPool, dsn, pool, min_size=min_size, max_size=max_size, timeout=timeout,
+            application_name=application_name, statement_timeout_ms=statement_timeout_ms)
+        if self._owns_pool:
+            self.pool.open()
 
     def close(self) -> None:
         if self._owns_pool:
@@ -204,183 +527,63 @@ class MemoryClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # Transport ----------------------------------------------------------------------------------
-
-    def _run(self, query: sql.Composed, args: tuple[Any, ...],
-             fetch: Callable[[psycopg.Cursor[Any]], Any]) -> Any:
-        params = tuple(Jsonb(a) if isinstance(a, dict) else a for a in args)
+    def _execute(self, call: _Call[T]) -> T:
+        """Runs one call in its own autocommit transaction."""
+        if call.query is None:
+            return call.parse(None)
         try:
             with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(query, params)
-                return fetch(cur)
-        except PoolTimeout as exc:
-            raise DatabaseUnavailable(f"no database connection: {exc}") from exc
-        except psycopg.Error as exc:
-            mapped = errors.translate(exc)
-            if mapped is not exc:
-                raise mapped from exc
-            state = exc.sqlstate or ""
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and (
-                    not state or state.startswith(("08", "57P"))):
-                raise DatabaseUnavailable(str(exc).strip()) from exc
-            raise
+                cur.execute(call.query, call.params)
+                raw = call.fetch(cur.fetchall())
+        except (PoolTimeout, psycopg.Error) as exc:
+            return call.fail(exc)
+        return call.parse(raw)
 
-    @staticmethod
-    def _query(function: str, arity: int, *, table: bool = False) -> sql.Composed:
-        call = sql.SQL("{}({})").format(sql.Identifier("memory", function),
-                                        sql.SQL(", ").join([sql.Placeholder()] * arity))
-        if table:
-            return sql.SQL("select * from {}").format(call)
-        return sql.SQL("select {} as value").format(call)
 
-    def _value(self, function: str, *args: Any) -> Any:
-        """``select memory.<function>(args...)``: its single value."""
-        return self._run(self._query(function, len(args)), args,
-                         lambda cur: (cur.fetchone() or {}).get("value"))
+class AsyncMemoryClient(_MemoryApi):
+    """:class:`MemoryClient` for asyncio: the same methods, each a coroutine, over psycopg's
+    asyncio pool (``AsyncConnection``s).
 
-    def _table(self, function: str, *args: Any) -> list[dict[str, Any]]:
-        """``select * from memory.<function>(args...)``: its rows."""
-        rows: list[dict[str, Any]] = self._run(self._query(function, len(args), table=True),
-                                               args, lambda cur: cur.fetchall())
-        return rows
+        async with AsyncMemoryClient(dsn) as memory:
+            recall = await memory.recall("acme", "r9")
 
-    def _upsert(self, function: str, *args: Any) -> Upsert:
-        """An ``upsert_*`` function's answer: 'inserted', 'updated' or 'unchanged'."""
-        answer: Upsert = self._value(function, *args)
-        return answer
+    Give a DSN (the client owns a pool, opened by ``async with`` or :meth:`open`) or an
+    ``AsyncConnectionPool`` of your own (open, connections autocommit).
+    """
 
-    # Facts the backend mirrors (docs/api.md, Ingest) ---------------------------------------------
+    def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
+                 min_size: int = 1, max_size: int = 4, timeout: float = 10.0,
+                 application_name: str = APPLICATION_NAME,
+                 statement_timeout_ms: int = 30_000) -> None:
+        self.pool, self._owns_pool = _client_pool(
+            AsyncConnectionPool, dsn, pool, min_size=min_size, max_size=max_size,
+            timeout=timeout, application_name=application_name,
+            statement_timeout_ms=statement_timeout_ms)
 
-    def schema_version(self) -> int:
-        return int(self._value("schema_version"))
+    async def open(self) -> Self:
+        if self._owns_pool:
+            await self.pool.open()
+        return self
 
-    def upsert_workspace(self, workspace_id: str, config_version: int, budget_usd: Money,
-                         spent_usd: Money = 0, idle_minutes: int = 30) -> Upsert:
-        return self._upsert("upsert_workspace", workspace_id, config_version,
-                            _money(budget_usd), _money(spent_usd), idle_minutes)
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self.pool.close()
 
-    def upsert_member(self, workspace_id: str, user_id: str,
-                      role: Literal["owner", "admin", "member"], active: bool = True) -> Upsert:
-        return self._upsert("upsert_member", workspace_id, user_id, role, active)
+    async def __aenter__(self) -> Self:
+        return await self.open()
 
-    def upsert_bot(self, workspace_id: str, bot_id: str, identity: str,
-                   active: bool = True) -> Upsert:
-        return self._upsert("upsert_bot", workspace_id, bot_id, identity, active)
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
-    def upsert_chat(self, workspace_id: str, chat_id: str, kind: Literal["private", "group"],
-                    private_user_id: str | None = None, linked: bool = True) -> Upsert:
-        return self._upsert("upsert_chat", workspace_id, chat_id, kind,
-                            private_user_id, linked)
-
-    def upsert_topic(self, workspace_id: str, chat_id: str, topic_id: int,
-                     title: str | None = None) -> Upsert:
-        return self._upsert("upsert_topic", workspace_id, chat_id, topic_id, title)
-
-    def set_repository_grant(self, workspace_id: str, user_id: str, repository_id: str,
-                             granted: bool) -> Upsert:
-        return self._upsert("set_repository_grant", workspace_id, user_id,
-                            repository_id, granted)
-
-    def upsert_request(self, workspace_id: str, request_id: str, *, bot_id: str, chat_id: str,
-                       topic_id: int, user_id: str,
-                       kind: Literal["interactive", "scheduled"],
-                       status: Literal["queued", "running", "awaiting_approval", "succeeded",
-                                       "failed"],
-                       model_provider: str, model_id: str, budget_usd: Money,
-                       spent_usd: Money = 0, thread_id: str | None = None) -> Upsert:
-        return self._upsert("upsert_request", workspace_id, request_id,
-                            bot_id, chat_id, topic_id, user_id, kind, status, model_provider,
-                            model_id, _money(budget_usd), _money(spent_usd), thread_id)
-
-    def upsert_message(self, workspace_id: str, message_id: str, request_id: str,
-                       role: Literal["user", "assistant"], speaker_id: str, text: str, *,
-                       directed: bool = True, retain_until: datetime | None = None,
-                       repositories: Iterable[str] = ()) -> MessageUpsert:
-        answer: MessageUpsert = self._value(
-            "upsert_message", workspace_id, message_id, request_id, role, speaker_id, text,
-            directed, retain_until, list(repositories))
-        return answer
-
-    def remove_message(self, workspace_id: str, message_id: str) -> Upsert:
-        return self._upsert("remove_message", workspace_id, message_id)
-
-    def resolve_scope(self, workspace_id: str, request_id: str) -> Scope:
-        [row] = self._table("resolve_scope", workspace_id, request_id)
-        return Scope.model_validate(row)
-
-    # A request's memory (docs/api.md, Recall and tools) ------------------------------------------
-
-    def recall(self, workspace_id: str, request_id: str) -> Recall:
-        return Recall.model_validate(self._value("recall", workspace_id, request_id))
-
-    def query_memories(self, workspace_id: str, request_id: str, tool_call_id: str,
-                       args: Any) -> QueryResult:
-        """The ``query_memories`` tool; ``args`` as the model gave them (validated there)."""
-        return QueryResult.model_validate(self._value(
-            "query_memories", workspace_id, request_id, tool_call_id, Jsonb(args)))
-
-    def manage_memory(self, workspace_id: str, request_id: str, tool_call_id: str,
-                      args: Any) -> ManageResult:
-        """The ``manage_memory`` tool; a refusal is an answer (``status == "refused"``)."""
-        return ManageResult.model_validate(self._value(
-            "manage_memory", workspace_id, request_id, tool_call_id, Jsonb(args)))
-
-    def request_citations(self, workspace_id: str, request_id: str) -> list[str]:
-        """The message ids the request's answer may cite, and no others."""
-        return [row["message_id"]
-                for row in self._table("request_citations", workspace_id, request_id)]
-
-    def answer_retention_boundary(self, workspace_id: str, request_id: str) -> datetime | None:
-        """Keep the request's answer no longer than this (``None``: no limit from memory)."""
-        boundary: datetime | None = self._value("answer_retention_boundary",
-                                                workspace_id, request_id)
-        return boundary
-
-    def delete_workspace(self, workspace_id: str) -> dict[str, Any]:
-        deleted: dict[str, Any] = self._value("delete_workspace", workspace_id)
-        return deleted
-
-    # The model's tools ---------------------------------------------------------------------------
-
-    def tool_definitions(self) -> list[dict[str, Any]]:
-        """The two tools as ``{name, description, parameters}`` function definitions, as the
-        database serves them (``memory.tool_definitions()``: JSON schemas whose limits are the
-        ones the tools' functions enforce)."""
-        definitions: list[dict[str, Any]] = self._value("tool_definitions")
-        return definitions
-
-    def call_tool(self, workspace_id: str, request_id: str, name: str,
-                  arguments: str | dict[str, Any] | None, tool_call_id: str) -> ToolResult:
-        """Hands one tool call of the model to its function, arguments and id unchanged.
-
-        ``arguments`` is the JSON text the model produced (or its parsed value). Text that is
-        not JSON, an unknown tool name, and the errors its arguments cause in the database
-        (:data:`MODEL_ERRORS`) become an ``{"error": ...}`` result for the model, with nothing
-        changed. Other errors are raised.
-        """
-        functions: dict[str, Callable[[str, str, str, Any], QueryResult | ManageResult]] = {
-            "query_memories": self.query_memories, "manage_memory": self.manage_memory}
-
-        def refused(code: str, message: str) -> ToolResult:
-            content = json.dumps({"error": {"code": code, "message": message}},
-                                 ensure_ascii=False)
-            return ToolResult(tool_call_id, name, content, None, code)
-
-        function = functions.get(name)
-        if function is None:
-            return refused("unknown_tool", f"there is no tool {name!r}; the tools are "
-                                           f"{', '.join(functions)}")
-        args: Any = arguments
-        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-            args = {}
-        elif isinstance(arguments, str):
-            try:
-                args = json.loads(arguments)
-            except ValueError as exc:
-                return refused("invalid_json", f"the arguments are not JSON: {exc}")
+    async def _execute(self, call: _Call[T]) -> T:
+        """Runs one call in its own autocommit transaction."""
+        if call.query is None:
+            return call.parse(None)
         try:
-            answer = function(workspace_id, request_id, tool_call_id, args)
-        except MODEL_ERRORS as exc:
-            return refused(exc.code, exc.message)
-        return ToolResult(tool_call_id, name, json.dumps(answer.as_json(), ensure_ascii=False),
-                          answer)
+            async with self.pool.connection() as conn, \
+                    conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(call.query, call.params)
+                raw = call.fetch(await cur.fetchall())
+        except (PoolTimeout, psycopg.Error) as exc:
+            return call.fail(exc)
+        return call.parse(raw)

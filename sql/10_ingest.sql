@@ -585,6 +585,47 @@ comment on function memory.upsert_request(text, text, text, text, bigint, text, 
   'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
   'memory scope is created with it.';
 
+create function memory.finish_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_status text default 'succeeded',
+  p_spent_usd numeric default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The end of a request, without repeating where it ran: the status it ended with, and its
+  -- spend when given (NULL keeps the spend reported before). The same rules as upsert_request:
+  -- a finished request keeps its status (MB003).
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_choice('status', p_status, array['succeeded', 'failed']);
+  if p_spent_usd is not null then
+    perform memory_private.check_money('spent_usd', p_spent_usd);
+  end if;
+  if v_request.status in ('succeeded', 'failed') and p_status <> v_request.status then
+    raise exception 'request % already finished as %; it cannot become %', p_request_id,
+      v_request.status, p_status using errcode = 'MB003';
+  end if;
+  update memory_private.requests r
+     set status = p_status, spent_usd = coalesce(p_spent_usd, r.spent_usd),
+         updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
+   where r.workspace_id = p_workspace_id and r.request_id = p_request_id
+     and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
+  return case when found then 'updated' else 'unchanged' end;
+end
+$$;
+comment on function memory.finish_request(text, text, text, numeric) is
+  'Marks a request finished: succeeded (the default) or failed, with its final spend when given '
+  '(NULL keeps the spend reported before), without repeating the fields of upsert_request. A '
+  'succeeded interactive request becomes a memory once it has a user and an assistant message '
+  'and the workspace''s idle window has passed. Answers updated or unchanged (finishing again '
+  'with the same status). MB001 (ids, status, spend), MB002 (request unknown), MB003 (it already '
+  'finished with the other status).';
+
 create function memory.upsert_message(
   p_workspace_id text,
   p_message_id text,
@@ -718,6 +759,7 @@ revoke all on function
   memory.set_repository_grant(text, text, text, boolean),
   memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
                         numeric, text),
+  memory.finish_request(text, text, text, numeric),
   memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
   memory.remove_message(text, text)
 from public;
@@ -730,6 +772,7 @@ grant execute on function
   memory.set_repository_grant(text, text, text, boolean),
   memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
                         numeric, text),
+  memory.finish_request(text, text, text, numeric),
   memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
   memory.remove_message(text, text)
 to memory_backend;

@@ -261,7 +261,7 @@ create type memory_private.record_answer as (
   -- token, at each step (docs/benchmarks.md).
   id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
   source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text
+  last_used_at timestamptz, match text, rank integer
 );
 comment on type memory_private.record_answer is
   'The fields of one query_memories result, in the order they are named (R5): '
@@ -277,7 +277,7 @@ comment on type memory_private.query_answer is
 
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
-  p_last_used_at timestamptz, p_match text
+  p_last_used_at timestamptz, p_match text, p_rank integer
 ) returns memory_private.record_answer
   language sql stable
   -- One expression, so that it is inlined into answer_records' statement.
@@ -285,14 +285,14 @@ create function memory_private.record_detail(
   select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
              p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
              greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match)::memory_private.record_answer
+             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
 $$;
 comment on function memory_private.record_detail(memory_private.records, text[], bigint,
-                                                  timestamptz, text) is
+                                                  timestamptz, text, integer) is
   'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
   'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing). '
-  'memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
+  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
   'record''s last use before the call (memory_private.record_usage).';
 
 create function memory_private.recall_payload(
@@ -493,7 +493,7 @@ begin
   return array(
     select memory_private.record_detail(row(r.*)::memory_private.records,
                                         coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches[f.pos])
+                                        p_matches[f.pos], f.pos::integer)
       from unnest(p_record_ids) with ordinality as f(record_id, pos)
       join memory_private.records r
         on r.workspace_id = p_workspace_id and r.record_id = f.record_id
@@ -671,8 +671,8 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'words, then typo and partial-word matches (memory_private.search_records); at most limit '
   '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
   'ids (the messages its summary cites, in the order it uses them), the source count and '
-  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
-  'R5). The source ids join the request''s citation set (R6); the returned records are the '
+  'overflow, dates, match: how it matched (literal, words, fuzzy; null when browsing), and '
+  'rank: its place in the answer, 1 first (R4, R5). The source ids join the request''s citation set (R6); the returned records are the '
   'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
   'scheduled request.';

@@ -344,3 +344,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             reason = marker.args[0] if marker.args else "not in the Citus profile"
             item.add_marker(pytest.mark.skip(reason=f"Citus profile: {reason}"))
+
+
+_empty = itertools.count()
+
+
+@pytest.fixture
+def empty_dsn(pg_server: Server) -> Iterator[str]:
+    """A new empty database (no schema: for a test that migrates it itself); dropped after."""
+    name = f"empty_{os.getpid()}_{next(_empty)}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"create database {name}")
+    try:
+        yield pg_server.dsn(name)
+    finally:
+        drop_database(pg_server, name)

@@ -3,17 +3,22 @@ function, typed answers, MB errors as typed exceptions, and the tool-call dispat
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from pyworker import errors
-from pyworker.client import ManageResult, MemoryClient, QueryResult, Recall
+from pyworker.client import AsyncMemoryClient, ManageResult, MemoryClient, QueryResult, Recall
 from pyworker.db import DatabaseUnavailable
 from tests.conftest import Server
 
@@ -179,3 +184,147 @@ def test_the_client_has_a_method_for_every_backend_function(conn: psycopg.Connec
         "'execute')")}
     assert len(granted) >= 17
     assert {name for name in granted if not callable(getattr(MemoryClient, name, None))} == set()
+
+
+def finished_conversation(memory: MemoryClient) -> None:
+    """Alice's request r1 with her message and the bot's answer, finished, in a workspace whose
+    idle window is 0 minutes: the worker extracts it at its next pass."""
+    private_request(memory, text="Please always answer me in German.")
+    assert memory.upsert_workspace("acme", 1, "10.00", idle_minutes=0) == "updated"
+    memory.upsert_message("acme", "r1-a", "r1", "assistant", "helper",
+                          "Understood: from now on I answer you in German.")
+    assert memory.finish_request("acme", "r1") == "updated"
+
+
+def run_worker_once(dsn: str) -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "pimem"), "worker", "--model", "offline", "--once"],
+        env={**os.environ, "PIMEM_DSN": dsn}, capture_output=True, text=True, timeout=300,
+        check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_finish_request_ends_a_request_with_its_spend_and_no_other_field(
+        memory: MemoryClient, conn: psycopg.Connection) -> None:
+    private_request(memory)
+    assert memory.finish_request("acme", "r1", spent_usd="0.0125") == "updated"
+    assert memory.finish_request("acme", "r1") == "unchanged"
+    with pytest.raises(errors.Conflict):
+        memory.finish_request("acme", "r1", "failed")
+    with pytest.raises(errors.InvalidArgument):
+        memory.finish_request("acme", "r1", "done")  # type: ignore[arg-type]
+    with pytest.raises(errors.NotFound):
+        memory.finish_request("acme", "r404")
+    row = conn.execute("select status, spent_usd, model_id from memory_private.requests "
+                       "where workspace_id = 'acme' and request_id = 'r1'").fetchone()
+    assert row == ("succeeded", Decimal("0.0125"), "m")
+
+
+def test_search_results_carry_their_rank_and_how_they_matched(
+        memory: MemoryClient, db_dsn: str) -> None:
+    finished_conversation(memory)
+    memory.upsert_request("acme", "r2", bot_id="helper", chat_id="dm-alice", topic_id=0,
+                          user_id="alice", kind="interactive", status="running",
+                          model_provider="fake", model_id="m", budget_usd="0.50")
+    memory.upsert_message("acme", "r2-u", "r2", "user", "alice",
+                          "Remember that my tea is green tea.")
+    memory.manage_memory("acme", "r2", "call_0", {"action": "remember", "sourceId": "r2-u"})
+    run_worker_once(db_dsn)
+    memory.upsert_request("acme", "r3", bot_id="helper", chat_id="dm-alice", topic_id=0,
+                          user_id="alice", kind="interactive", status="running",
+                          model_provider="fake", model_id="m", budget_usd="0.50")
+
+    found = memory.query_memories("acme", "r3", "call_1", {"query": "answer german tea"})
+    assert [r.rank for r in found.records] == list(range(1, found.count + 1))
+    assert found.count >= 1 and {r.match for r in found.records} <= {"literal", "words", "fuzzy"}
+    assert found.records[0].match == "words" and "German" in found.records[0].summary, \
+        "two of the query's words are in the German record, one in the tea note"
+    browsed = memory.query_memories("acme", "r3", "call_2", {})
+    assert [r.rank for r in browsed.records] == list(range(1, browsed.count + 1))
+    assert {r.match for r in browsed.records} == {None}
+    assert browsed.count == 2
+
+
+def test_the_tools_come_in_the_shapes_of_openai_and_anthropic(memory: MemoryClient) -> None:
+    served = memory.tool_definitions()
+    openai = memory.tool_definitions("openai")
+    assert openai == [{"type": "function", "function": d} for d in served]
+    assert [t["function"]["name"] for t in openai] == ["query_memories", "manage_memory"]
+    anthropic = memory.tool_definitions("anthropic")
+    assert [set(t) for t in anthropic] == [{"name", "description", "input_schema"}] * 2
+    assert [t["input_schema"] for t in anthropic] == [d["parameters"] for d in served]
+    assert [t["name"] for t in anthropic] == [d["name"] for d in served]
+    with pytest.raises(ValueError, match="shapes are database, openai, anthropic"):
+        memory.tool_definitions("gemini")  # type: ignore[arg-type]
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "pyworker.tools", "--dsn", memory.pool.conninfo,
+         "--shape", "anthropic"], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(printed.stdout) == anthropic
+
+
+def test_the_async_client_has_the_same_methods_and_the_same_answers(
+        memory: MemoryClient, db_dsn: str) -> None:
+    public = {name for name in dir(MemoryClient) if not name.startswith("_")}
+    assert public - {"close", "pool"} <= set(dir(AsyncMemoryClient))
+
+    async def tour() -> None:
+        async with AsyncMemoryClient(db_dsn, max_size=2) as amemory:
+            assert await amemory.upsert_workspace("acme", 1, "10.00", idle_minutes=0) \
+                == "inserted"
+            await amemory.upsert_member("acme", "alice", "owner")
+            await amemory.upsert_bot("acme", "helper", "tg:1")
+            await amemory.upsert_chat("acme", "dm-alice", "private", "alice")
+            for request in ("r1", "r2"):
+                await amemory.upsert_request(
+                    "acme", request, bot_id="helper", chat_id="dm-alice", topic_id=0,
+                    user_id="alice", kind="interactive", status="running",
+                    model_provider="fake", model_id="m", budget_usd="0.50")
+            await amemory.upsert_message("acme", "r1-u", "r1", "user", "alice",
+                                         "Please always answer me in German.")
+            await amemory.upsert_message("acme", "r1-a", "r1", "assistant", "helper",
+                                         "Understood: from now on I answer you in German.")
+            assert await amemory.finish_request("acme", "r1") == "updated"
+            assert await amemory.recall("acme", "r2") == Recall(mode="none")
+            await asyncio.to_thread(run_worker_once, db_dsn)
+            await amemory.upsert_request(
+                "acme", "r3", bot_id="helper", chat_id="dm-alice", topic_id=0,
+                user_id="alice", kind="interactive", status="running",
+                model_provider="fake", model_id="m", budget_usd="0.50")
+            recall = await amemory.recall("acme", "r3")
+            assert recall.mode == "index" and recall.index and "German" in recall.index
+            assert recall == memory.recall("acme", "r3"), "one answer, whichever client asks"
+            assert await amemory.recall("acme", "r2") == Recall(mode="none"), \
+                "r2's recall was frozen at its first call"
+
+            found = await amemory.call_tool("acme", "r3", "query_memories",
+                                            '{"query": "German"}', "call_1")
+            assert isinstance(found.answer, QueryResult) and found.answer.records[0].rank == 1
+            assert found.answer.records[0].source_ids == ["r1-u"]
+            bad = await amemory.call_tool("acme", "r3", "query_memories", '{"query": ',
+                                          "call_2")
+            assert bad.error_code == "invalid_json" and bad.answer is None
+            refused = await amemory.call_tool("acme", "r3", "query_memories",
+                                              '{"where": "all"}', "call_3")
+            assert refused.error_code == "MB001"
+            with pytest.raises(errors.NotFound):
+                await amemory.recall("acme", "no-such-request")
+            assert await amemory.request_citations("acme", "r3") == ["r1-u"]
+            assert (await amemory.resolve_scope("acme", "r3")).scope_kind == "private"
+            assert await amemory.tool_definitions("openai") == memory.tool_definitions("openai")
+
+    asyncio.run(tour())
+
+
+def test_the_async_client_says_when_the_database_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def ask() -> None:
+        async with AsyncMemoryClient(f"postgresql://nobody@127.0.0.1:{port}/none",
+                                     timeout=0.5) as amemory:
+            await amemory.recall("acme", "r1")
+
+    with pytest.raises(DatabaseUnavailable):
+        asyncio.run(ask())

@@ -7,30 +7,10 @@ that path is the README's command, checked by hand and by CI's fresh clone.)
 
 from __future__ import annotations
 
-import itertools
-import os
-from collections.abc import Iterator
-
-import psycopg
 import pytest
 from typer.testing import CliRunner
 
 from pyworker.cli import app
-from tests.conftest import Server
-
-_n = itertools.count()
-
-
-@pytest.fixture
-def empty_dsn(pg_server: Server) -> Iterator[str]:
-    name = f"demo_{os.getpid()}_{next(_n)}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"create database {name}")
-    try:
-        yield pg_server.dsn(name)
-    finally:
-        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-            admin.execute(f"drop database if exists {name} with (force)")
 
 
 @pytest.mark.slow  # the whole demo

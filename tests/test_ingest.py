@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -124,6 +125,13 @@ def test_group_messages_not_directed_at_the_bot_are_never_stored(conn: psycopg.C
          "MB004"),
         ("upsert_message", ("ws1", "m", "r0", "user", "alice", "x", True, None, [""]), "MB001"),
         ("remove_message", ("ws1", "nope"), "MB002"),
+        ("finish_request", ("ws1", "nope", "succeeded", None), "MB002"),
+        ("finish_request", ("nowhere", "r0", "succeeded", None), "MB002"),
+        ("finish_request", ("ws1", "", "succeeded", None), "MB001"),
+        ("finish_request", ("ws1", "r0", "done", None), "MB001"),
+        ("finish_request", ("ws1", "r0", None, None), "MB001"),
+        ("finish_request", ("ws1", "r0", "succeeded", -1), "MB001"),
+        ("finish_request", ("ws1", "r0", "failed", None), "MB003"),
     ],
 )
 def test_bad_input_gets_a_coded_error_and_changes_nothing(
@@ -154,6 +162,39 @@ def test_a_finished_request_cannot_be_reopened_or_moved(conn: psycopg.Connection
         with pytest.raises(psycopg.Error) as err:
             w.request("ws1", "r1", **{"chat": "grp", "user": "bob", **kwargs})  # type: ignore[arg-type]
         assert err.value.sqlstate == "MB003"
+
+
+def test_finish_request_ends_a_request_without_repeating_where_it_ran(
+        conn: psycopg.Connection) -> None:
+    w = World(conn)
+    w.basic()
+    w.request("ws1", "r1", chat="dm-alice", user="alice", status="running", spent=0.25)
+
+    def row() -> tuple[object, ...]:
+        found = conn.execute(
+            "select status, spent_usd, finished_at is not null, bot_id, chat_id, user_id "
+            "from memory_private.requests where workspace_id = 'ws1' and request_id = 'r1'"
+        ).fetchone()
+        assert found is not None
+        return tuple(found)
+
+    assert w.call("finish_request", "ws1", "r1") == "updated"
+    assert row() == ("succeeded", Decimal("0.25"), True, "bot1", "dm-alice", "alice"), \
+        "the default is succeeded; a spend left out keeps the spend reported before"
+    assert w.call("finish_request", "ws1", "r1", "succeeded") == "unchanged"
+    assert w.call("finish_request", "ws1", "r1", "succeeded", Decimal("0.4")) == "updated"
+    assert row()[1] == Decimal("0.4")
+    with pytest.raises(psycopg.Error) as err:
+        w.call("finish_request", "ws1", "r1", "failed")
+    assert err.value.sqlstate == "MB003"
+    assert row()[0] == "succeeded"
+
+    w.request("ws1", "r2", chat="dm-alice", user="alice", status="running")
+    assert w.call("finish_request", "ws1", "r2", "failed", Decimal("0.01")) == "updated"
+    with pytest.raises(psycopg.Error) as err:
+        w.call("upsert_request", "ws1", "r2", "bot1", "dm-alice", 0, "alice", "interactive",
+               "succeeded", "fake", "m", 1, 0, None)
+    assert err.value.sqlstate == "MB003", "upsert_request holds the same rule"
 
 
 def test_a_request_by_its_ids_fails_on_the_first_bad_part_in_order(

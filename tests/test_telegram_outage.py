@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -39,12 +39,11 @@ class OutageClient(MemoryClient):
         self.down = threading.Event()
         self.refused = 0
 
-    def _run(self, query: Any, args: tuple[Any, ...],
-             fetch: Callable[[psycopg.Cursor[Any]], Any]) -> Any:
+    def _execute(self, call: Any) -> Any:
         if self.down.is_set():
             self.refused += 1
             raise DatabaseUnavailable("the database cannot be reached (test outage)")
-        return super()._run(query, args, fetch)
+        return super()._execute(call)
 
 
 @pytest.fixture
