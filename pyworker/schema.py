@@ -241,7 +241,7 @@ class CitusCluster:
     workers: list[str] = field(default_factory=list)  # host:port of the active workers
     reference_tables: int = 0
     distributed_tables: int = 0
-    workspace_functions: int = 0      # delegated to the node holding their workspace
+    functions: int = 0                # ours, on every node
 
 
 def citus_cluster(dsn: str) -> CitusCluster | None:
@@ -258,16 +258,17 @@ def citus_cluster(dsn: str) -> CitusCluster | None:
         counts = conn.execute("""
             select count(*) filter (where p.partmethod = 'n'),
                    count(*) filter (where p.partmethod = 'h'),
-                   (select count(*) from pg_dist_object o
+                   (select count(*) from pg_dist_object o join pg_proc f on f.oid = o.objid
                      where o.classid = 'pg_proc'::regclass
-                       and o.distribution_argument_index is not null)
+                       and f.pronamespace::regnamespace::text in ('memory',
+                                                                  'memory_private'))
               from pg_dist_partition p
              where p.logicalrelid::regclass::text like 'memory\\_private.%'""").fetchone()
         assert counts is not None
         return CitusCluster(coordinator=coordinator, distributed=counts[1] > 0,
                             workers=workers, reference_tables=int(counts[0]),
                             distributed_tables=int(counts[1]),
-                            workspace_functions=int(counts[2]))
+                            functions=int(counts[2]))
 
 
 def _migration_dsn(dsn: str, cluster: CitusCluster | None) -> str:

@@ -45,14 +45,15 @@ begin
   if p_workspace_id is not null then
     perform memory_private.require_workspace(p_workspace_id);
   end if;
-  for v_ws in
-    select workspace_id from memory_private.workspaces
-     where p_workspace_id is null or workspace_id = p_workspace_id
-     order by workspace_id
+  -- The workspaces are read first, then ticked one by one (each statement of a tick routed to
+  -- the workspace's node on Citus): ticking them inside a loop over an open multi-shard
+  -- query crashed the coordinator's backend (Citus 13.2.2, two workers).
+  foreach v_ws in array coalesce(case when p_workspace_id is not null
+                                      then array[p_workspace_id] end,
+                                 array(select workspace_id from memory_private.workspaces
+                                        order by workspace_id))
   loop
-    -- The FROM form: on Citus each workspace's tick runs on the node holding it.
-    select memory_private.add_counts(v_total, m) into v_total
-      from memory_private.maintain_workspace(v_ws) m;
+    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
   end loop;
   return v_total || jsonb_build_object('workspaces', v_workspaces);

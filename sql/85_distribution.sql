@@ -9,11 +9,12 @@
 --   - every table with a workspace_id is distributed by it, co-located with
 --     memory_private.workspaces, so a workspace's rows of every table live on one node and every
 --     join, foreign key, trigger and cascade of one workspace stays on it;
---   - every function whose first argument is p_workspace_id is distributed by that argument and
---     co-located likewise: a call `select f('ws', ...)` outside a transaction block runs whole
---     on the node holding the workspace (Citus delegates it), in one local transaction;
---   - every other function and every view of memory_private exists on every node (what the
---     delegated functions call).
+--   - every function and every view of memory_private exists on every node; a call runs on the
+--     coordinator (or the node it was made on) and each of its statements, filtered by the
+--     workspace, is routed to the node holding it. No function is delegated whole by its
+--     workspace argument: Citus 13.2.2 crashes the coordinator's backend on such a call with
+--     a NULL workspace;
+--   - every SQL function that reads a table becomes PL/pgSQL (distribute_sql_functions).
 -- Order matters, because Citus creates an object's dependencies on the workers first and
 -- refuses one whose dependencies it cannot place: the reference tables, then the functions that
 -- use no table's row type, then the tables in foreign-key order, then the views, then the
@@ -112,20 +113,19 @@ create function memory_private.distribute_functions(p_all boolean) returns integ
   as $$
 declare
   v_function regprocedure;
-  v_by_workspace boolean;
   v_count integer := 0;
 begin
-  for v_function, v_by_workspace in
-    select p.oid::regprocedure, f.by_workspace
+  -- Every function is put on every node, none distributed by its workspace argument: Citus
+  -- would then delegate a call `select f('ws', ...)` whole to the workspace's node, but it
+  -- crashes the coordinator's backend (and so restarts the coordinator) when that argument is
+  -- NULL (Citus 13.2.2 hashes the NULL; docs/scaling.md). A call runs on the coordinator and
+  -- each of its statements, filtered by the workspace, is routed to the node holding it.
+  for v_function in
+    select p.oid::regprocedure
       from pg_proc p
-     cross join lateral (
-       select coalesce(p.proargnames[1] = 'p_workspace_id' and p.proargtypes[0] = 'text'::regtype
-                       and memory_private.is_distributed(), false) as by_workspace) f
      where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       -- not on the cluster yet, or put there before the tables were and now to be delegated
        and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid
-                          and (o.distribution_argument_index is not null or not f.by_workspace))
+                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid)
        and (p_all or not exists (
              select 1 from pg_depend d join pg_type t on t.oid = d.refobjid
                join pg_class c on c.oid = t.typrelid and c.relkind in ('r', 'v')
@@ -133,24 +133,16 @@ begin
                 and d.refclassid = 'pg_type'::regclass))
      order by 1::text
   loop
-    if v_by_workspace then
-      perform create_distributed_function(v_function, 'p_workspace_id',
-                                          colocate_with => 'memory_private.workspaces',
-                                          force_delegation => false);
-    else
-      perform create_distributed_function(v_function);
-    end if;
+    perform create_distributed_function(v_function);
     v_count := v_count + 1;
   end loop;
   return v_count;
 end
 $$;
 comment on function memory_private.distribute_functions(boolean) is
-  'Puts every function of memory and memory_private not yet on the cluster on every node; one '
-  'whose first argument is p_workspace_id (once the tables are distributed) is distributed by '
-  'it, co-located with workspaces, so that Citus delegates a call to the node holding the '
-  'workspace. With p_all false, only those that use no table''s or view''s row type. Answers '
-  'how many.';
+  'Puts every function of memory and memory_private not yet on the cluster on every node (none '
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
+  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
 
 create function memory_private.distribute_sql_functions() returns integer
   language plpgsql volatile
@@ -253,7 +245,7 @@ begin
     execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
     v_types := v_types + 1;
   end loop;
-  -- The views of memory_private (what the delegated functions read): created again with DDL
+  -- The views of memory_private (what the functions read on the workers): created again with DDL
   -- propagation on, which creates them on the workers. The public views stay on the
   -- coordinator, where operators query them.
   for v_view in
@@ -292,6 +284,6 @@ $$;
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
-  'every node, the workspace functions delegated by their workspace, nested distributed '
+  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
   'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
   'yet on the cluster is done. MB025 without Citus. Answers the counts.';

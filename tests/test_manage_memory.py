@@ -501,11 +501,17 @@ def test_scheduled_requests_cannot_manage_memory(conn: psycopg.Connection, w: Wo
 
 
 def wait_until_blocked(conn: psycopg.Connection, pid: int) -> None:
-    """Polls until the backend ``pid`` waits on a lock (no fixed sleep)."""
+    """Polls until the backend ``pid`` waits on a lock (no fixed sleep). On a Citus
+    coordinator the call waits on the node holding the workspace: there, the cluster's lock
+    waits (citus_lock_waits) name the blocked distributed transaction."""
+    citus = conn.execute("select exists (select 1 from pg_extension where extname = 'citus')"
+                         ).fetchone() == (True,)
     for _ in range(2000):
-        row = conn.execute("select wait_event_type from pg_stat_activity where pid = %s",
-                           (pid,)).fetchone()
-        if row is not None and row[0] == "Lock":
+        row = conn.execute(
+            "select exists (select 1 from citus_lock_waits)" if citus else
+            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s",
+            () if citus else (pid,)).fetchone()
+        if row is not None and row[0]:
             return
         conn.execute("select pg_sleep(0.005)")
     raise AssertionError(f"backend {pid} never waited on a lock")

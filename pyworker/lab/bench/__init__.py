@@ -85,7 +85,20 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
     cluster of the machine's own server binaries (``server="local"``, as the tests use), with a
     fresh ``pimem_bench`` database."""
     cleanup: Callable[[], None] = lambda: None
-    if dsn is None and server == "local":
+    if dsn is None and server == "citus":
+        from pyworker.lab.servers import CitusCluster, citus_available, find_bindir
+
+        bindir = find_bindir()
+        reason = citus_available(bindir) if bindir is not None else "no local PostgreSQL"
+        if bindir is None or reason:
+            raise SystemExit(f"--server citus needs Citus installed: {reason}")
+        citus = CitusCluster(bindir).start()
+        cleanup = citus.destroy
+        dsn = citus.create_database("pimem_bench")
+        schema.migrate(dsn)  # built and distributed as an operator's cluster is
+        description = (f"a throwaway Citus cluster of {bindir}: a coordinator and "
+                       f"{len(citus.workers)} workers on this machine (CitusCluster settings)")
+    elif dsn is None and server == "local":
         from pyworker.lab.servers import LocalCluster, find_bindir
 
         bindir = find_bindir()
@@ -165,8 +178,8 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
     command = "pimem bench" + (" --quick" if profile.name == "quick" else "")
     if profile.sizes != PROFILES[profile.name].sizes:
         command += " --sizes " + ",".join(str(w) for w in profile.sizes)
-    command += " --dsn <scratch database>" if dsn else (" --server local"
-                                                        if server == "local" else "")
+    command += " --dsn <scratch database>" if dsn else (
+        f" --server {server}" if server in ("local", "citus") else "")
     result: Section = {"profile": asdict(profile), "targets": TARGETS, "command": command,
                        "source": source_facts(),
                        "server": {"where": target.description},

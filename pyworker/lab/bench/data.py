@@ -253,6 +253,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
 
     with conn.transaction():
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
+        # On Citus the setting must reach the workers' connections too (a SET LOCAL Citus
+        # propagates; on plain PostgreSQL the citus.* setting is an unused placeholder).
+        conn.execute("set local citus.propagate_set_commands = 'local'")
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
                      "requests", "messages", "scopes", "records", "record_dependencies"):
