@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from pyworker import schema
-from pyworker.status import sanitize
+from pyworker.status import printable, sanitize
 
 app = typer.Typer(help="Long-term conversation memory for chat bots, inside PostgreSQL.",
                   no_args_is_help=True)
@@ -380,33 +380,70 @@ def telegram(
 # Operator commands (docs/operations.md): the memory_operator views as tables ------------------
 
 
+def _operator_failure(command: str, db: object, exc: Exception) -> typer.Exit:
+    """One line for what stops an operator command (no traceback), and its exit status: a
+    role without memory_operator, a database that does not answer, a schema without the
+    views, a refusal of ours."""
+    import psycopg
+
+    from pyworker import errors
+    from pyworker.db import Database, DatabaseUnavailable
+
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        role = "this role"
+        if isinstance(db, Database):
+            try:
+                role = f"role {db.current_role()}"
+            except (DatabaseUnavailable, psycopg.Error):
+                pass
+        message = (f"{role} may not read the operator views: it needs memory_operator "
+                   f"(grant memory_operator to {role.removeprefix('role ')})")
+    elif isinstance(exc, DatabaseUnavailable):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
+        message = f"cannot reach the database: {first}"
+    elif isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+        message = ("the database has no pimem schema, or an older one: run pimem migrate "
+                   f"({str(exc).strip().splitlines()[0]})")
+    elif isinstance(exc, errors.MemoryError_):
+        message = exc.message
+    else:
+        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    console.print(f"pimem {command}: {printable(message)}", markup=False, highlight=False,
+                  soft_wrap=True)
+    return typer.Exit(1)
+
+
 @app.command()
 def status(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     workspace: Annotated[str | None, typer.Option(
-        help="one workspace (default: all, and only the scopes that need a look)")] = None,
+        help="one workspace, with all its scopes (default: every workspace, and only the "
+        "scopes that need a look)")] = None,
     limit: Annotated[int, typer.Option(help="rows per table (scopes, jobs, charges)")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
 ) -> None:
-    """Workspaces, scopes, jobs needing attention and memory charges (role memory_operator)."""
+    """Workspaces, what waits to become a memory and why, scopes, jobs needing attention and
+    memory charges (role memory_operator)."""
     import json
+
+    import psycopg
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
     from pyworker.status import gather_status, render_status
+    from pyworker.terminal import output_console
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = gather_status(db, workspace, limit)
-    except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{sanitize(str(exc))}[/red]")
-        raise typer.Exit(1) from None
+    except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
+        raise _operator_failure("status", db, exc) from None
     finally:
         db.close()
     if as_json:
         typer.echo(json.dumps(data, default=str, indent=2))
     else:
-        render_status(data, Console())  # sized for the terminal (or COLUMNS) of this run
+        render_status(data, output_console(), workspace_id=workspace)
 
 
 @app.command()
@@ -418,25 +455,28 @@ def explain(
         help="check for this user (membership, grants); default: the scope's own user")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the explanation as JSON")] = False,
 ) -> None:
-    """Why a memory is or is not valid now: its checks and its sources (role memory_operator)."""
+    """Why a memory is or is not valid now: its checks and its sources, or when and by whom it
+    was forgotten (role memory_operator)."""
     import json
+
+    import psycopg
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
     from pyworker.status import render_explain
+    from pyworker.terminal import output_console
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = db.explain_record(workspace, memory_id, requester)
-    except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{sanitize(str(exc))}[/red]")
-        raise typer.Exit(1) from None
+    except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
+        raise _operator_failure("explain", db, exc) from None
     finally:
         db.close()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        render_explain(data, Console())
+        render_explain(data, output_console())
 
 
 if __name__ == "__main__":

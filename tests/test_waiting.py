@@ -11,7 +11,16 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tests.factory import World
-from tests.jobs_world import advance, claim, fail, maintenance, start
+from tests.jobs_world import (
+    advance,
+    checkpoint,
+    claim,
+    commit,
+    extraction_of,
+    fail,
+    maintenance,
+    start,
+)
 from tests.records import make_record
 from tests.test_recall import manage
 
@@ -105,14 +114,8 @@ def test_a_committed_conversation_no_longer_waits_and_other_workspaces_are_apart
     job = claim(conn)
     assert job is not None and job["workspace_id"] == "ws1"
     start(conn, job)
-    ids = [s["id"] for s in job["input"]["sources"]]
-    conn.execute("select memory.save_checkpoint(%s, %s, %s, %s::jsonb, %s::jsonb)",
-                  (job["workspace_id"], job["job_id"], job["token"],
-                   '{"title": "Tea", "summary": "Alice said hello.", "source_ids": %s}'
-                   % str(ids).replace("'", '"'),
-                   '{"input_tokens": 1, "output_tokens": 1, "cost_usd": 0.001}'))
-    conn.execute("select memory.commit_job(%s, %s, %s)",
-                 (job["workspace_id"], job["job_id"], job["token"]))
+    checkpoint(conn, job, extraction_of(job))
+    commit(conn, job)
     assert counts(conn, "ws1") == {}
     assert counts(conn, "ws2") == {"bot_inactive": 1}
 
