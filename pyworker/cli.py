@@ -12,8 +12,9 @@ from rich.console import Console
 from pyworker import schema
 from pyworker.status import printable, sanitize
 
+# Plain help (click's): flags without a type tag, docstrings reflowed to the terminal.
 app = typer.Typer(help="Long-term conversation memory for chat bots, inside PostgreSQL.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 console = Console()
 
 DSN_HELP = "libpq connection string or URI of the memory database (or PIMEM_DSN)."
@@ -47,7 +48,6 @@ def main(
     """Long-term conversation memory for chat bots, inside PostgreSQL."""
 
 
-@app.command()
 def migrate(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     check: Annotated[bool, typer.Option(
@@ -65,8 +65,9 @@ def migrate(
         if check:
             state = schema.schema_state(target)
             if state.pending:
-                console.print(f"{len(state.pending)} migration(s) pending: "
-                              f"{', '.join(state.pending)}", markup=False)
+                typer.echo(f"{len(state.pending)} migration(s) pending:")
+                for name in state.pending:
+                    typer.echo(f"  {name}")
                 raise typer.Exit(1)
             problem = state.problem()
             if problem:
@@ -80,8 +81,10 @@ def migrate(
         raise typer.Exit(2 if check else 1) from None
     version = schema.expected_version()
     if applied:
-        console.print(f"applied {len(applied)} migration(s): {', '.join(applied)}; "
-                      f"schema version {version}", markup=False)
+        # One name a line, never wrapped: a deploy log keeps each whole.
+        typer.echo(f"applied {len(applied)} migration(s), schema version {version}:")
+        for name in applied:
+            typer.echo(f"  {name}")
     else:
         console.print(f"already up to date (schema version {version})")
     cluster = schema.citus_cluster(target)
@@ -97,9 +100,8 @@ def migrate(
             "(docs/scaling.md)[/yellow]")
 
 
-@app.command("schema-bundle")
 def schema_bundle() -> None:
-    """Regenerate the unreleased first migration from sql/ (maintainers, in a checkout)."""
+    """Maintainers: regenerate the unreleased first migration from sql/ (in a checkout)."""
     from pyworker.lab import releases
 
     if not schema.in_checkout():
@@ -113,15 +115,14 @@ def schema_bundle() -> None:
     console.print(f"wrote {path}")
 
 
-@app.command("freeze-release")
 def freeze_release(
     version: Annotated[str, typer.Argument(help="the release, MAJOR.MINOR.PATCH")],
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a server where a superuser may create a scratch database (default: a "
         "throwaway cluster of the machine's PostgreSQL binaries)")] = None,
 ) -> None:
-    """Record VERSION in migrations/releases.json: its migration files and their sha256, the
-    schema version and the API per role (maintainers, in a checkout; docs/migrations.md)."""
+    """Maintainers: record VERSION in migrations/releases.json: its migration files and their
+    sha256, the schema version and the API per role (in a checkout; docs/migrations.md)."""
     from pyworker import __version__
     from pyworker.lab import releases
 
@@ -146,7 +147,6 @@ def freeze_release(
 ADAPTER_HELP = "model adapter: pi (the Pi CLI), openai (direct HTTP) or offline (heuristic)."
 
 
-@app.command()
 def worker(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     model: Annotated[str, typer.Option(
@@ -154,7 +154,9 @@ def worker(
     interval: Annotated[float, typer.Option(
         help="seconds between checks when there is no work")] = 60.0,
     tick_seconds: Annotated[float, typer.Option(help="deadline of one tick (one job)")] = 90.0,
-    once: Annotated[bool, typer.Option("--once", help="exit when no job is left")] = False,
+    once: Annotated[bool, typer.Option(
+        "--once", help="exit when no job is left (exit 1 at once when the database does not "
+        "answer; without --once the worker waits for it)")] = False,
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
     workspace: Annotated[str | None, typer.Option(
         help="run maintenance for this workspace only")] = None,
@@ -212,7 +214,6 @@ def worker(
     raise typer.Exit(w.run(until_idle=once, max_jobs=max_jobs))
 
 
-@app.command()
 def bench(
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a scratch database on the server to measure (superuser); default: the "
@@ -249,7 +250,6 @@ def bench(
                   f"{len(missed)} target(s) missed", markup=False)
 
 
-@app.command("eval")
 def eval_(
     paths: Annotated[list[Path], typer.Argument(
         help="LoCoMo conversation files (JSON), or directories of them")],
@@ -316,7 +316,6 @@ def eval_(
         raise typer.Exit(2) from None
 
 
-@app.command()
 def demo(
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a database of your own (superuser; the demo moves the memory clock); "
@@ -342,7 +341,6 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command()
 def telegram(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     mode: Annotated[str | None, typer.Option(
@@ -413,7 +411,6 @@ def _operator_failure(command: str, db: object, exc: Exception) -> typer.Exit:
     return typer.Exit(1)
 
 
-@app.command()
 def status(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     workspace: Annotated[str | None, typer.Option(
@@ -446,7 +443,6 @@ def status(
         render_status(data, output_console(), workspace_id=workspace)
 
 
-@app.command()
 def explain(
     workspace: Annotated[str, typer.Argument(help="the workspace id")],
     memory_id: Annotated[int, typer.Argument(help="the memory (record) id")],
@@ -477,6 +473,14 @@ def explain(
         typer.echo(json.dumps(data, indent=2))
     else:
         render_explain(data, output_console())
+
+
+# The commands in the order --help lists them: what users run, then the maintainers' own.
+for _command, _name in ((worker, "worker"), (status, "status"), (explain, "explain"),
+                        (migrate, "migrate"), (demo, "demo"), (telegram, "telegram"),
+                        (eval_, "eval"), (bench, "bench"), (schema_bundle, "schema-bundle"),
+                        (freeze_release, "freeze-release")):
+    app.command(_name)(_command)
 
 
 if __name__ == "__main__":

@@ -183,3 +183,15 @@ def test_explain_of_a_forgotten_record_says_when_and_by_whom(
     assert "FORGOTTEN" in result.output and "by alice" in result.output
     assert "request r1" in result.output and "unknown" not in result.output
     assert "tea" not in result.output
+
+
+def test_help_lists_the_users_commands_first_and_tags_no_flag_with_a_type() -> None:
+    top = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
+    commands = [line.split()[0] for line in top.split("Commands:")[1].splitlines()
+                if line.strip()]
+    assert commands[0] == "worker"
+    assert commands[-2:] == ["schema-bundle", "freeze-release"]
+    worker = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "80"}).output
+    assert "<bool>" not in worker and "<bool>" not in top
+    assert "--once" in worker and "--dsn <str>" in worker
+    assert max(len(line) for line in worker.splitlines()) <= 80
