@@ -246,8 +246,8 @@ def bench(
     result = benchmark.run(profile, dsn=dsn, out_dir=out, server=server)
     typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
-    console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
-                  f"{len(missed)} target(s) missed", markup=False)
+    console.print(f"wrote {', '.join(str(out / name) for name in benchmark.written(result, out))}; "
+                  f"{len(missed)} target(s) missed", markup=False, soft_wrap=True)
 
 
 def eval_(
@@ -284,9 +284,9 @@ def eval_(
     ] = False,
 ) -> None:
     """Measure whether recall finds what was said, on LoCoMo conversations (docs/quality.md)."""
-    from pyworker import schema
     from pyworker.adapters import AdapterUnavailable
     from pyworker.lab import evaluate, locomo
+    from pyworker.lab.servers import state_dir
     from pyworker.payload import ModelRef
 
     variants: list[locomo.Variant]
@@ -306,7 +306,7 @@ def eval_(
         raise typer.BadParameter(f"no such file or directory: {', '.join(missing)}")
     try:
         evaluate.run(paths, model, variants, dsn=dsn, server=server,
-                     data_dir=schema.ROOT / ".pimem" / "eval-pg",
+                     data_dir=state_dir() / "eval-pg",
                      model=ModelRef(provider=provider, id=model_id), out_dir=out,
                      console=console, max_questions=questions, pi_models=pi_models,
                      openai_base_url=openai_base_url, plot=plot, judge=judge,
@@ -365,7 +365,7 @@ def telegram(
     try:
         settings = Settings.from_env(dsn=dsn, mode=mode)
     except SettingsError as exc:
-        console.print(f"pimem telegram: {exc}", markup=False)
+        console.print(f"pimem telegram: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     try:
         asyncio.run(serve(settings))

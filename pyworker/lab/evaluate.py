@@ -440,8 +440,9 @@ def write(result: dict[str, Any], out_dir: Path, console: Console, *, plot: bool
             draw(result, out_dir / "eval.png")
             wrote.append("eval.png")
         except ImportError:
-            console.print("no plot: eval.png needs matplotlib, which the 'bench' extra installs "
-                          "(pip install -e '.[bench]')")
+            console.print("no plot: eval.png needs matplotlib, which the 'bench' extra installs: "
+                          "pip install 'pimem[bench]' (in a checkout: pip install -e '.[bench]')",
+                          markup=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(out_dir / w) for w in wrote)}")
 
 
