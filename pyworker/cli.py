@@ -288,6 +288,7 @@ def eval_(
     from pyworker.lab import evaluate, locomo
     from pyworker.lab.servers import state_dir
     from pyworker.payload import ModelRef
+    from pyworker.terminal import output_console
 
     variants: list[locomo.Variant]
     if variant == "both":
@@ -308,7 +309,7 @@ def eval_(
         evaluate.run(paths, model, variants, dsn=dsn, server=server,
                      data_dir=state_dir() / "eval-pg",
                      model=ModelRef(provider=provider, id=model_id), out_dir=out,
-                     console=console, max_questions=questions, pi_models=pi_models,
+                     console=output_console(), max_questions=questions, pi_models=pi_models,
                      openai_base_url=openai_base_url, plot=plot, judge=judge,
                      provenance=provenance)
     except (AdapterUnavailable, ValueError) as exc:

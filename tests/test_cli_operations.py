@@ -278,3 +278,29 @@ def test_the_embedded_server_start_shows_no_platformdirs_warning(
         warnings.simplefilter("always")
         assert servers.embedded_dsn(tmp_path / "pg") == "postgresql:///x"
     assert caught == []
+
+
+def test_the_eval_tables_read_at_80_columns() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pyworker.lab import evaluate
+
+    scores = {"questions": 11, "recall": 0.8182, "hit@1": 0.5, "hit@5": 0.75, "hit@12": 0.8,
+              "mrr": 0.612, "coverage": 0.9}
+    run = {"conversation": "conv-26-locomo-long-name", "variant": "private",
+           "scores": {"overall": scores},
+           "store": {"records": 12, "record_bytes": 123456, "turns_cited": 0.873},
+           "seconds": {"worker": 12.3}, "latency_ms": {"query_memories": {"p50": 1.23}}}
+    result = {"adapter": "offline", "conversations": ["conv-26-locomo-long-name"],
+              "overall": {"private": {"single-hop": scores, "open-domain": scores,
+                                      "overall": scores}},
+              "runs": [run, {**run, "variant": "group"}]}
+    out = io.StringIO()
+    evaluate.render(result, Console(file=out, width=80))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in out.getvalue()
+    assert any("conv-26-locomo-long-name" in line for line in lines)
+    assert any("open-domain" in line and "81.8" in line for line in lines)
