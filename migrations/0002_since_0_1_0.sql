@@ -2427,28 +2427,11 @@ begin
   select * into v_record from memory_private.records
    where workspace_id = p_workspace_id and record_id = p_record_id;
   if not found then
-    -- A record forgotten through manage_memory: when, by whom and with which others, from
-    -- the tool call that did it (ids and times only).
-    select jsonb_build_object(
-             'workspace_id', p_workspace_id, 'record_id', p_record_id,
-             'requester', p_requester, 'exists', false, 'valid', false,
-             'invalid_reason', 'forgotten',
-             'forgotten', jsonb_build_object(
-               'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
-               'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
-               'memory_id', (c.outcome ->> 'memory_id')::bigint,
-               'forgotten_ids', c.outcome -> 'forgotten_ids'))
-      into v_forgotten
-      from memory_private.tool_calls c
-      join memory_private.requests q
-        on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-     where c.workspace_id = p_workspace_id and c.tool = 'manage_memory'
-       and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
-       and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
-     order by c.updated_at
-     limit 1;
+    v_forgotten := memory_private.record_forgotten(p_workspace_id, p_record_id);
     if v_forgotten is not null then
-      return v_forgotten;
+      return jsonb_build_object('workspace_id', p_workspace_id, 'record_id', p_record_id,
+                                'requester', p_requester, 'exists', false, 'valid', false,
+                                'invalid_reason', 'forgotten', 'forgotten', v_forgotten);
     end if;
     raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
       using errcode = 'MB002', hint = 'It was never made, or was pruned, deleted by the '
@@ -2504,27 +2487,9 @@ begin
                   on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
                  and rs.message_id = l.message_id
                group by l.line_no) x), '[]'),
-    -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
-    -- state by the rule (memory_private.dependency_state).
-    'dependencies', coalesce((
-      select jsonb_agg(jsonb_build_object(
-               'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
-               'role', m.role, 'speaker_id', m.speaker_id,
-               'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
-               'retain_until', m.retain_until, 'removed_at', m.removed_at,
-               'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-               'tombstoned', t.message_id is not null,
-               'state', coalesce(memory_private.dependency_state(
-                          m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                          d.content_hash, t.message_id is not null, v_now), 'current'))
-             order by d.message_id)
-        from memory_private.record_dependencies d
-        join memory_private.messages m
-          on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-        left join memory_private.tombstones t
-          on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
-         and t.message_id = d.message_id
-       where d.workspace_id = p_workspace_id and d.record_id = p_record_id), '[]'));
+    -- Each dependency with its state by the rule (no text).
+    'dependencies', memory_private.record_dependency_states(p_workspace_id, p_record_id,
+                                                            v_record.scope_id, v_now));
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
@@ -4793,71 +4758,14 @@ declare
   v_now timestamptz := memory_private.operator_now();
 begin
   return query
-  with reasons (rank, reason, explanation) as (
-    values
-      (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
-      (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
-      (3, 'bot_inactive', 'the bot is inactive'),
-      (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
-                                  'reports it succeeded (upsert_request)'),
-      (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
-      (6, 'no_user_message', 'the conversation has no user message'),
-      (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
-                                  'reports the bot''s answer (upsert_message, role assistant)'),
-      (8, 'idle_window', 'the workspace''s idle window has not passed since the '
-                         'conversation''s last activity (next_change_at)'),
-      (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
-      (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
-                         'maintenance renews the job or it goes into the next batch'),
-      (11, 'job_stopped', 'its extraction job stopped and is not replayed '
-                          '(memory.job_status, memory.retry_job)'),
-      (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
-                        'workspace''s is spent'),
-      (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
-      (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
-      (15, 'job_due', 'its extraction job is due: it waits for a worker'),
-      (16, 'job_running', 'a worker is extracting it now')
-  ), ws as (
+  with ws as (
     select w.workspace_id, w.paused, w.idle_window, w.config_version,
            w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left
       from memory_private.workspaces w
       join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
      where w.workspace_id = p_workspace_id
   ), conv as (
-    -- Every interactive conversation with something not yet handled: a retained message its
-    -- scope may use, not tombstoned there, not yet extracted (or skipped) at its content.
-    select r.request_id, r.status, s.scope_id, s.recall_enabled, b.active as bot_active,
-           u.users, u.assistants, u.fresh, u.messages,
-           greatest(r.updated_at, r.finished_at,
-                    (select max(greatest(a.created_at, a.edited_at, a.removed_at))
-                       from memory_private.messages a
-                      where a.workspace_id = r.workspace_id and a.request_id = r.request_id))
-             as last_activity
-      from memory_private.requests r
-      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-      join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
-      join memory_private.scopes s
-        on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
-       and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
-            or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
-     cross join lateral (
-       select count(*) filter (where m.role = 'user') as users,
-              count(*) filter (where m.role = 'assistant') as assistants,
-              count(*) filter (where e.message_id is null) as messages,
-              jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
-                filter (where e.message_id is null) as fresh
-         from memory_private.messages m
-         left join memory_private.extracted_sources e
-           on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
-          and e.message_id = m.message_id and e.content_hash = m.content_hash
-        where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-          and memory_private.is_retained(m.body is not null, m.retain_until, v_now)
-          and (m.directed or s.kind = 'private')
-          and not exists (select 1 from memory_private.tombstones t
-                           where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
-                             and t.message_id = m.message_id)
-     ) u
-     where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0
+    select * from memory_private.unextracted_conversations(p_workspace_id, v_now)
   ), classified as (
     select cv.request_id, cv.messages, cv.last_activity,
            case
@@ -4916,7 +4824,7 @@ begin
                            when 'job_backoff' then k.next_attempt_at end),
          rs.explanation
     from classified k
-    join reasons rs on rs.reason = k.reason
+    join memory_private.waiting_reasons() rs on rs.reason = k.reason
    group by k.reason, rs.rank, rs.explanation
    order by rs.rank;
 end
@@ -4961,6 +4869,146 @@ grant select on memory.waiting_status to memory_operator, memory_worker;
 revoke all on function memory_private.operator_waiting_status() from public;
 grant execute on function memory_private.operator_waiting_status()
   to memory_operator, memory_worker;
+
+create or replace function memory_private.waiting_reasons()
+  returns table (rank integer, reason text, explanation text)
+  language sql immutable
+  as $$
+  values
+    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
+    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
+    (3, 'bot_inactive', 'the bot is inactive'),
+    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
+                                'reports it succeeded (upsert_request)'),
+    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
+    (6, 'no_user_message', 'the conversation has no user message'),
+    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
+                                'reports the bot''s answer (upsert_message, role assistant)'),
+    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
+                       'conversation''s last activity (next_change_at)'),
+    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
+    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
+                       'maintenance renews the job or it goes into the next batch'),
+    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
+                        '(memory.job_status, memory.retry_job)'),
+    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
+                      'workspace''s is spent'),
+    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
+    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
+    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
+    (16, 'job_running', 'a worker is extracting it now')
+$$;
+comment on function memory_private.waiting_reasons() is
+  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
+  'each with what it means.';
+
+create or replace function memory_private.unextracted_conversations(p_workspace_id text, p_now timestamptz)
+  returns table (
+    request_id text, status text, scope_id bigint, recall_enabled boolean, bot_active boolean,
+    users bigint, assistants bigint, messages bigint, fresh jsonb,
+    last_activity timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  -- Every interactive conversation with something not yet handled: a retained message its
+  -- scope may use, not tombstoned there, not yet extracted (or skipped) at its content.
+  select r.request_id, r.status, s.scope_id, s.recall_enabled, b.active as bot_active,
+         u.users, u.assistants, u.messages, u.fresh,
+         greatest(r.updated_at, r.finished_at,
+                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
+                     from memory_private.messages a
+                    where a.workspace_id = r.workspace_id and a.request_id = r.request_id))
+           as last_activity
+    from memory_private.requests r
+    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
+    join memory_private.scopes s
+      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
+     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
+          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
+   cross join lateral (
+     select count(*) filter (where m.role = 'user') as users,
+            count(*) filter (where m.role = 'assistant') as assistants,
+            count(*) filter (where e.message_id is null) as messages,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
+              filter (where e.message_id is null) as fresh
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or s.kind = 'private')
+        and not exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
+                           and t.message_id = m.message_id)
+   ) u
+   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
+end
+$$;
+comment on function memory_private.unextracted_conversations(text, timestamptz) is
+  'The interactive conversations (requests) of a workspace with something not yet handled: a '
+  'retained message its scope may use, not tombstoned there, not yet extracted (or skipped) at '
+  'its content; with their scope''s facts, their user and assistant messages, those not yet '
+  'extracted ({id, hash}) and their last activity (the idle window''s clock).';
+
+create or replace function memory_private.record_forgotten(p_workspace_id text, p_record_id bigint)
+  returns jsonb
+  language sql stable
+  as $$
+  -- The manage_memory call that forgot the record: when, by whom, with which others.
+  select jsonb_build_object(
+           'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
+           'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
+           'memory_id', (c.outcome ->> 'memory_id')::bigint,
+           'forgotten_ids', c.outcome -> 'forgotten_ids')
+    from memory_private.tool_calls c
+    join memory_private.requests q
+      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+   where c.workspace_id = p_workspace_id and c.tool = 'manage_memory'
+     and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
+     and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
+   order by c.updated_at
+   limit 1
+$$;
+comment on function memory_private.record_forgotten(text, bigint) is
+  'When, by which user, in which request and tool call a record was forgotten through '
+  'manage_memory, with the memory the forget named and every record it removed (ids and '
+  'times only); NULL when no forget removed it.';
+
+create or replace function memory_private.record_dependency_states(
+  p_workspace_id text, p_record_id bigint, p_scope_id bigint, p_now timestamptz
+) returns jsonb
+  language sql stable
+  as $$
+  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+  -- state by the rule (memory_private.dependency_state).
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
+           'role', m.role, 'speaker_id', m.speaker_id,
+           'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+           'retain_until', m.retain_until, 'removed_at', m.removed_at,
+           'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+           'tombstoned', t.message_id is not null,
+           'state', coalesce(memory_private.dependency_state(
+                      m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                      d.content_hash, t.message_id is not null, p_now), 'current'))
+         order by d.message_id), '[]')
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id
+$$;
+comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
+  'What explain_record shows of each message a record was made from: via, copied_by, role, '
+  'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
+  'the rule at p_now. No text.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
