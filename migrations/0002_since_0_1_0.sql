@@ -4758,70 +4758,40 @@ declare
   v_now timestamptz := memory_private.operator_now();
 begin
   return query
-  with ws as (
-    select w.workspace_id, w.paused, w.idle_window, w.config_version,
-           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left
-      from memory_private.workspaces w
-      join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
-     where w.workspace_id = p_workspace_id
-  ), conv as (
-    select * from memory_private.unextracted_conversations(p_workspace_id, v_now)
-  ), classified as (
-    select cv.request_id, cv.messages, cv.last_activity,
+  with classified as (
+    select cv.messages, cv.last_activity,
            case
-             when ws.paused then 'workspace_paused'
+             when cv.workspace_paused then 'workspace_paused'
              when not cv.recall_enabled then 'recall_off'
              when not cv.bot_active then 'bot_inactive'
              when cv.status = 'failed' then 'request_failed'
              when cv.status <> 'succeeded' then 'request_not_finished'
              when cv.users = 0 then 'no_user_message'
              when cv.assistants = 0 then 'no_assistant_message'
-             when cv.last_activity > v_now - ws.idle_window then 'idle_window'
-             when oj.job_id is not null and not oj.holds then 'next_batch'
-             when oj.status = 'running' then 'job_running'
-             when oj.status = 'pending'
-                  and (oj.last_error = 'budget_exceeded' or ws.budget_left <= 0
-                       or oj.request_left <= 0) then 'no_budget'
-             when oj.status = 'pending' and oj.last_error = 'not_priced' then 'not_priced'
-             when oj.status = 'pending' and oj.next_attempt_at > v_now then 'job_backoff'
-             when oj.status = 'pending' then 'job_due'
-             when exists (select 1 from memory_private.jobs j
-                           where j.workspace_id = p_workspace_id and j.scope_id = cv.scope_id
-                             and j.phase = 'extract' and j.status = 'stopped'
-                             and j.config_version = ws.config_version
-                             and not coalesce(j.result ? 'retried_as_job_id', false)
-                             and exists (select 1 from jsonb_array_elements(cv.fresh) f
-                                          where j.input -> 'sources' @> jsonb_build_array(f)))
-               then 'job_stopped'
+             when cv.idle_until > v_now then 'idle_window'
+             when cv.job_status is not null and not cv.job_holds then 'next_batch'
+             when cv.job_status = 'running' then 'job_running'
+             when cv.job_status = 'pending'
+                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
+               then 'no_budget'
+             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
+               then 'not_priced'
+             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
+               then 'job_backoff'
+             when cv.job_status = 'pending' then 'job_due'
+             when cv.stopped_holds then 'job_stopped'
              else 'awaiting_maintenance'
            end as reason,
-           cv.last_activity + ws.idle_window as idle_until,
-           oj.next_attempt_at
-      from conv cv
-     cross join ws
-      left join lateral (
-        select j.job_id, j.status, j.next_attempt_at, j.last_error,
-               exists (select 1 from jsonb_array_elements(cv.fresh) f
-                        where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
-               (select q.budget_usd - q.spent_usd
-                       - memory_private.request_memory_spent(q.workspace_id, q.request_id)
-                  from memory_private.requests q
-                 where q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id)
-                 as request_left
-          from memory_private.jobs j
-         where j.workspace_id = p_workspace_id and j.scope_id = cv.scope_id
-           and j.phase = 'extract' and j.status in ('pending', 'running')
-         order by j.job_id
-         limit 1
-      ) oj on true
+           cv.idle_until, cv.job_next_attempt_at
+      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
   )
   select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
          -- when the earliest of them moves on by itself: the idle window's end, the job's
          -- next attempt
          min(case k.reason when 'idle_window' then k.idle_until
-                           when 'no_budget' then k.next_attempt_at
-                           when 'not_priced' then k.next_attempt_at
-                           when 'job_backoff' then k.next_attempt_at end),
+                           when 'no_budget' then k.job_next_attempt_at
+                           when 'not_priced' then k.job_next_attempt_at
+                           when 'job_backoff' then k.job_next_attempt_at end),
          rs.explanation
     from classified k
     join memory_private.waiting_reasons() rs on rs.reason = k.reason
@@ -4902,64 +4872,14 @@ comment on function memory_private.waiting_reasons() is
   'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
   'each with what it means.';
 
-create or replace function memory_private.unextracted_conversations(p_workspace_id text, p_now timestamptz)
-  returns table (
-    request_id text, status text, scope_id bigint, recall_enabled boolean, bot_active boolean,
-    users bigint, assistants bigint, messages bigint, fresh jsonb,
-    last_activity timestamp with time zone
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  -- Every interactive conversation with something not yet handled: a retained message its
-  -- scope may use, not tombstoned there, not yet extracted (or skipped) at its content.
-  select r.request_id, r.status, s.scope_id, s.recall_enabled, b.active as bot_active,
-         u.users, u.assistants, u.messages, u.fresh,
-         greatest(r.updated_at, r.finished_at,
-                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
-                     from memory_private.messages a
-                    where a.workspace_id = r.workspace_id and a.request_id = r.request_id))
-           as last_activity
-    from memory_private.requests r
-    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
-    join memory_private.scopes s
-      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
-     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
-          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
-   cross join lateral (
-     select count(*) filter (where m.role = 'user') as users,
-            count(*) filter (where m.role = 'assistant') as assistants,
-            count(*) filter (where e.message_id is null) as messages,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
-              filter (where e.message_id is null) as fresh
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or s.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
-                           and t.message_id = m.message_id)
-   ) u
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
-end
-$$;
-comment on function memory_private.unextracted_conversations(text, timestamptz) is
-  'The interactive conversations (requests) of a workspace with something not yet handled: a '
-  'retained message its scope may use, not tombstoned there, not yet extracted (or skipped) at '
-  'its content; with their scope''s facts, their user and assistant messages, those not yet '
-  'extracted ({id, hash}) and their last activity (the idle window''s clock).';
-
 create or replace function memory_private.record_forgotten(p_workspace_id text, p_record_id bigint)
   returns jsonb
-  language sql stable
+  language plpgsql stable
   as $$
-  -- The manage_memory call that forgot the record: when, by whom, with which others.
+begin
+  -- The manage_memory call that forgot the record: when, by whom, with which others. (PL/pgSQL:
+  -- Citus plans no parameterized SQL function over distributed tables.)
+  return (
   select jsonb_build_object(
            'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
            'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
@@ -4972,7 +4892,8 @@ create or replace function memory_private.record_forgotten(p_workspace_id text, 
      and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
      and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
    order by c.updated_at
-   limit 1
+   limit 1);
+end
 $$;
 comment on function memory_private.record_forgotten(text, bigint) is
   'When, by which user, in which request and tool call a record was forgotten through '
@@ -4982,10 +4903,12 @@ comment on function memory_private.record_forgotten(text, bigint) is
 create or replace function memory_private.record_dependency_states(
   p_workspace_id text, p_record_id bigint, p_scope_id bigint, p_now timestamptz
 ) returns jsonb
-  language sql stable
+  language plpgsql stable
   as $$
+begin
   -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
   -- state by the rule (memory_private.dependency_state).
+  return (
   select coalesce(jsonb_agg(jsonb_build_object(
            'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
            'role', m.role, 'speaker_id', m.speaker_id,
@@ -5003,12 +4926,106 @@ create or replace function memory_private.record_dependency_states(
     left join memory_private.tombstones t
       on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
      and t.message_id = d.message_id
-   where d.workspace_id = p_workspace_id and d.record_id = p_record_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
+end
 $$;
 comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
   'What explain_record shows of each message a record was made from: via, copied_by, role, '
   'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
   'the rule at p_now. No text.';
+
+create or replace function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
+  returns table (
+    request_id text, status text, recall_enabled boolean, bot_active boolean,
+    workspace_paused boolean, users bigint, assistants bigint, messages bigint,
+    last_activity timestamp with time zone, idle_until timestamp with time zone,
+    job_status text, job_holds boolean, job_next_attempt_at timestamp with time zone,
+    job_last_error text, budget_left numeric, stopped_holds boolean
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
+  -- query of the node holding the workspace); the verdict is waiting_status_of's.
+  return query
+  select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
+         u.users, u.assistants, u.messages, a.last_activity,
+         a.last_activity + w.idle_window,
+         oj.status, oj.holds, oj.next_attempt_at, oj.last_error,
+         least(w.budget_usd - w.spent_usd - wm.memory_spent_usd, oj.request_left),
+         exists (select 1 from memory_private.jobs j
+                  where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
+                    and j.phase = 'extract' and j.status = 'stopped'
+                    and j.config_version = w.config_version
+                    and not coalesce(j.result ? 'retried_as_job_id', false)
+                    and exists (select 1 from jsonb_array_elements(u.fresh) f
+                                 where j.input -> 'sources' @> jsonb_build_array(f)))
+    from memory_private.requests r
+    join memory_private.workspaces w on w.workspace_id = r.workspace_id
+    join memory_private.workspace_memory wm on wm.workspace_id = r.workspace_id
+    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
+    join memory_private.scopes s
+      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
+     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
+          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
+   cross join lateral (
+     -- Its messages the scope may use: retained, not tombstoned there; fresh: those not yet
+     -- extracted (or skipped) at their content.
+     select count(*) filter (where m.role = 'user') as users,
+            count(*) filter (where m.role = 'assistant') as assistants,
+            count(*) filter (where e.message_id is null) as messages,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
+              filter (where e.message_id is null) as fresh
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or s.kind = 'private')
+        and not exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
+                           and t.message_id = m.message_id)
+   ) u
+   cross join lateral (
+     -- The idle window's clock: the request's update or finish, its messages' creation, edit
+     -- or removal (as memory_private.extraction_units reads it).
+     select greatest(r.updated_at, r.finished_at,
+                     max(greatest(x.created_at, x.edited_at, x.removed_at))) as last_activity
+       from memory_private.messages x
+      where x.workspace_id = r.workspace_id and x.request_id = r.request_id
+   ) a
+    left join lateral (
+      -- The scope's open extraction job, whether it holds this conversation, and what is
+      -- left of its origin request's budget.
+      select j.status, j.next_attempt_at, j.last_error,
+             exists (select 1 from jsonb_array_elements(u.fresh) f
+                      where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
+             q.budget_usd - q.spent_usd - coalesce(
+               (select sum(rc.cost_usd) from memory_private.request_charges rc
+                 where rc.workspace_id = q.workspace_id and rc.request_id = q.request_id), 0)
+               as request_left
+        from memory_private.jobs j
+        join memory_private.requests q
+          on q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id
+       where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
+         and j.phase = 'extract' and j.status in ('pending', 'running')
+       order by j.job_id
+       limit 1
+    ) oj on true
+   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
+end
+$$;
+comment on function memory_private.waiting_conversations(text, timestamptz) is
+  'The interactive conversations (requests) of a workspace with something not yet handled (a '
+  'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
+  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
+  'workspace switches, the request''s status, its user and assistant messages, its last '
+  'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
+  'conversation, its next attempt and last error), the budget left (the workspace''s or the '
+  'job''s request''s, whichever is less) and whether a stopped job holds it.';
 
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
