@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 
 from pyworker import schema
-from pyworker.status import sanitize
+from pyworker.status import printable, sanitize
 
+# Plain help (click's): flags without a type tag, docstrings reflowed to the terminal.
 app = typer.Typer(help="Long-term conversation memory for chat bots, inside PostgreSQL.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 console = Console()
 
 DSN_HELP = "libpq connection string or URI of the memory database (or PIMEM_DSN)."
@@ -47,7 +48,6 @@ def main(
     """Long-term conversation memory for chat bots, inside PostgreSQL."""
 
 
-@app.command()
 def migrate(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     check: Annotated[bool, typer.Option(
@@ -65,8 +65,9 @@ def migrate(
         if check:
             state = schema.schema_state(target)
             if state.pending:
-                console.print(f"{len(state.pending)} migration(s) pending: "
-                              f"{', '.join(state.pending)}", markup=False)
+                typer.echo(f"{len(state.pending)} migration(s) pending:")
+                for name in state.pending:
+                    typer.echo(f"  {name}")
                 raise typer.Exit(1)
             problem = state.problem()
             if problem:
@@ -80,8 +81,10 @@ def migrate(
         raise typer.Exit(2 if check else 1) from None
     version = schema.expected_version()
     if applied:
-        console.print(f"applied {len(applied)} migration(s): {', '.join(applied)}; "
-                      f"schema version {version}", markup=False)
+        # One name a line, never wrapped: a deploy log keeps each whole.
+        typer.echo(f"applied {len(applied)} migration(s), schema version {version}:")
+        for name in applied:
+            typer.echo(f"  {name}")
     else:
         console.print(f"already up to date (schema version {version})")
     cluster = schema.citus_cluster(target)
@@ -97,9 +100,8 @@ def migrate(
             "(docs/scaling.md)[/yellow]")
 
 
-@app.command("schema-bundle")
 def schema_bundle() -> None:
-    """Regenerate the unreleased first migration from sql/ (maintainers, in a checkout)."""
+    """Maintainers: regenerate the unreleased first migration from sql/ (in a checkout)."""
     from pyworker.lab import releases
 
     if not schema.in_checkout():
@@ -113,15 +115,14 @@ def schema_bundle() -> None:
     console.print(f"wrote {path}")
 
 
-@app.command("freeze-release")
 def freeze_release(
     version: Annotated[str, typer.Argument(help="the release, MAJOR.MINOR.PATCH")],
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a server where a superuser may create a scratch database (default: a "
         "throwaway cluster of the machine's PostgreSQL binaries)")] = None,
 ) -> None:
-    """Record VERSION in migrations/releases.json: its migration files and their sha256, the
-    schema version and the API per role (maintainers, in a checkout; docs/migrations.md)."""
+    """Maintainers: record VERSION in migrations/releases.json: its migration files and their
+    sha256, the schema version and the API per role (in a checkout; docs/migrations.md)."""
     from pyworker import __version__
     from pyworker.lab import releases
 
@@ -146,7 +147,6 @@ def freeze_release(
 ADAPTER_HELP = "model adapter: pi (the Pi CLI), openai (direct HTTP) or offline (heuristic)."
 
 
-@app.command()
 def worker(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     model: Annotated[str, typer.Option(
@@ -154,7 +154,9 @@ def worker(
     interval: Annotated[float, typer.Option(
         help="seconds between checks when there is no work")] = 60.0,
     tick_seconds: Annotated[float, typer.Option(help="deadline of one tick (one job)")] = 90.0,
-    once: Annotated[bool, typer.Option("--once", help="exit when no job is left")] = False,
+    once: Annotated[bool, typer.Option(
+        "--once", help="exit when no job is left (exit 1 at once when the database does not "
+        "answer; without --once the worker waits for it)")] = False,
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
     workspace: Annotated[str | None, typer.Option(
         help="run maintenance for this workspace only")] = None,
@@ -212,7 +214,6 @@ def worker(
     raise typer.Exit(w.run(until_idle=once, max_jobs=max_jobs))
 
 
-@app.command()
 def bench(
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a scratch database on the server to measure (superuser); default: the "
@@ -246,11 +247,10 @@ def bench(
     result = benchmark.run(profile, dsn=dsn, out_dir=out, server=server)
     typer.echo((out / "bench.md").read_text())
     missed = [v["name"] for v in result["verdict"] if v.get("met") is False]
-    console.print(f"wrote {out}/bench.json, bench.md, growth.png; "
-                  f"{len(missed)} target(s) missed", markup=False)
+    console.print(f"wrote {', '.join(str(out / name) for name in benchmark.written(result, out))}; "
+                  f"{len(missed)} target(s) missed", markup=False, soft_wrap=True)
 
 
-@app.command("eval")
 def eval_(
     paths: Annotated[list[Path], typer.Argument(
         help="LoCoMo conversation files (JSON), or directories of them")],
@@ -285,10 +285,11 @@ def eval_(
     ] = False,
 ) -> None:
     """Measure whether recall finds what was said, on LoCoMo conversations (docs/quality.md)."""
-    from pyworker import schema
     from pyworker.adapters import AdapterUnavailable
     from pyworker.lab import evaluate, locomo
+    from pyworker.lab.servers import state_dir
     from pyworker.payload import ModelRef
+    from pyworker.terminal import output_console
 
     variants: list[locomo.Variant]
     if variant == "both":
@@ -307,9 +308,9 @@ def eval_(
         raise typer.BadParameter(f"no such file or directory: {', '.join(missing)}")
     try:
         evaluate.run(paths, model, variants, dsn=dsn, server=server,
-                     data_dir=schema.ROOT / ".pimem" / "eval-pg",
+                     data_dir=state_dir() / "eval-pg",
                      model=ModelRef(provider=provider, id=model_id), out_dir=out,
-                     console=console, max_questions=questions, pi_models=pi_models,
+                     console=output_console(), max_questions=questions, pi_models=pi_models,
                      openai_base_url=openai_base_url, plot=plot, judge=judge,
                      provenance=provenance)
     except (AdapterUnavailable, ValueError) as exc:
@@ -317,7 +318,6 @@ def eval_(
         raise typer.Exit(2) from None
 
 
-@app.command()
 def demo(
     dsn: Annotated[str | None, typer.Option(
         "--dsn", help="a database of your own (superuser; the demo moves the memory clock); "
@@ -343,7 +343,6 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command()
 def telegram(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     mode: Annotated[str | None, typer.Option(
@@ -368,7 +367,7 @@ def telegram(
     try:
         settings = Settings.from_env(dsn=dsn, mode=mode)
     except SettingsError as exc:
-        console.print(f"pimem telegram: {exc}", markup=False)
+        console.print(f"pimem telegram: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     try:
         asyncio.run(serve(settings))
@@ -381,36 +380,71 @@ def telegram(
 # Operator commands (docs/operations.md): the memory_operator views as tables ------------------
 
 
-@app.command()
+def _operator_failure(command: str, db: object, exc: Exception) -> typer.Exit:
+    """One line for what stops an operator command (no traceback), and its exit status: a
+    role without memory_operator, a database that does not answer, a schema without the
+    views, a refusal of ours."""
+    import psycopg
+
+    from pyworker import errors
+    from pyworker.db import Database, DatabaseUnavailable
+
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        role = "this role"
+        if isinstance(db, Database):
+            try:
+                role = f"role {db.current_role()}"
+            except (DatabaseUnavailable, psycopg.Error):
+                pass
+        message = (f"{role} may not read the operator views: it needs memory_operator "
+                   f"(grant memory_operator to {role.removeprefix('role ')})")
+    elif isinstance(exc, DatabaseUnavailable):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
+        message = f"cannot reach the database: {first}"
+    elif isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+        message = ("the database has no pimem schema, or an older one: run pimem migrate "
+                   f"({str(exc).strip().splitlines()[0]})")
+    elif isinstance(exc, errors.MemoryError_):
+        message = exc.message
+    else:
+        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    console.print(f"pimem {command}: {printable(message)}", markup=False, highlight=False,
+                  soft_wrap=True)
+    return typer.Exit(1)
+
+
 def status(
     dsn: Annotated[str | None, typer.Option("--dsn", help=DSN_HELP)] = None,
     workspace: Annotated[str | None, typer.Option(
-        help="one workspace (default: all, and only the scopes that need a look)")] = None,
+        help="one workspace, with all its scopes (default: every workspace, and only the "
+        "scopes that need a look)")] = None,
     limit: Annotated[int, typer.Option(help="rows per table (scopes, jobs, charges)")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
 ) -> None:
-    """Workspaces, scopes, jobs needing attention and memory charges (role memory_operator)."""
+    """Workspaces, what waits to become a memory and why, scopes, jobs needing attention and
+    memory charges (role memory_operator)."""
     import json
+
+    import psycopg
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
     from pyworker.status import gather_status, render_status
+    from pyworker.terminal import output_console
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = gather_status(db, workspace, limit)
-    except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{sanitize(str(exc))}[/red]")
-        raise typer.Exit(1) from None
+    except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
+        raise _operator_failure("status", db, exc) from None
     finally:
         db.close()
     if as_json:
         typer.echo(json.dumps(data, default=str, indent=2))
     else:
-        render_status(data, Console())  # sized for the terminal (or COLUMNS) of this run
+        render_status(data, output_console(), workspace_id=workspace)
 
 
-@app.command()
 def explain(
     workspace: Annotated[str, typer.Argument(help="the workspace id")],
     memory_id: Annotated[int, typer.Argument(help="the memory (record) id")],
@@ -419,25 +453,36 @@ def explain(
         help="check for this user (membership, grants); default: the scope's own user")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the explanation as JSON")] = False,
 ) -> None:
-    """Why a memory is or is not valid now: its checks and its sources (role memory_operator)."""
+    """Why a memory is or is not valid now: its checks and its sources, or when and by whom it
+    was forgotten (role memory_operator)."""
     import json
+
+    import psycopg
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
     from pyworker.status import render_explain
+    from pyworker.terminal import output_console
 
     db = Database(_dsn(dsn), application_name="pimem-status")
     try:
         data = db.explain_record(workspace, memory_id, requester)
-    except (DatabaseUnavailable, errors.MemoryError_) as exc:
-        console.print(f"[red]{sanitize(str(exc))}[/red]")
-        raise typer.Exit(1) from None
+    except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
+        raise _operator_failure("explain", db, exc) from None
     finally:
         db.close()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        render_explain(data, Console())
+        render_explain(data, output_console())
+
+
+# The commands in the order --help lists them: what users run, then the maintainers' own.
+for _command, _name in ((worker, "worker"), (status, "status"), (explain, "explain"),
+                        (migrate, "migrate"), (demo, "demo"), (telegram, "telegram"),
+                        (eval_, "eval"), (bench, "bench"), (schema_bundle, "schema-bundle"),
+                        (freeze_release, "freeze-release")):
+    app.command(_name)(_command)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,18 @@ class Database:
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
+    def waiting(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
+        """What waits to become a memory and why (``memory.waiting_status``: per workspace and
+        reason, counted in the database). Readable by memory_operator and memory_worker."""
+        return self.view_rows("waiting_status",
+                              where={"workspace_id": workspace_id} if workspace_id else None)
+
+    def current_role(self) -> str:
+        """The role this session acts as (for an error that names it)."""
+        conn = self._connection()
+        row = conn.execute("select current_user").fetchone()
+        return str(row[0]) if row else "?"
+
     def explain_record(self, workspace_id: str, record_id: int,
                        requester: str | None = None) -> dict[str, Any]:
         return self.call("explain_record", workspace_id, record_id,  # type: ignore[no-any-return]
@@ -213,4 +225,4 @@ class Database:
 
 
 OPERATOR_VIEWS = frozenset({"workspace_status", "scope_status", "record_status", "job_status",
-                            "request_memory_charges"})
+                            "request_memory_charges", "waiting_status"})

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pyworker.db import Database
+from pyworker.terminal import emit, fitted_table
 
 # Jobs an operator may need to look at: everything not finished, and stopped jobs nobody retried.
 ATTENTION = ["pending", "running", "stopped"]
@@ -75,37 +76,24 @@ def money(value: Decimal | float | None) -> str:
     return "-" if value is None else f"${Decimal(value):.4f}"
 
 
-def reasons(value: dict[str, int] | None) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted((value or {}).items())) or "-"
-
-
-def clip(text: str | None, limit: int = 90) -> str:
-    if not text:
-        return "-"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def yes(flag: bool | None) -> str:
-    return "[green]yes[/green]" if flag else "[red]no[/red]"
-
-
 def gather_status(db: Database, workspace_id: str | None = None,
                   limit: int = 20) -> dict[str, list[dict[str, Any]]]:
-    """The rows ``pimem status`` shows: workspaces, scopes, jobs needing attention and the
+    """The rows ``pimem status`` shows: workspaces, what waits to become a memory and why,
+    scopes (across workspaces only those needing a look), jobs needing attention and the
     requests memory charged most."""
     only = {"workspace_id": workspace_id} if workspace_id else {}
     scopes = db.view_rows("scope_status", where=only,
                           order_by=("workspace_id", "scope_id"), limit=None)
     if not workspace_id:
         # Across workspaces, only the scopes with something to look at.
-        scopes = [s for s in scopes if s["records_invalid"] or s["consolidation_pending"]
-                  or not s["recall_enabled"]][:limit]
+        scopes = [s for s in scopes if needs_a_look(s)][:limit]
     jobs = db.view_rows("job_status", where={**only, "status": ATTENTION},
                         order_by=("-created_at",), limit=None)
     jobs = [j for j in jobs if j["retried_as_job_id"] is None]
     jobs.sort(key=lambda j: (j["status"] != "stopped", j["status"] != "running"))
     return {
         "workspaces": db.view_rows("workspace_status", where=only, order_by=("workspace_id",)),
+        "waiting": db.waiting(workspace_id),
         "scopes": scopes,
         "jobs": jobs[:limit],
         "charges": db.view_rows("request_memory_charges", where=only,
@@ -113,79 +101,137 @@ def gather_status(db: Database, workspace_id: str | None = None,
     }
 
 
-def render_status(data: dict[str, list[dict[str, Any]]], console: Console) -> None:
+def needs_a_look(scope: dict[str, Any]) -> bool:
+    """A scope with invalid records, a consolidation due or recall off."""
+    return bool(scope["records_invalid"] or scope["consolidation_pending"]
+                or not scope["recall_enabled"])
+
+
+def _lines(*parts: str | None) -> str:
+    return "\n".join(p for p in parts if p)
+
+
+def _by_reason(value: dict[str, int] | None) -> list[str]:
+    return [f" {k} {v}" for k, v in sorted((value or {}).items())]
+
+
+def render_status(data: dict[str, list[dict[str, Any]]], console: Console, *,
+                  workspace_id: str | None = None) -> None:
+    """The status as tables that read at 80 columns (pyworker/terminal.py)."""
     data = sanitize(data)
-    ws = Table(title="Workspaces", title_justify="left")
-    for col in ("workspace", "paused", "config", "budget left", "memory $", "records ok",
-                "invalid (by reason)", "consolidations due", "jobs pend/due/run/stop",
-                "oldest pending", "tombstones"):
-        ws.add_column(col)
-    for w in data["workspaces"]:
-        ws.add_row(w["workspace_id"], "[yellow]PAUSED[/yellow]" if w["paused"] else "no",
-                   str(w["config_version"]), money(w["budget_left_usd"]),
-                   money(w["memory_spent_usd"]), str(w["records_valid"]),
-                   f"{w['records_invalid']} ({reasons(w['invalid_by_reason'])})",
-                   str(w["consolidations_pending"]),
-                   f"{w['jobs_pending']}/{w['jobs_due']}/{w['jobs_running']}/"
-                   f"{w['jobs_stopped']}", age(w["oldest_pending_age"]), str(w["tombstones"]))
-    console.print(ws)
+    tables = [_workspaces(data["workspaces"]), _waiting(data.get("waiting", [])),
+              _scopes(data["scopes"], workspace_id), _jobs(data["jobs"]),
+              _charges(data["charges"])]
+    emit(console, *tables)
 
-    sc = Table(title="Scopes", title_justify="left")
-    for col in ("workspace", "scope", "kind", "bot / chat / user-or-topic", "recall", "ok",
-                "invalid (by reason)", "index (records, age)", "consolidation", "open jobs",
-                "tombstones"):
-        sc.add_column(col)
-    for s in data["scopes"]:
-        who = s["user_id"] if s["kind"] == "private" else f"topic {s['topic_id']}"
-        open_jobs = ", ".join(f"{p} #{s[f'{p}_job_id']} {s[f'{p}_job_status']}"
-                              for p in ("extract", "consolidate") if s[f"{p}_job_id"]) or "-"
-        sc.add_row(s["workspace_id"], str(s["scope_id"]), s["kind"],
-                   f"{s['bot_id']} / {s['chat_id']} / {who}", yes(s["recall_enabled"]),
-                   str(s["records_valid"]),
-                   f"{s['records_invalid']} ({reasons(s['invalid_by_reason'])})",
-                   f"{s['index_records']}, {age(s['index_age'])}",
-                   "[yellow]pending[/yellow]" if s["consolidation_pending"] else "current",
-                   open_jobs, str(s["tombstones"]))
-    console.print(sc)
 
-    jb = Table(title="Jobs needing attention (stopped first)", title_justify="left")
-    for col in ("workspace", "job", "phase", "status", "age", "claims", "next attempt",
-                "last attempt", "last error", "what to do"):
-        jb.add_column(col)
-    for j in data["jobs"]:
+def _workspaces(rows: list[dict[str, Any]]) -> Table:
+    cells = [[_lines(w["workspace_id"], "[yellow]PAUSED[/yellow]" if w["paused"] else None,
+                     f"config {w['config_version']}"),
+              _lines(f"left {money(w['budget_left_usd'])}",
+                     f"memory {money(w['memory_spent_usd'])}"),
+              _lines(f"{w['records_valid']} ok", f"{w['records_invalid']} invalid",
+                     *_by_reason(w["invalid_by_reason"])),
+              _lines(f"{w['jobs_pending']} pending", f"{w['jobs_due']} due",
+                     f"{w['jobs_running']} running",
+                     f"[red]{w['jobs_stopped']} stopped[/red]" if w["jobs_stopped"]
+                     else "0 stopped"),
+              _lines(f"oldest job {age(w['oldest_pending_age'])}",
+                     f"{w['consolidations_pending']} consol. due",
+                     f"{w['tombstones']} tombstones")]
+             for w in rows]
+    return fitted_table("Workspaces", ("workspace", "budget", "records", "jobs", "other"),
+                        cells)
+
+
+def _waiting(rows: list[dict[str, Any]]) -> Table:
+    cells = [[r["workspace_id"], str(r["conversations"]), when(r["next_change_at"]),
+              _lines(f"[bold]{r['reason']}[/bold]", r["explanation"])]
+             for r in rows]
+    table = fitted_table("Waiting to become memories, and why (conversations by reason)",
+                         ("workspace", "conv.", "moves on at", "reason"), cells,
+                         keep=(0, 2), right=(1,))
+    if not rows:
+        table.caption = "nothing waits: every finished conversation is a memory"
+        table.caption_justify = "left"
+    return table
+
+
+def _scopes(rows: list[dict[str, Any]], workspace_id: str | None) -> Table:
+    title = (f"Scopes of workspace {workspace_id}" if workspace_id else
+             "Scopes needing a look (invalid records, a consolidation due or recall off; "
+             "--workspace lists all)")
+    cells = []
+    for s in rows:
+        who = f"user {s['user_id']}" if s["kind"] == "private" else f"topic {s['topic_id']}"
+        jobs = [f"{p} #{s[f'{p}_job_id']} {s[f'{p}_job_status']}"
+                for p in ("extract", "consolidate") if s[f"{p}_job_id"]]
+        cells.append([
+            _lines(s["workspace_id"], f"#{s['scope_id']} {s['kind']}",
+                   "recall on" if s["recall_enabled"] else "[red]recall off[/red]"),
+            _lines(f"bot {s['bot_id']}", f"chat {s['chat_id']}", who),
+            _lines(f"{s['records_valid']} ok", f"{s['records_invalid']} invalid",
+                   *_by_reason(s["invalid_by_reason"])),
+            _lines(f"index {s['index_records']}, {age(s['index_age'])}",
+                   "[yellow]consolidation due[/yellow]" if s["consolidation_pending"]
+                   else "index current",
+                   *jobs, f"{s['tombstones']} tombstones")])
+    return fitted_table(title, ("scope", "where", "records", "index and jobs"), cells,
+                        keep=(0, 1))
+
+
+def _jobs(rows: list[dict[str, Any]]) -> Table:
+    cells = []
+    for j in rows:
         if j["status"] == "stopped":
             todo = (f"retry: select memory.retry_job('{j['workspace_id']}', {j['job_id']})"
-                    if j["retry_refusal"] is None else f"no retry: {clip(j['retry_refusal'], 80)}")
+                    if j["retry_refusal"] is None else f"no retry: {j['retry_refusal']}")
         elif j["stale_reason"]:
-            todo = f"stale ({clip(j['stale_reason'], 60)}): maintenance retires it"
+            todo = f"stale ({j['stale_reason']}): maintenance retires it"
         else:
-            todo = "-"
+            todo = None
         status = {"stopped": "[red]stopped[/red]", "running": "[cyan]running[/cyan]"}.get(
             j["status"], j["status"])
-        last = (f"#{j['last_attempt_no']} {j['last_attempt_outcome']}"
-                if j["last_attempt_no"] else "-")
-        jb.add_row(j["workspace_id"], str(j["job_id"]), j["phase"], status, age(j["age"]),
-                   f"{j['claims']}/3", when(j["next_attempt_at"]), last, clip(j["last_error"]),
-                   todo)
-    console.print(jb)
+        last = (f"last #{j['last_attempt_no']} {j['last_attempt_outcome']}"
+                if j["last_attempt_no"] else "no attempt")
+        cells.append([
+            _lines(j["workspace_id"], f"#{j['job_id']} {j['phase']}"),
+            _lines(status, f"age {age(j['age'])}", f"claims {j['claims']}/3"),
+            _lines(last, f"next {when(j['next_attempt_at'])}" if j["next_attempt_at"] else None),
+            _lines(j["last_error"] or "-", todo)])
+    return fitted_table("Jobs needing attention (stopped first)",
+                        ("job", "status", "attempts", "last error, what to do"), cells)
 
-    ch = Table(title="Memory charges by request (largest first)", title_justify="left")
-    for col in ("workspace", "request", "model", "attempts ext/cons", "failed/unknown",
-                "tokens in/out", "memory $", "budget left"):
-        ch.add_column(col)
-    for c in data["charges"]:
-        ch.add_row(c["workspace_id"], c["request_id"], f"{c['model_provider']}/{c['model_id']}",
-                   f"{c['extract_attempts']}/{c['consolidate_attempts']}",
-                   f"{c['failed_attempts']}/{c['unknown_attempts']}",
-                   f"{c['input_tokens']}/{c['output_tokens']}", money(c["memory_spent_usd"]),
-                   money(c["budget_left_usd"]))
-    console.print(ch)
+
+def _charges(rows: list[dict[str, Any]]) -> Table:
+    cells = [[_lines(c["workspace_id"], c["request_id"]),
+              f"{c['model_provider']}/{c['model_id']}",
+              _lines(f"{c['extract_attempts']} extract", f"{c['consolidate_attempts']} consol.",
+                     f"{c['failed_attempts']} failed", f"{c['unknown_attempts']} unknown"),
+              _lines(f"in {c['input_tokens']}", f"out {c['output_tokens']}"),
+              _lines(money(c["memory_spent_usd"]), f"left {money(c['budget_left_usd'])}")]
+             for c in rows]
+    return fitted_table("Memory charges by request (largest first)",
+                        ("request", "model", "attempts", "tokens", "memory $"), cells,
+                        keep=(0, 1))
 
 
 def render_explain(data: dict[str, Any], console: Console) -> None:
     """One record's explanation: verdict, the checks in rule order, and what it was made from
-    (its dependencies, with its sources marked by their place)."""
+    (its dependencies, with its sources marked by their place). A forgotten record: when, by
+    whom, with which others."""
     data = sanitize(data)
+    if data.get("exists") is False:
+        gone = data["forgotten"]
+        others = [i for i in gone.get("forgotten_ids") or [] if i != data["record_id"]]
+        console.print(
+            f"record {data['record_id']} in workspace {data['workspace_id']}: "
+            f"[red]FORGOTTEN[/red] at {gone['at']} by {gone['by_user_id']} (manage_memory "
+            f"forget of memory {gone['memory_id']}, request {gone['request_id']}, tool call "
+            f"{gone['tool_call_id']}, scope {gone['scope_id']})"
+            + (f"; forgotten with {', '.join(str(i) for i in others)}" if others else ""),
+            highlight=False)
+        return
     scope = data["scope"]
     record = data["record"]
     who = scope["user_id"] if scope["kind"] == "private" else f"topic {scope['topic_id']}"
@@ -193,42 +239,44 @@ def render_explain(data: dict[str, Any], console: Console) -> None:
                else f"[red]INVALID[/red]: {data['invalid_reason']}")
     requester = f" for requester {data['requester']}" if data.get("requester") else ""
     console.print(f"record {data['record_id']} in workspace {data['workspace_id']}{requester}: "
-                  f"{verdict}")
+                  f"{verdict}", highlight=False)
     console.print(f"scope {scope['scope_id']} ({scope['kind']}: {scope['bot_id']} / "
                   f"{scope['chat_id']} / {who}), recall "
                   f"{'on' if scope['recall_enabled'] else 'off'}; {record['kind']}, made "
                   f"{record['created_at']} from request {record['origin_request_id']}, used "
                   f"{record['usage_count']}x, in index: {record['in_index']}", highlight=False)
 
-    checks = Table(title="Checks (in the order recall applies them)", title_justify="left")
-    for col in ("check", "ok", "reason if not", "detail"):
-        checks.add_column(col)
+    rows = []
     first = True
     for c in data["checks"]:
         mark = "[green]ok[/green]" if c["ok"] else ("[red]FAILS[/red]" if first else "[red]fails[/red]")
         if not c["ok"]:
             first = False
-        checks.add_row(c["check"], mark, c.get("reason") or "-", c["detail"])
-    console.print(checks)
+        rows.append([c["check"], mark, c.get("reason") or "-", c["detail"]])
+    tables = [fitted_table("Checks (in the order recall applies them)",
+                           ("check", "ok", "reason if not", "detail"), rows, keep=(0, 2))]
 
     cited = {m: n for n, m in enumerate(data.get("sources") or [], start=1)}
-    deps = Table(title="What it was made from (content hashes, never text); "
-                       "source = its place among the messages it cites", title_justify="left")
-    for col in ("message", "via", "source", "role", "speaker", "state", "hash when used",
-                "hash now", "retain until", "removed", "tombstoned"):
-        deps.add_column(col)
+    rows = []
     for s in data["dependencies"]:
         state = s["state"] if s["state"] == "current" else f"[red]{s['state']}[/red]"
-        deps.add_row(s["message_id"], s["via"], str(cited.get(s["message_id"], "-")), s["role"],
-                     s["speaker_id"], state,
-                     (s["recorded_hash"] or "-")[:16], (s["current_hash"] or "-")[:16],
-                     str(s["retain_until"] or "-"), str(s["removed_at"] or "-"),
-                     "yes" if s["tombstoned"] else "no")
-    console.print(deps)
+        rows.append([
+            s["message_id"],
+            _lines(s["via"], f"source {cited[s['message_id']]}" if s["message_id"] in cited
+                   else None),
+            _lines(s["role"], s["speaker_id"]),
+            _lines(state, "tombstoned" if s["tombstoned"] else None),
+            _lines(f"used {(s['recorded_hash'] or '-')[:12]}",
+                   f"now {(s['current_hash'] or '-')[:12]}"),
+            _lines(f"retain until {s['retain_until']}" if s["retain_until"] else None,
+                   f"removed {s['removed_at']}" if s["removed_at"] else None) or "-"])
+    tables.append(fitted_table(
+        "What it was made from (hash prefixes, never text); source = its place among the "
+        "messages it cites", ("message", "via", "who", "state", "hash", "dates"), rows,
+        keep=(0, 2)))
     if data.get("lines"):
-        lines = Table(title="Which line of the summary cites which source", title_justify="left")
-        for col in ("line", "sources"):
-            lines.add_column(col)
-        for line in data["lines"]:
-            lines.add_row(str(line["line"]), ", ".join(str(i) for i in line["sources"]))
-        console.print(lines)
+        tables.append(fitted_table(
+            "Which line of the summary cites which source", ("line", "sources"),
+            [[str(line["line"]), ", ".join(str(i) for i in line["sources"])]
+             for line in data["lines"]], right=(0,)))
+    emit(console, *tables)

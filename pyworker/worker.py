@@ -112,21 +112,30 @@ class Worker:
     # the loop --------------------------------------------------------------------------------
 
     def run(self, *, until_idle: bool = False, max_jobs: int | None = None) -> int:
-        """Runs until stopped (or, with ``until_idle``, until no job is left). Returns 0.
+        """Runs until stopped (or, with ``until_idle``, until no job is left). Returns the exit
+        status: 0, or 1 when a one-shot run (``until_idle``) could not reach the database or
+        stopped on errors.
 
-        Nothing a provider sends and no error of a tick ends the loop: a lost database is
-        retried with a backoff, and any other error is logged and the loop goes on after the
-        same backoff (the database already closed or will close the attempt truthfully)."""
+        Nothing a provider sends and no error of a tick ends a long-running loop: a lost
+        database is retried with a backoff, and any other error is logged and the loop goes on
+        after the same backoff (the database already closed or will close the attempt
+        truthfully). A one-shot run is for cron and CI: it does not wait for a database that
+        does not answer, and stops after five errors in a row."""
         self._log("worker_started", interval=self.config.interval,
                   tick_seconds=self.config.tick_seconds)
         backoff = 1.0
         errors_in_a_row = 0
+        status = 0
         try:
             while not self.stop.is_set():
                 try:
                     result = self.tick()
                     backoff, errors_in_a_row = 1.0, 0
                 except DatabaseUnavailable as exc:
+                    if until_idle:
+                        self._log("database_unavailable", logging.ERROR, error=str(exc))
+                        status = 1
+                        break
                     self._log("database_unavailable", logging.WARNING, error=str(exc),
                               retry_in=backoff)
                     self.stop.wait(backoff)
@@ -137,6 +146,7 @@ class Worker:
                     self._log("tick_error", logging.ERROR, error_type=type(exc).__name__,
                               error=_bounded(exc), retry_in=backoff)
                     if until_idle and errors_in_a_row >= 5:
+                        status = 1
                         break  # a one-shot run does not spin on a persistent error
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.interval)
@@ -146,6 +156,8 @@ class Worker:
                     if max_jobs is not None and self.jobs_done >= max_jobs:
                         break
                     continue  # work may remain: claim again at once
+                if not self.stop.is_set():
+                    self.report_waiting()
                 if until_idle:
                     break
                 self.stop.wait(self.config.interval)
@@ -153,7 +165,25 @@ class Worker:
             self.adapter.close()
             self.db.close()
             self._log("worker_stopped", jobs=self.jobs_done)
-        return 0
+        return status
+
+    def report_waiting(self) -> dict[str, int]:
+        """Logs ``no_work`` with what waits to become a memory, by reason, as the database
+        counts it (``memory.waiting_status``), and when the earliest of it moves on by itself.
+        Informational: a database that cannot answer (an older schema, a lost connection)
+        only leaves the counts out."""
+        try:
+            rows = self.db.waiting(self.config.workspace_id)
+        except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
+            self._log("no_work", waiting_unknown=_bounded(exc))
+            return {}
+        waiting: dict[str, int] = {}
+        for row in rows:
+            waiting[row["reason"]] = waiting.get(row["reason"], 0) + int(row["conversations"])
+        next_change = min((r["next_change_at"] for r in rows if r["next_change_at"]),
+                          default=None)
+        self._log("no_work", waiting=waiting, next_change_at=next_change)
+        return waiting
 
     def tick(self) -> TickResult:
         """Maintenance, then at most one job, within the tick deadline."""

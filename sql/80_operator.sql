@@ -322,6 +322,225 @@ comment on view memory.workspace_status is
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
   'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
 
+-- What is waiting, and why: the conversations not yet turned into a memory, counted by the
+-- first reason that holds them back, in the order the pipeline meets them (the scheduling rule
+-- of 45_scheduling.sql, then the job's life). `pimem status` shows it, and the worker logs it
+-- when it finds no work.
+create function memory_private.waiting_reasons()
+  returns table (rank integer, reason text, explanation text)
+  language sql immutable
+  as $$
+  values
+    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
+    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
+    (3, 'bot_inactive', 'the bot is inactive'),
+    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
+                                'reports it succeeded (upsert_request)'),
+    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
+    (6, 'no_user_message', 'the conversation has no user message'),
+    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
+                                'reports the bot''s answer (upsert_message, role assistant)'),
+    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
+                       'conversation''s last activity (next_change_at)'),
+    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
+    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
+                       'maintenance renews the job or it goes into the next batch'),
+    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
+                        '(memory.job_status, memory.retry_job)'),
+    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
+                      'workspace''s is spent'),
+    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
+    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
+    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
+    (16, 'job_running', 'a worker is extracting it now')
+$$;
+comment on function memory_private.waiting_reasons() is
+  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
+  'each with what it means.';
+
+create function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
+  returns table (
+    request_id text, status text, recall_enabled boolean, bot_active boolean,
+    workspace_paused boolean, users bigint, assistants bigint, messages bigint,
+    last_activity timestamp with time zone, idle_until timestamp with time zone,
+    job_status text, job_holds boolean, job_next_attempt_at timestamp with time zone,
+    job_last_error text, budget_left numeric, stopped_holds boolean
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
+  -- query of the node holding the workspace); the verdict is waiting_status_of's.
+  return query
+  select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
+         u.users, u.assistants, u.messages, a.last_activity,
+         a.last_activity + w.idle_window,
+         oj.status, oj.holds, oj.next_attempt_at, oj.last_error,
+         least(w.budget_usd - w.spent_usd - wm.memory_spent_usd, oj.request_left),
+         exists (select 1 from memory_private.jobs j
+                  where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
+                    and j.phase = 'extract' and j.status = 'stopped'
+                    and j.config_version = w.config_version
+                    and not coalesce(j.result ? 'retried_as_job_id', false)
+                    and exists (select 1 from jsonb_array_elements(u.fresh) f
+                                 where j.input -> 'sources' @> jsonb_build_array(f)))
+    from memory_private.requests r
+    join memory_private.workspaces w on w.workspace_id = r.workspace_id
+    join memory_private.workspace_memory wm on wm.workspace_id = r.workspace_id
+    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
+    join memory_private.scopes s
+      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
+     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
+          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
+   cross join lateral (
+     -- Its messages the scope may use: retained, not tombstoned there; fresh: those not yet
+     -- extracted (or skipped) at their content.
+     select count(*) filter (where m.role = 'user') as users,
+            count(*) filter (where m.role = 'assistant') as assistants,
+            count(*) filter (where e.message_id is null) as messages,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
+              filter (where e.message_id is null) as fresh
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or s.kind = 'private')
+        and not exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
+                           and t.message_id = m.message_id)
+   ) u
+   cross join lateral (
+     -- The idle window's clock: the request's update or finish, its messages' creation, edit
+     -- or removal (as memory_private.extraction_units reads it).
+     select greatest(r.updated_at, r.finished_at,
+                     max(greatest(x.created_at, x.edited_at, x.removed_at))) as last_activity
+       from memory_private.messages x
+      where x.workspace_id = r.workspace_id and x.request_id = r.request_id
+   ) a
+    left join lateral (
+      -- The scope's open extraction job, whether it holds this conversation, and what is
+      -- left of its origin request's budget.
+      select j.status, j.next_attempt_at, j.last_error,
+             exists (select 1 from jsonb_array_elements(u.fresh) f
+                      where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
+             q.budget_usd - q.spent_usd - coalesce(
+               (select sum(rc.cost_usd) from memory_private.request_charges rc
+                 where rc.workspace_id = q.workspace_id and rc.request_id = q.request_id), 0)
+               as request_left
+        from memory_private.jobs j
+        join memory_private.requests q
+          on q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id
+       where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
+         and j.phase = 'extract' and j.status in ('pending', 'running')
+       order by j.job_id
+       limit 1
+    ) oj on true
+   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
+end
+$$;
+comment on function memory_private.waiting_conversations(text, timestamptz) is
+  'The interactive conversations (requests) of a workspace with something not yet handled (a '
+  'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
+  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
+  'workspace switches, the request''s status, its user and assistant messages, its last '
+  'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
+  'conversation, its next attempt and last error), the budget left (the workspace''s or the '
+  'job''s request''s, whichever is less) and whether a stopped job holds it.';
+
+create function memory_private.waiting_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, reason text, conversations bigint, messages bigint,
+    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
+    explanation text
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := memory_private.operator_now();
+begin
+  return query
+  with classified as (
+    select cv.messages, cv.last_activity,
+           case
+             when cv.workspace_paused then 'workspace_paused'
+             when not cv.recall_enabled then 'recall_off'
+             when not cv.bot_active then 'bot_inactive'
+             when cv.status = 'failed' then 'request_failed'
+             when cv.status <> 'succeeded' then 'request_not_finished'
+             when cv.users = 0 then 'no_user_message'
+             when cv.assistants = 0 then 'no_assistant_message'
+             when cv.idle_until > v_now then 'idle_window'
+             when cv.job_status is not null and not cv.job_holds then 'next_batch'
+             when cv.job_status = 'running' then 'job_running'
+             when cv.job_status = 'pending'
+                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
+               then 'no_budget'
+             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
+               then 'not_priced'
+             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
+               then 'job_backoff'
+             when cv.job_status = 'pending' then 'job_due'
+             when cv.stopped_holds then 'job_stopped'
+             else 'awaiting_maintenance'
+           end as reason,
+           cv.idle_until, cv.job_next_attempt_at
+      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
+  )
+  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
+         -- when the earliest of them moves on by itself: the idle window's end, the job's
+         -- next attempt
+         min(case k.reason when 'idle_window' then k.idle_until
+                           when 'no_budget' then k.job_next_attempt_at
+                           when 'not_priced' then k.job_next_attempt_at
+                           when 'job_backoff' then k.job_next_attempt_at end),
+         rs.explanation
+    from classified k
+    join memory_private.waiting_reasons() rs on rs.reason = k.reason
+   group by k.reason, rs.rank, rs.explanation
+   order by rs.rank;
+end
+$$;
+comment on function memory_private.waiting_status_of(text) is
+  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
+
+create function memory_private.operator_waiting_status()
+  returns table (
+    workspace_id text, reason text, conversations bigint, messages bigint,
+    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
+    explanation text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.waiting_status_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_waiting_status() is
+  'memory.waiting_status: every workspace''s rows, one workspace at a time, each on the node '
+  'holding it (security definer).';
+
+create view memory.waiting_status as select * from memory_private.operator_waiting_status();
+comment on view memory.waiting_status is
+  'What waits to become a memory, and why: per workspace and reason, the conversations '
+  '(interactive requests) with messages not yet extracted, counted by the first reason that '
+  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
+  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
+  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
+  'messages, the oldest last activity, when the earliest of them moves on by itself '
+  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
+  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
+  'idle).';
+
 -- Retry rules: one place, read by the job view and by memory.retry_job.
 create function memory_private.job_retry_refusal(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
@@ -643,6 +862,68 @@ comment on function memory.set_workspace_paused(text, boolean) is
   'goes on. A job already running finishes its current claim. Returns whether anything '
   'changed, the running job (if any) and the pending count.';
 
+create function memory_private.record_forgotten(p_workspace_id text, p_record_id bigint)
+  returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  -- The manage_memory call that forgot the record: when, by whom, with which others. (PL/pgSQL:
+  -- Citus plans no parameterized SQL function over distributed tables.)
+  return (
+  select jsonb_build_object(
+           'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
+           'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
+           'memory_id', (c.outcome ->> 'memory_id')::bigint,
+           'forgotten_ids', c.outcome -> 'forgotten_ids')
+    from memory_private.tool_calls c
+    join memory_private.requests q
+      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+   where c.workspace_id = p_workspace_id and c.tool = 'manage_memory'
+     and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
+     and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
+   order by c.updated_at
+   limit 1);
+end
+$$;
+comment on function memory_private.record_forgotten(text, bigint) is
+  'When, by which user, in which request and tool call a record was forgotten through '
+  'manage_memory, with the memory the forget named and every record it removed (ids and '
+  'times only); NULL when no forget removed it.';
+
+create function memory_private.record_dependency_states(
+  p_workspace_id text, p_record_id bigint, p_scope_id bigint, p_now timestamptz
+) returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+  -- state by the rule (memory_private.dependency_state).
+  return (
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
+           'role', m.role, 'speaker_id', m.speaker_id,
+           'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+           'retain_until', m.retain_until, 'removed_at', m.removed_at,
+           'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+           'tombstoned', t.message_id is not null,
+           'state', coalesce(memory_private.dependency_state(
+                      m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                      d.content_hash, t.message_id is not null, p_now), 'current'))
+         order by d.message_id), '[]')
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
+end
+$$;
+comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
+  'What explain_record shows of each message a record was made from: via, copied_by, role, '
+  'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
+  'the rule at p_now. No text.';
+
 create function memory.explain_record(
   p_workspace_id text, p_record_id bigint, p_requester text default null
 ) returns jsonb
@@ -656,6 +937,7 @@ declare
   v_now timestamptz := memory_private.clock_now();
   v_checks jsonb;
   v_reason text;
+  v_forgotten jsonb;
 begin
   perform memory_private.require_workspace(p_workspace_id);
   if p_record_id is null then
@@ -667,9 +949,15 @@ begin
   select * into v_record from memory_private.records
    where workspace_id = p_workspace_id and record_id = p_record_id;
   if not found then
+    v_forgotten := memory_private.record_forgotten(p_workspace_id, p_record_id);
+    if v_forgotten is not null then
+      return jsonb_build_object('workspace_id', p_workspace_id, 'record_id', p_record_id,
+                                'requester', p_requester, 'exists', false, 'valid', false,
+                                'invalid_reason', 'forgotten', 'forgotten', v_forgotten);
+    end if;
     raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
-      using errcode = 'MB002', hint = 'It may have been pruned, forgotten or purged; see '
-                                      'memory.record_status.';
+      using errcode = 'MB002', hint = 'It was never made, or was pruned, deleted by the '
+                                      'retention sweep or purged; see memory.record_status.';
   end if;
   select * into v_usage from memory_private.record_usage
    where workspace_id = p_workspace_id and record_id = p_record_id;
@@ -685,6 +973,7 @@ begin
     'workspace_id', p_workspace_id,
     'record_id', v_record.record_id,
     'requester', p_requester,
+    'exists', true,
     'valid', v_reason is null,
     'invalid_reason', v_reason,
     'record', jsonb_build_object(
@@ -720,27 +1009,9 @@ begin
                   on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
                  and rs.message_id = l.message_id
                group by l.line_no) x), '[]'),
-    -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
-    -- state by the rule (memory_private.dependency_state).
-    'dependencies', coalesce((
-      select jsonb_agg(jsonb_build_object(
-               'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
-               'role', m.role, 'speaker_id', m.speaker_id,
-               'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
-               'retain_until', m.retain_until, 'removed_at', m.removed_at,
-               'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-               'tombstoned', t.message_id is not null,
-               'state', coalesce(memory_private.dependency_state(
-                          m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                          d.content_hash, t.message_id is not null, v_now), 'current'))
-             order by d.message_id)
-        from memory_private.record_dependencies d
-        join memory_private.messages m
-          on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-        left join memory_private.tombstones t
-          on t.workspace_id = d.workspace_id and t.scope_id = v_record.scope_id
-         and t.message_id = d.message_id
-       where d.workspace_id = p_workspace_id and d.record_id = p_record_id), '[]'));
+    -- Each dependency with its state by the rule (no text).
+    'dependencies', memory_private.record_dependency_states(p_workspace_id, p_record_id,
+                                                            v_record.scope_id, v_now));
 end
 $$;
 comment on function memory.explain_record(text, bigint, text) is
@@ -751,8 +1022,10 @@ comment on function memory.explain_record(text, bigint, text) is
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
   'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
   'reused or copied, with copied_by: the parts of the copy rule that found it) with the hash it had when used, the hash it has now and its state '
-  '(current, source_removed, source_expired, source_edited, forgotten). MB001, MB002 when the '
-  'record is unknown.';
+  '(current, source_removed, source_expired, source_edited, forgotten). A record forgotten '
+  'through manage_memory answers exists false, invalid_reason forgotten and forgotten: when, '
+  'by which user, in which request and tool call, with which other records (ids only). MB001, '
+  'MB002 when the record is unknown (never made, pruned, swept or purged).';
 
 -- Grants -------------------------------------------------------------------------------------
 
@@ -783,6 +1056,12 @@ grant execute on function
 to memory_operator;
 -- The views read the policy numbers too (claims left of the maximum): constants, no data.
 grant execute on function memory_private.policy() to memory_operator;
+-- What waits, and why: for the operator, and for the worker, which logs it when idle.
+revoke all on memory.waiting_status from public;
+grant select on memory.waiting_status to memory_operator, memory_worker;
+revoke all on function memory_private.operator_waiting_status() from public;
+grant execute on function memory_private.operator_waiting_status()
+  to memory_operator, memory_worker;
 
 revoke all on function
   memory.retry_job(text, bigint),

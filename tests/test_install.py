@@ -275,3 +275,17 @@ def test_a_wheel_from_a_clean_copy_installs_away_from_the_checkout_and_runs_the_
                            cwd=cwd, env=env).stdout)
     assert [t["name"] for t in tools] == ["query_memories", "manage_memory"]
     assert list(installed["home"].iterdir()) == [], "nothing needed a local data directory"
+
+    # pimem eval from the wheel writes its results where it is told and nothing into the
+    # installed package (its embedded server would go to .pimem of the working directory).
+    package = site_packages(installed["venv"])
+    before = sorted(package.rglob("*"))
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute("drop database if exists t_user_eval with (force)")
+        admin.execute("create database t_user_eval")
+    bare = {k: v for k, v in env.items() if k != "PIMEM_HOME"}
+    run([pimem, "eval", str(ROOT / "tests" / "data" / "locomo-mini.json"), "--dsn",
+         pg_server.dsn("t_user_eval"), "--out", str(cwd / "eval-results"), "--no-plot"],
+        cwd=cwd, env=bare)
+    assert (cwd / "eval-results" / "eval.json").exists()
+    assert sorted(package.rglob("*")) == before, "pimem eval wrote into site-packages"

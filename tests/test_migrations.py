@@ -178,8 +178,12 @@ def test_migrate_check_exits_1_while_migrations_are_pending_and_changes_nothing(
     assert not _has_memory_schema(dsn)
     with psycopg.connect(dsn) as c:
         assert c.execute("select to_regclass('yoyo_lock')").fetchone() == (None,)
-    migrated = CliRunner().invoke(app, ["migrate", "--dsn", dsn])
+    migrated = CliRunner().invoke(app, ["migrate", "--dsn", dsn], env={"COLUMNS": "40"})
     assert migrated.exit_code == 0 and "applied" in migrated.output
+    # one name a line, whole and without trailing spaces, whatever the width
+    names = [f.stem for f in schema.migration_files()]
+    assert [line.strip() for line in migrated.output.splitlines()[1:len(names) + 1]] == names
+    assert all(line == line.rstrip() for line in migrated.output.splitlines())
     current = CliRunner().invoke(app, ["migrate", "--check", "--dsn", dsn])
     assert current.exit_code == 0 and "up to date" in current.output
     again = CliRunner().invoke(app, ["migrate", "--dsn", dsn])

@@ -76,7 +76,10 @@ def test_pimem_telegram_says_which_setting_is_missing(monkeypatch: pytest.Monkey
     runner = CliRunner()
     result = runner.invoke(app, ["telegram"], env={"PIMEM_TG_TOKEN": "1:x"})
     assert result.exit_code == 2
-    assert "PIMEM_TG_MODEL is not set" in result.output
+    # every missing setting at once, the given one not among them
+    for name in ("PIMEM_DSN", "PIMEM_TG_MODEL", "PIMEM_PRICES"):
+        assert f"{name} is not set" in result.output, name
+    assert "PIMEM_TG_TOKEN" not in result.output
     result = runner.invoke(app, ["telegram", "--dsn", "postgresql:///x"], env={
         "PIMEM_TG_TOKEN": "1:x", "PIMEM_TG_MODEL": "openai/gpt-4o-mini",
         "PIMEM_PRICES": '{"openai/gpt-4o": {"input": 2.5, "output": 10}}'})

@@ -159,7 +159,9 @@ def test_the_configuration_comes_from_the_environment() -> None:
 @pytest.mark.parametrize("changes, says", [
     ({"PIMEM_TG_TOKEN": ""}, "PIMEM_TG_TOKEN is not set"),
     ({"PIMEM_TG_MODEL": "gpt-4o-mini"}, "PIMEM_TG_MODEL must be provider/model"),
-    ({"PIMEM_PRICES": ""}, "PIMEM_PRICES has no price for openai/gpt-4o-mini"),
+    ({"PIMEM_PRICES": ""}, "PIMEM_PRICES is not set"),
+    ({"PIMEM_PRICES": '{"openai/gpt-4o": {"input": 2.5, "output": 10}}'},
+     "PIMEM_PRICES has no price for openai/gpt-4o-mini"),
     ({"PIMEM_PRICES": "{not json"}, "PIMEM_PRICES is not a price table"),
     ({"PIMEM_TG_MODE": "push"}, "PIMEM_TG_MODE must be polling or webhook"),
     ({"PIMEM_TG_MODE": "webhook"}, "PIMEM_TG_WEBHOOK_URL is not set"),

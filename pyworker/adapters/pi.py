@@ -83,15 +83,29 @@ def find_pi() -> Path | None:
     return Path(found) if found else None
 
 
+PI_PACKAGE = "@earendil-works/pi-coding-agent"
+
+
+def how_to_install_pi() -> str:
+    """Where Pi and Node come from: scripts/bootstrap in a source checkout; for an installed
+    package, npm (the wheel has no scripts/)."""
+    from pyworker import schema
+
+    if schema.in_checkout():
+        return "scripts/bootstrap installs Node 22 and Pi into .pimem/node"
+    return (f"install Node >= 22.19, then `npm install -g {PI_PACKAGE}` (or set PIMEM_PI_BIN "
+            "to the pi executable and PIMEM_NODE_DIR to Node's bin directory)")
+
+
 def pi_unavailable_reason() -> str | None:
     """Why the Pi adapter cannot run here, or None when it can (Pi found, Node >= 22.19)."""
     pi = find_pi()
     if pi is None or not pi.exists():
-        return "the Pi CLI is not installed (scripts/bootstrap installs it into .pimem/node)"
+        return f"the Pi CLI is not installed: {how_to_install_pi()}"
     env = pi_environment(Path(tempfile.gettempdir()))
     node = shutil.which("node", path=env["PATH"])
     if node is None:
-        return "Node.js is not installed (scripts/bootstrap installs Node 22 into .pimem/node)"
+        return f"Node.js is not installed: {how_to_install_pi()}"
     try:
         out = subprocess.run([node, "--version"], check=False, capture_output=True, text=True,
                              timeout=10, env=env).stdout.strip().lstrip("v")
@@ -99,7 +113,7 @@ def pi_unavailable_reason() -> str | None:
     except (OSError, ValueError, subprocess.SubprocessError):
         return f"cannot run {node} --version"
     if version < MIN_NODE:
-        return f"Pi needs Node >= 22.19; {node} is {out}"
+        return f"Pi needs Node >= 22.19; {node} is {out}: {how_to_install_pi()}"
     return None
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,9 +45,7 @@ def embedded_database(console: Console) -> str:
     from pyworker.lab.servers import embedded_dsn, state_dir
 
     demo_dir = state_dir() / "demo-pg"
-    with console.status(f"starting the embedded PostgreSQL in {demo_dir} ..."), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
+    with console.status(f"starting the embedded PostgreSQL in {demo_dir} ..."):
         admin = embedded_dsn(demo_dir)
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"drop database if exists {DEMO_DB} with (force)")

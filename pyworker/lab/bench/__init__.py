@@ -417,6 +417,17 @@ def write_outputs(result: Section, out_dir: Path) -> None:
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+def written(result: Section, out_dir: Path) -> list[str]:
+    """The files write_outputs wrote for ``result`` (no plot without matplotlib, no plans when
+    the explain part did not run)."""
+    names = ["bench.json", "bench.md"]
+    if result.get("explain", {}).get("status") == "ok":
+        names.append("explain.txt")
+    if result.get("growth", {}).get("plot") == str(out_dir / "growth.png"):
+        names.append("growth.png")
+    return names
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3f}" if x < 10 else f"{x:.1f}"

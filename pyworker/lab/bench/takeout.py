@@ -29,7 +29,6 @@ import json
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,9 +255,7 @@ def bench_database() -> str:
     state directory (started, or reused if it runs)."""
     from pyworker.lab.servers import embedded_dsn, state_dir
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
-        admin = embedded_dsn(state_dir() / "bench-pg")
+    admin = embedded_dsn(state_dir() / "bench-pg")
     return psycopg.conninfo.make_conninfo(admin, dbname="pimem_bench")
 
 

@@ -167,7 +167,7 @@ def measure_overhead(url: str, calls: int) -> dict[str, Any]:
                      "every later call reuses it.")
     else:
         adapters["pi adapter (RPC)"] = not_available(f"Pi: {reason}")
-        notes.append(f"Pi is not installed here ({reason}); scripts/bootstrap installs it.")
+        notes.append(f"Pi is not available here: {reason}.")
     return {"status": "ok", "calls": calls, "adapters": adapters, "pi_added_ms": added,
             "pi_start_ms": pi_start_ms, "notes": notes}
 
