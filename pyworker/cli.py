@@ -95,9 +95,9 @@ def migrate(
             f"{cluster.distributed_tables} tables by workspace, "
             f"{cluster.functions} functions on every node)", markup=False)
         console.print(
-            "[yellow]Citus support is not finished: recall, the tools and the job commits do "
-            "not yet run correctly on a cluster; keep production on one PostgreSQL server "
-            "(docs/scaling.md)[/yellow]")
+            "each call runs on the coordinator and routes its statements to the node holding "
+            "the workspace; what that costs, and how to add nodes: docs/scaling.md",
+            markup=False)
 
 
 def schema_bundle() -> None:
@@ -424,12 +424,13 @@ def status(
     """Workspaces, what waits to become a memory and why, scopes, jobs needing attention and
     memory charges (role memory_operator)."""
     import json
+    from dataclasses import asdict
 
     import psycopg
 
     from pyworker import errors
     from pyworker.db import Database, DatabaseUnavailable
-    from pyworker.status import gather_status, render_status
+    from pyworker.status import cluster_line, gather_status, render_status
     from pyworker.terminal import output_console
 
     db = Database(_dsn(dsn), application_name="pimem-status")
@@ -439,10 +440,14 @@ def status(
         raise _operator_failure("status", db, exc) from None
     finally:
         db.close()
+    cluster = schema.citus_cluster(_dsn(dsn))  # None on one PostgreSQL server
     if as_json:
-        typer.echo(json.dumps(data, default=str, indent=2))
+        typer.echo(json.dumps({**data, "cluster": asdict(cluster) if cluster else None},
+                              default=str, indent=2))
     else:
-        render_status(data, output_console(), workspace_id=workspace)
+        console_out = output_console()
+        console_out.print(cluster_line(cluster), markup=False)
+        render_status(data, console_out, workspace_id=workspace)
 
 
 def explain(

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pyworker.db import Database
+from pyworker.schema import CitusCluster
 from pyworker.terminal import emit, fitted_table
 
 # Jobs an operator may need to look at: everything not finished, and stopped jobs nobody retried.
@@ -99,6 +100,18 @@ def gather_status(db: Database, workspace_id: str | None = None,
         "charges": db.view_rows("request_memory_charges", where=only,
                                 order_by=("-memory_spent_usd",), limit=limit),
     }
+
+
+def cluster_line(cluster: CitusCluster | None) -> str:
+    """Where the memory lives: one PostgreSQL server, or a Citus cluster and its nodes."""
+    if cluster is None:
+        return "one PostgreSQL server (no Citus)"
+    if not cluster.coordinator:
+        return "a Citus worker node: run pimem status on the coordinator"
+    if not cluster.distributed:
+        return "Citus coordinator, schema not distributed yet (pimem migrate distributes it)"
+    return (f"Citus coordinator, schema distributed on {len(cluster.workers)} worker node(s): "
+            + ", ".join(cluster.workers))
 
 
 def needs_a_look(scope: dict[str, Any]) -> bool:

@@ -146,6 +146,8 @@ create function memory_private.scrub_erased(p_workspace_id text) returns integer
   as $$
 declare
   v_gone text[];
+  v_job_id bigint;
+  v_input jsonb;
 begin
   v_gone := array(select message_id from memory_private.messages
                    where workspace_id = p_workspace_id and scrub_pending);
@@ -160,15 +162,21 @@ begin
      and dependency_ids && v_gone;
   -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
   -- checkpoint made from them (such a job is stale and is superseded, never committed).
-  update memory_private.jobs j
-     set input = j.input || jsonb_build_object('sources', (
-                   select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
-                                    order by n)
-                     from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n))),
-         checkpoint = null
-   where j.workspace_id = p_workspace_id and j.input ? 'sources'
-     and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
-                  where e ->> 'id' = any (v_gone) and e ? 'hash');
+  -- Computed first, then written by key: Citus takes no stable function of a column in an
+  -- UPDATE of a distributed table.
+  for v_job_id, v_input in
+    select j.job_id, j.input || jsonb_build_object('sources', (
+             select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
+                              order by n)
+               from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n)))
+      from memory_private.jobs j
+     where j.workspace_id = p_workspace_id and j.input ? 'sources'
+       and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
+                    where e ->> 'id' = any (v_gone) and e ? 'hash')
+  loop
+    update memory_private.jobs set input = v_input, checkpoint = null
+     where workspace_id = p_workspace_id and job_id = v_job_id;
+  end loop;
   -- Extraction markers record the hash the message had; so does an index's list of what it
   -- rests on (the purge has dropped such an index already, with its candidates).
   delete from memory_private.extracted_sources

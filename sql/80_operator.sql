@@ -95,6 +95,7 @@ begin
       join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
       left join memory_private.record_usage u
         on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
 end
@@ -132,6 +133,36 @@ comment on view memory.record_status is
   '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
   'memory.explain_record(workspace, record) says why.';
 
+create function memory_private.scope_validity_counts(p_workspace_id text)
+  returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
+                 invalid_by_reason jsonb)
+  language plpgsql stable
+  as $$
+declare
+  v_scope bigint;
+begin
+  -- A scope at a time, the scopes read first: on Citus the rule is a call of its own (a
+  -- function over a shard's rows in one query is not something Citus plans).
+  foreach v_scope in array array(select s.scope_id from memory_private.scopes s
+                                  where s.workspace_id = p_workspace_id order by 1)
+  loop
+    return query
+      select v_scope,
+             coalesce(sum(g.n) filter (where g.reason is null), 0)::bigint,
+             coalesce(sum(g.n) filter (where g.reason is not null), 0)::bigint,
+             coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
+                      '{}'::jsonb)
+        from (select v.reason, count(*) as n
+                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
+               group by 1) g;
+  end loop;
+end
+$$;
+comment on function memory_private.scope_validity_counts(text) is
+  'For each scope of the workspace: how many of its records are valid and invalid now (the '
+  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
+  'ones by reason. What scope_status and workspace_status show.';
+
 create function memory_private.scope_status_of(p_workspace_id text)
   returns table (
     workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
@@ -145,14 +176,21 @@ create function memory_private.scope_status_of(p_workspace_id text)
   language plpgsql stable
   as $$
 #variable_conflict use_column
+declare
+  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
+                                from memory_private.scope_validity_counts(p_workspace_id) c),
+                             '{}'::jsonb);
 begin
   return query
   select * from (
     select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
            s.recall_enabled,
-           coalesce(rc.records_valid, 0)::bigint as records_valid,
-           coalesce(rc.records_invalid, 0)::bigint as records_invalid,
-           coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
+             as records_valid,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
+             as records_invalid,
+           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
+             as invalid_by_reason,
            coalesce(cardinality(s.index_record_ids), 0) as index_records,
            coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
            octet_length(s.index_text) as index_bytes,
@@ -166,21 +204,13 @@ begin
              where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
            s.created_at
       from memory_private.scopes s
-      left join lateral (
-        select sum(g.n) filter (where g.reason is null) as records_valid,
-               sum(g.n) filter (where g.reason is not null) as records_invalid,
-               jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
-                 as invalid_by_reason
-          from (select v.reason, count(*) as n
-                  from memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-                 group by 1) g
-      ) rc on true
       left join memory_private.jobs ej
         on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
        and ej.status in ('pending', 'running')
       left join memory_private.jobs cj
         on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
        and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
+     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
 end
@@ -232,7 +262,19 @@ create function memory_private.workspace_status_of(p_workspace_id text)
   language plpgsql stable
   as $$
 #variable_conflict use_column
+declare
+  v_valid bigint;
+  v_invalid bigint;
+  v_by_reason jsonb;
 begin
+  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0)
+    into v_valid, v_invalid
+    from memory_private.scope_validity_counts(p_workspace_id) c;
+  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
+    from (select e.key as reason, sum(e.value::bigint) as n
+            from memory_private.scope_validity_counts(p_workspace_id) c,
+                 jsonb_each_text(c.invalid_by_reason) e
+           group by 1) x;
   return query
   select * from (
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
@@ -242,9 +284,8 @@ begin
              where s.workspace_id = w.workspace_id) as scopes,
            (select count(*) from memory_private.scopes s
              where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-           coalesce(rc.records_valid, 0)::bigint as records_valid,
-           coalesce(rc.records_invalid, 0)::bigint as records_invalid,
-           coalesce(rc.invalid_by_reason, '{}'::jsonb) as invalid_by_reason,
+           v_valid as records_valid, v_invalid as records_invalid,
+           v_by_reason as invalid_by_reason,
            (select count(*) from memory_private.scopes s
              where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
              as consolidations_pending,
@@ -259,18 +300,6 @@ begin
       from memory_private.workspaces w
       join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
       left join lateral (
-        select sum(g.n) filter (where g.reason is null) as records_valid,
-               sum(g.n) filter (where g.reason is not null) as records_invalid,
-               jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null)
-                 as invalid_by_reason
-          from (select v.reason, count(*) as n
-                  from memory_private.scopes s
-                 cross join lateral memory_private.operator_invalid_records(s.workspace_id,
-                                                                            s.scope_id) v
-                 where s.workspace_id = w.workspace_id
-                 group by 1) g
-      ) rc on true
-      left join lateral (
         select count(*) filter (where j.status = 'pending') as pending,
                count(*) filter (where j.status = 'pending'
                                   and j.next_attempt_at <= memory_private.operator_now()) as due,
@@ -283,6 +312,7 @@ begin
           from memory_private.jobs j
          where j.workspace_id = w.workspace_id
       ) jc on true
+     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
 end
@@ -681,6 +711,7 @@ begin
         select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
          where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
       ) c on true
+     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
 end
@@ -724,26 +755,76 @@ comment on view memory.job_status is
   'it is still current), the input size, why the input is stale (if it is), and for a stopped '
   'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
 
+create function memory_private.request_memory_charges_of(p_workspace_id text)
+  returns table (
+    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
+    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
+    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
+    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
+    output_tokens bigint, last_charge_at timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select q.workspace_id, q.request_id, q.status as request_status,
+         q.model_provider, q.model_id,
+         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
+         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
+         count(*) as attempts,
+         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
+         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
+         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
+         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
+           as consolidate_usd,
+         count(*) filter (where c.outcome = 'failed') as failed_attempts,
+         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
+         coalesce(sum(c.input_tokens), 0) as input_tokens,
+         coalesce(sum(c.output_tokens), 0) as output_tokens,
+         max(c.created_at) as last_charge_at
+    from memory_private.request_charges c
+    join memory_private.requests q
+      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+   where c.workspace_id = p_workspace_id
+   group by q.workspace_id, q.request_id;
+end
+$$;
+comment on function memory_private.request_memory_charges_of(text) is
+  'The rows of memory.request_memory_charges of one workspace.';
+
+create function memory_private.operator_request_memory_charges()
+  returns table (
+    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
+    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
+    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
+    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
+    output_tokens bigint, last_charge_at timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
+  -- would read the workers' shards as the operator, who may not read them.
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.request_memory_charges_of(v_ws);
+  end loop;
+end
+$$;
+comment on function memory_private.operator_request_memory_charges() is
+  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
+  '(security definer).';
+
 create view memory.request_memory_charges as
-select q.workspace_id, q.request_id, q.status as request_status,
-       q.model_provider, q.model_id,
-       q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-       q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
-       count(*) as attempts,
-       count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
-       coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
-       count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
-       coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
-         as consolidate_usd,
-       count(*) filter (where c.outcome = 'failed') as failed_attempts,
-       count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
-       coalesce(sum(c.input_tokens), 0) as input_tokens,
-       coalesce(sum(c.output_tokens), 0) as output_tokens,
-       max(c.created_at) as last_charge_at
-  from memory_private.request_charges c
-  join memory_private.requests q
-    on q.workspace_id = c.workspace_id and q.request_id = c.request_id
- group by q.workspace_id, q.request_id;
+select workspace_id, request_id, request_status, model_provider, model_id,
+       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
+       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
+       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
+       output_tokens, last_charge_at
+  from memory_private.operator_request_memory_charges();
 comment on view memory.request_memory_charges is
   'One row per request that memory work charged (P18): its budget, the spend the backend '
   'reported, the memory spend, what is left, and the memory attempts by kind '
@@ -1048,11 +1129,13 @@ grant execute on function
 to memory_operator;
 revoke all on function
   memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status()
+  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
+  memory_private.operator_request_memory_charges()
 from public;
 grant execute on function
   memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status()
+  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
+  memory_private.operator_request_memory_charges()
 to memory_operator;
 -- The views read the policy numbers too (claims left of the maximum): constants, no data.
 grant execute on function memory_private.policy() to memory_operator;

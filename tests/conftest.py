@@ -341,6 +341,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         marker = item.get_closest_marker("no_citus")
+        if marker is None and "fresh_conn" in getattr(item, "fixturenames", ()):
+            marker = pytest.mark.no_citus("changes the schema (fresh_conn), and the Citus "
+                                          "profile has one database").mark
         if marker is not None:
             reason = marker.args[0] if marker.args else "not in the Citus profile"
             item.add_marker(pytest.mark.skip(reason=f"Citus profile: {reason}"))

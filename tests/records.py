@@ -100,10 +100,14 @@ def usage_rows_missing(conn: psycopg.Connection) -> int:
 
 def invalid_reason(conn: psycopg.Connection, ws: str, record_id: int,
                    requester: str | None = None) -> str | None:
+    # The rule by the record's ids (a whole row read on a Citus shard is of the shard's type).
+    scope = conn.execute("select scope_id from memory_private.records "
+                         "where workspace_id = %s and record_id = %s", (ws, record_id)).fetchone()
+    assert scope is not None, f"record {record_id} does not exist"
     row = conn.execute(
-        "select memory_private.record_invalid_reason(r, %s) from memory_private.records r "
-        "where workspace_id = %s and record_id = %s", (requester, ws, record_id)).fetchone()
-    assert row is not None, f"record {record_id} does not exist"
+        "select reason from memory_private.invalid_records(%s, %s, array[%s]::bigint[], %s)",
+        (ws, scope[0], record_id, requester)).fetchone()
+    assert row is not None
     return row[0]
 
 

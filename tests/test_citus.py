@@ -127,7 +127,10 @@ def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
     assert result.exit_code == 0, result.output
     assert "already up to date" in result.output
     assert "Citus" in result.output and "2 worker" in result.output
-    assert "not finished" in result.output  # says what does not run on a cluster yet
+    status = CliRunner().invoke(app, ["status", "--dsn", cluster.dsn])
+    assert status.exit_code == 0, status.output
+    assert "Citus coordinator, schema distributed on 2 worker node(s)" in status.output
+    assert all(w.split(":")[1] in status.output for w in schema.citus_cluster(cluster.dsn).workers)  # type: ignore[union-attr]
     with psycopg.connect(cluster.dsn) as conn:
         assert conn.execute("select count(*) from pg_dist_object").fetchone() == before
         assert conn.execute("select memory_private.distribute()").fetchone() == (

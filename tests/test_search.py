@@ -212,6 +212,7 @@ def test_a_typo_is_still_found_among_many_words_of_its_prefix(
     assert matched(answer)[0] == (target, "fuzzy")
 
 
+@pytest.mark.no_citus("a one-server plan: on Citus the SQL helpers are PL/pgSQL, not inlined")
 def test_the_fuzzy_stage_reads_the_scope_s_words_through_their_key(
         conn: psycopg.Connection, w: World) -> None:
     scope_words(conn, w, 2, 50)

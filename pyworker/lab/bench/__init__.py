@@ -227,7 +227,12 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                 from pyworker.lab.bench import jobs as bench_jobs
 
                 bench_jobs.prepare_jobs(target.dsn, "explain", 1)  # a job for claim_job's plan
-            result["explain"] = db.explain_hot_paths(conn, have)
+            if schema.citus_cluster(target.dsn) is None:
+                result["explain"] = db.explain_hot_paths(conn, have)
+            else:  # auto_explain of a call on the coordinator shows no worker's plan
+                result["explain"] = db.not_available(
+                    "the plans are one server's: on Citus each statement is planned on the "
+                    "node holding the workspace")
             conn.execute("delete from memory_private.workspaces "
                          "where workspace_id like 'bench-job-explain-%%'")
             # Last: it leaves every scope due for consolidation.

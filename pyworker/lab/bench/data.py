@@ -288,12 +288,14 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             ([r[0] for r in tables["workspaces"].rows],))
         # What the searches read of the records, which the records trigger writes when triggers
         # are on.
-        conn.execute(
-            """select memory_private.index_records(
-                        w, array(select r.record_id from memory_private.records r
-                                  where r.workspace_id = w), true)
-                 from unnest(%s::text[]) w""",
-            ([r[0] for r in tables["workspaces"].rows],))
+        # One call per workspace with its ids read first: on Citus a function that writes
+        # cannot run inside a query over the records' shards.
+        for row in tables["workspaces"].rows:
+            ids = [r[0] for r in conn.execute(
+                "select record_id from memory_private.records where workspace_id = %s",
+                (row[0],))]
+            conn.execute("select memory_private.index_records(%s, %s::bigint[], true)",
+                         (row[0], ids))
     return len(tables["records"].rows)
 
 
