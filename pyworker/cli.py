@@ -89,15 +89,14 @@ def migrate(
         console.print(f"already up to date (schema version {version})")
     cluster = schema.citus_cluster(target)
     if cluster is not None:
-        console.print(
-            f"Citus coordinator: the schema is distributed on {len(cluster.workers)} worker "
-            f"node(s) ({cluster.reference_tables} reference tables, "
-            f"{cluster.distributed_tables} tables by workspace, "
-            f"{cluster.functions} functions on every node)", markup=False)
-        console.print(
-            "each call runs on the coordinator and routes its statements to the node holding "
-            "the workspace; what that costs, and how to add nodes: docs/scaling.md",
-            markup=False)
+        typer.echo(f"Citus coordinator: the schema is distributed on {len(cluster.workers)} "
+                   "worker node(s):")
+        typer.echo(f"  {cluster.reference_tables} reference tables, "
+                   f"{cluster.distributed_tables} tables by workspace, "
+                   f"{cluster.functions} functions on every node")
+        typer.echo("  a call's statements go to the node holding its workspace; costs and "
+                   "adding nodes:")
+        typer.echo("  docs/scaling.md")
 
 
 def schema_bundle() -> None:

@@ -162,6 +162,33 @@ def fresh_database(dbname: str, *, dsn: str | None, server: str,
             cluster.destroy()
 
 
+def server_cpu_seconds(data_dir: Path) -> float | None:
+    """The CPU seconds a running PostgreSQL server has used so far: its postmaster's own and
+    its exited children's (which the postmaster reaps), plus its live backends'. Read from
+    /proc; None where that is not available."""
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def fields(pid: int) -> list[str]:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+
+        own = fields(postmaster)
+        total = sum(int(x) for x in own[11:15])  # utime, stime, cutime, cstime
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    f = fields(int(entry.name))
+                except OSError:
+                    continue
+                if int(f[1]) == postmaster:  # a backend or helper of this server
+                    total += int(f[11]) + int(f[12])
+        return total / tick
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def citus_available(bindir: Path | None = None) -> str | None:
     """Why a Citus cluster cannot be started from the local server binaries, or None when it
     can: Citus must be installed into them (``citus.so`` in their library directory and its

@@ -23,7 +23,7 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,13 @@ class Target:
     dsn: str
     description: str
     cleanup: Callable[[], None]
+    nodes: dict[str, Path] = field(default_factory=dict)  # a cluster's data directories
+
+
+def nodes_cpu(nodes: dict[str, Path]) -> dict[str, float | None]:
+    from pyworker.lab.servers import server_cpu_seconds
+
+    return {name: server_cpu_seconds(path) for name, path in nodes.items()}
 
 
 def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Target:
@@ -85,6 +92,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
     cluster of the machine's own server binaries (``server="local"``, as the tests use), with a
     fresh ``pimem_bench`` database."""
     cleanup: Callable[[], None] = lambda: None
+    nodes: dict[str, Path] = {}
     if dsn is None and server == "citus":
         from pyworker.lab.servers import CitusCluster, citus_available, find_bindir
 
@@ -96,6 +104,8 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
         cleanup = citus.destroy
         dsn = citus.create_database("pimem_bench")
         schema.migrate(dsn)  # built and distributed as an operator's cluster is
+        nodes = {"coordinator": citus.coordinator.data,
+                 **{f"worker {i + 1}": w.data for i, w in enumerate(citus.workers)}}
         description = (f"a throwaway Citus cluster of {bindir}: a coordinator and "
                        f"{len(citus.workers)} workers on this machine (CitusCluster settings)")
     elif dsn is None and server == "local":
@@ -106,6 +116,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
             raise SystemExit("no local PostgreSQL binaries (initdb/pg_ctl) for --server local")
         cluster = LocalCluster(bindir).init().start()
         cleanup = cluster.destroy
+        nodes = {"server": cluster.data}
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             conn.execute("create database pimem_bench")
         dsn = cluster.dsn("pimem_bench")
@@ -128,7 +139,7 @@ def open_target(dsn: str | None, data_dir: Path, server: str = "embedded") -> Ta
         if not conn.execute("select 1 from pg_namespace where nspname = 'memory'").fetchone():
             schema.apply_canonical(conn)
         conn.execute("delete from memory_private.workspaces where workspace_id like 'bench%%'")
-    return Target(dsn, description, cleanup)
+    return Target(dsn, description, cleanup, nodes)
 
 
 def source_facts() -> dict[str, Any]:
@@ -184,6 +195,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                        "source": source_facts(),
                        "server": {"where": target.description},
                        "machine": {"platform": platform.platform(), "start": machine_facts()}}
+    cpu_before = nodes_cpu(target.nodes)
     try:
         with psycopg.connect(target.dsn, autocommit=True) as conn:
             result["server"].update(db.server_facts(conn))
@@ -246,6 +258,12 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                                         run_worker(profile, target.dsn), strict=True)))
         result["worker_overhead"] = both.get("worker_overhead", both)
         result["memory"] = both.get("memory", both)
+        if target.nodes:  # where a cluster's CPU went over the whole run
+            after = nodes_cpu(target.nodes)
+            result["cluster_cpu_seconds"] = {
+                name: round(after[name] - start, 1)  # type: ignore[operator]
+                for name, start in cpu_before.items()
+                if start is not None and after.get(name) is not None}
     finally:
         target.cleanup()
     result["growth"] = growth(result)
@@ -463,6 +481,12 @@ def markdown(result: Section) -> str:
                             if k in ("vs_floor_p50", "floor_normalised"))
             lines.append(f"| {v['name']} | {_fmt(v['value'])}{extra} | {v['op']} "
                          f"{_fmt(v['limit'])} | {'yes' if v['met'] else '**no**'} |")
+    cpu = result.get("cluster_cpu_seconds")
+    if cpu:
+        total = sum(cpu.values()) or 1
+        lines += ["", "## Where the server's CPU went (the whole run)", "",
+                  "| node | CPU seconds | share |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {sec} | {sec / total:.0%} |" for name, sec in cpu.items()]
     lines += ["", "## Latency beside the floor (ms)", "",
               ("| figure | W | n | p50 | p99 | floor p50 | floor p99 | p50 ratio | p99 ratio | "
                "pages read a call | read ms a call |"),
