@@ -444,9 +444,8 @@ def status(
         typer.echo(json.dumps({**data, "cluster": asdict(cluster) if cluster else None},
                               default=str, indent=2))
     else:
-        console_out = output_console()
-        console_out.print(cluster_line(cluster), markup=False)
-        render_status(data, console_out, workspace_id=workspace)
+        typer.echo(cluster_line(cluster))  # one whole line, never wrapped
+        render_status(data, output_console(), workspace_id=workspace)
 
 
 def explain(
