@@ -408,8 +408,8 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("select citus_add_node('127.0.0.1', %s)", (node.port,))
             # block_writes: the writes of a moving shard group wait for the move (seconds).
-            # force_logical, which lets them go on, lost one conversation of ~230 in one run of
-            # about ten under load (docs/scaling.md): not what the runbook uses.
+            # force_logical, which lets them go on, lost one acknowledged conversation in one
+            # loaded run of about fifteen (docs/scaling.md): not what the runbook uses.
             conn.execute("select rebalance_table_shards(shard_transfer_mode => 'block_writes')")
             moved = conn.execute("""
                 select count(*) from pg_dist_placement p join pg_dist_node n using (groupid)
