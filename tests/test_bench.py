@@ -30,7 +30,7 @@ from pyworker.lab.servers import LocalCluster
 # The quick profile over fewer workspaces, unless PIMEM_TEST_BENCH=quick.
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
 SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "hostile_query",
-            "recall_directory",
+            "recall_directory", "disk",
             "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
 
 
@@ -58,7 +58,7 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
     # why they could not (Pi missing), never a made-up number.
     ours = [report["floor"], report["recall_directory"], report["ingest"], report["explain"],
             report["hostile_query"],
-            report["jobs"], report["growth"],
+            report["jobs"], report["growth"], report["disk"],
             *report["recall"].values(), *report["query"].values()]
     for part in ours:
         assert part["status"] == "ok", part
@@ -72,6 +72,10 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
         "hash_mismatches_in_sample": 0, "records_without_usage": 0,
         "workspaces_without_memory_row": 0, "dependency_copies_differing": 0}
     assert report["floor"]["round_trip"]["n"] > 0
+    disk = report["disk"]  # sizes of what the loader wrote, the messages' own beside the rest
+    assert disk["messages"] > 0 and disk["raw_bytes_per_message"] > 0
+    assert 0 < disk["message_bytes_per_message"] < disk["all_bytes_per_message"]
+    assert {i["table"] for i in disk["indexes"]} >= {"messages", "records"}
     # The loader settles every table it wrote, as a lived-in database has them (VACUUM sets the
     # visibility map the index-only scans need).
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -64,7 +64,7 @@ PROFILES = {
 TARGETS = {
     "recall_p50_x_floor": 3.0, "recall_p99_x_floor": 6.0, "recall_flat_p50": 1.3,
     "query_p50_x_floor": 10.0, "ingest_rate_of_floor": 1 / 3, "jobs_x_peer": 1.0,
-    "pi_rpc_added_ms": 50.0, "hostile_query_p50_ms": 50.0,
+    "pi_rpc_added_ms": 50.0, "hostile_query_p50_ms": 50.0, "disk_x_raw": 4.0,
 }
 
 
@@ -232,6 +232,9 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             result["hostile_query"] = hostile.measure(conn, profile.hostile_samples,
                                                       profile.hostile_notes)
             result["dataset"]["consistency"] = data.check_consistency(conn)
+            log(f"disk per message at W={have}")
+            result["disk"] = (db.measure_disk(conn) if not target.nodes or "server" in target.nodes
+                              else db.not_available("a cluster's tables are its shards"))
             log(f"ingest at W={have}")
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
             log("EXPLAIN of the hot paths")
@@ -387,6 +390,10 @@ def verdict(result: Section) -> list[dict[str, Any]]:
         nodes = sum(len(v) for v in wide["nodes"].values())
         out.append(db.target(f"hot-path plan nodes reading > {wide['limit_rows']} rows of a "
                              "tenant table (whole-table reads)", nodes, 0))
+    disk = result.get("disk", {})
+    if disk.get("status") == "ok" and disk.get("message_x_raw") is not None:
+        out.append(db.target("bytes on disk per message (table, TOAST, indexes) / its raw text",
+                             disk["message_x_raw"], TARGETS["disk_x_raw"]))
     ingest = result.get("ingest", {})
     if ingest.get("status") == "ok":
         pc = ingest["per_commit"]
@@ -539,6 +546,20 @@ def markdown(result: Section) -> str:
                    "a superuser, else blank), and the milliseconds it waited for them "
                    "(track_io_timing): the part of a figure that is the machine's storage and "
                    "page cache, not the work.")]
+    disk = result.get("disk", {})
+    if disk.get("status") == "ok":
+        lines += ["", "## Disk", "",
+                  (f"{disk['messages']} messages of {disk['raw_bytes_per_message']} bytes of text "
+                   f"on average. The messages table with its TOAST and indexes: "
+                   f"{disk['message_bytes_per_message']} bytes a message "
+                   f"({disk['message_x_raw']}x the text); every table of the schema with its "
+                   f"TOAST and indexes (records, searches, jobs, ...): "
+                   f"{disk['all_bytes_per_message']} bytes a message ({disk['all_x_raw']}x)."),
+                  "", "| table | heap | TOAST | indexes |", "| --- | --- | --- | --- |"]
+        lines += [f"| {t['table']} | {t['heap']} | {t['toast']} | {t['indexes']} |"
+                  for t in disk["tables"][:10]]
+        lines += ["", "| index (largest ten) | table | bytes |", "| --- | --- | --- |"]
+        lines += [f"| {i['index']} | {i['table']} | {i['bytes']} |" for i in disk["indexes"][:10]]
     lines += ["", "## Job machinery", ""]
     jobs = result.get("jobs", {})
     if jobs.get("status") == "ok":

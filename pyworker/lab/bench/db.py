@@ -417,3 +417,40 @@ def top_statements(plans: Sequence[str], n: int = 8) -> list[dict[str, Any]]:
         totals.setdefault(text, []).append(float(d.group(1)) if d else 0.0)
     ranked = sorted(totals.items(), key=lambda kv: -sum(kv[1]))[:n]
     return [{"statement": k, "calls": len(v), "ms": round(sum(v), 3)} for k, v in ranked]
+
+
+def measure_disk(conn: psycopg.Connection) -> Section:
+    """Bytes on disk per message against its raw text (issue 34): the messages table with its
+    TOAST and indexes, and every table of the schema likewise (records, searches, jobs, ...),
+    each over the number of messages; and what each index costs. Sizes as PostgreSQL reports
+    them (pg_relation_size of each fork), right after the bench's data was built."""
+    messages, raw = conn.execute(
+        "select count(*), coalesce(sum(octet_length(body)), 0) from memory_private.messages"
+    ).fetchone() or (0, 0)
+    if not messages:
+        return not_available("no messages in the dataset")
+    tables = [dict(zip(("table", "heap", "toast", "indexes"), r, strict=True)) for r in
+              conn.execute("""
+        select c.relname::text, pg_relation_size(c.oid),
+               coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
+               pg_indexes_size(c.oid)
+          from pg_class c
+         where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+         order by pg_total_relation_size(c.oid) desc""").fetchall()]
+    indexes = [dict(zip(("index", "table", "bytes"), r, strict=True)) for r in conn.execute("""
+        select i.relname::text, t.relname::text, pg_relation_size(i.oid)
+          from pg_index x
+          join pg_class i on i.oid = x.indexrelid
+          join pg_class t on t.oid = x.indrelid
+         where t.relnamespace = 'memory_private'::regnamespace
+         order by 3 desc""").fetchall()]
+    own = next(t for t in tables if t["table"] == "messages")
+    own_bytes = own["heap"] + own["toast"] + own["indexes"]
+    all_bytes = sum(t["heap"] + t["toast"] + t["indexes"] for t in tables)
+    return {"status": "ok", "messages": messages, "raw_bytes_per_message": round(raw / messages, 1),
+            "message_bytes_per_message": round(own_bytes / messages, 1),
+            "message_x_raw": round(own_bytes / raw, 3) if raw else None,
+            "all_bytes_per_message": round(all_bytes / messages, 1),
+            "all_x_raw": round(all_bytes / raw, 3) if raw else None,
+            "tables": tables, "indexes": indexes}
+
