@@ -45,9 +45,8 @@ begin
   if p_workspace_id is not null then
     perform memory_private.require_workspace(p_workspace_id);
   end if;
-  -- The workspaces are read first, then ticked one by one (each statement of a tick routed to
-  -- the workspace's node on Citus): ticking them inside a loop over an open multi-shard
-  -- query crashed the coordinator's backend (Citus 13.2.2, two workers).
+  -- The workspaces are read first, then ticked one by one (on Citus each statement of a tick
+  -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
                                  array(select workspace_id from memory_private.workspaces
