@@ -15,3 +15,24 @@
 -- functions in every other schema of the database too.)
 
 revoke execute on all functions in schema memory_private from public;
+
+-- No JIT compilation inside the API. Every statement of ours is a short one over one workspace's
+-- rows, but a few carry cost estimates past jit_above_cost (a summary's lines, estimated at the
+-- 1,000 rows a set-returning function is assumed to give), and PostgreSQL then compiled them on
+-- every call: about 20 ms an extraction commit, more than the rest of its work
+-- (docs/benchmarks.md, "Choices the code cites"). A function's SET reaches everything it calls; the internal helpers
+-- keep no SET of their own, so that the SQL ones still inline. migrations/post-apply.sql repeats
+-- this for the functions later migrations add.
+do $$
+declare
+  v_function regprocedure;
+begin
+  for v_function in
+    select p.oid::regprocedure from pg_proc p
+     where p.pronamespace = 'memory'::regnamespace and p.prokind = 'f'
+       and not coalesce('jit=off' = any(p.proconfig), false)
+  loop
+    execute format('alter function %s set jit = off', v_function);
+  end loop;
+end
+$$;
