@@ -4333,15 +4333,17 @@ create or replace function memory_private.workspace_status_of(p_workspace_id tex
 declare
   v_valid bigint;
   v_invalid bigint;
+  v_scopes jsonb;
   v_by_reason jsonb;
 begin
-  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0)
-    into v_valid, v_invalid
+  -- The rule once per scope (scope_validity_counts), summed over the scopes.
+  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
+         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
+    into v_valid, v_invalid, v_scopes
     from memory_private.scope_validity_counts(p_workspace_id) c;
   select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
     from (select e.key as reason, sum(e.value::bigint) as n
-            from memory_private.scope_validity_counts(p_workspace_id) c,
-                 jsonb_each_text(c.invalid_by_reason) e
+            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
            group by 1) x;
   return query
   select * from (
@@ -5099,9 +5101,9 @@ begin
   -- silent wrong answer: an edited source read as current); and a statement of a SQL function
   -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
   -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body:
-  -- called, never inlined, each of its statements planned by Citus with the values, on the node
-  -- of the workspace. Columns win over variables of the same name, as in a SQL function.
+  -- with the same body: called, never inlined, each of its statements planned by Citus with the
+  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
+  -- SQL function.
   for v_function in
     select p.oid, p.prosrc, p.proretset,
            pg_get_function_arguments(p.oid) as arguments,

@@ -160,9 +160,9 @@ begin
   -- silent wrong answer: an edited source read as current); and a statement of a SQL function
   -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
   -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body:
-  -- called, never inlined, each of its statements planned by Citus with the values, on the node
-  -- of the workspace. Columns win over variables of the same name, as in a SQL function.
+  -- with the same body: called, never inlined, each of its statements planned by Citus with the
+  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
+  -- SQL function.
   for v_function in
     select p.oid, p.prosrc, p.proretset,
            pg_get_function_arguments(p.oid) as arguments,

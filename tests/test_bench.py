@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 
 import psycopg
@@ -25,7 +26,7 @@ from typer.testing import CliRunner
 from pyworker.cli import app
 from pyworker.lab.bench import takeout
 from pyworker.lab.bench.db import reads_per_call, start_reads
-from pyworker.lab.servers import LocalCluster
+from pyworker.lab.servers import LocalCluster, find_bindir, server_cpu_seconds
 
 # The quick profile over fewer workspaces, unless PIMEM_TEST_BENCH=quick.
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
@@ -207,3 +208,28 @@ def test_page_reads_are_counted_on_the_server_the_bench_runs_on() -> None:
         assert second["pages"] == 0
     finally:
         cluster.destroy()
+
+
+def test_a_servers_cpu_seconds_grow_with_its_work_and_a_stopped_one_has_none(
+        tmp_path: Path) -> None:
+    """What `--server local` and `--server citus` report per node: the server's CPU from /proc,
+    backends that exited included (the postmaster reaps them)."""
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("no local PostgreSQL binaries")
+    cluster = LocalCluster(bindir).init().start()
+    try:
+        before = server_cpu_seconds(cluster.data)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("select count(*) from generate_series(1, 3000000)")
+            live = server_cpu_seconds(cluster.data)  # the backend counted while it lives
+        assert before is not None and live is not None and live - before >= 0.1
+        for _ in range(100):  # ... and once it has exited and the postmaster reaped it
+            after = server_cpu_seconds(cluster.data)
+            if after is not None and after >= live:
+                break
+            time.sleep(0.05)
+        assert after is not None and after >= live
+    finally:
+        cluster.destroy()
+    assert server_cpu_seconds(tmp_path) is None

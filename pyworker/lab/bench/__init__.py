@@ -196,6 +196,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                        "server": {"where": target.description},
                        "machine": {"platform": platform.platform(), "start": machine_facts()}}
     cpu_before = nodes_cpu(target.nodes)
+    on_citus = schema.citus_cluster(target.dsn) is not None
     try:
         with psycopg.connect(target.dsn, autocommit=True) as conn:
             result["server"].update(db.server_facts(conn))
@@ -233,8 +234,8 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                                                       profile.hostile_notes)
             result["dataset"]["consistency"] = data.check_consistency(conn)
             log(f"disk per message at W={have}")
-            result["disk"] = (db.measure_disk(conn) if not target.nodes or "server" in target.nodes
-                              else db.not_available("a cluster's tables are its shards"))
+            result["disk"] = (db.not_available("a cluster's tables are its shards") if on_citus
+                              else db.measure_disk(conn))
             log(f"ingest at W={have}")
             result["ingest"] = db.measure_ingest(conn, have, profile.ingest_samples)
             log("EXPLAIN of the hot paths")
@@ -242,7 +243,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                 from pyworker.lab.bench import jobs as bench_jobs
 
                 bench_jobs.prepare_jobs(target.dsn, "explain", 1)  # a job for claim_job's plan
-            if schema.citus_cluster(target.dsn) is None:
+            if not on_citus:
                 result["explain"] = db.explain_hot_paths(conn, have)
             else:  # auto_explain of a call on the coordinator shows no worker's plan
                 result["explain"] = db.not_available(
