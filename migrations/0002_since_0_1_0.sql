@@ -309,23 +309,27 @@ create trigger records_refuse_dependency_copy_update
 -- The folded texts move to their own narrow table (filled from records.search_text), with the
 -- three-character runs of title and summary that the literal search skips records by.
 create function memory_private.text_grams(p_text text) returns bit(1024)
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- Every run of three characters of the text (at every offset: three passes of
   -- non-overlapping matches, from the first, second and third character) sets one of 1021 bits,
   -- chosen by its characters' code points: a text holding another holds all of its runs, so
   -- its bits cover the other's. Code points, not a hash function of the server's, so that the
-  -- bits a record keeps mean the same after any upgrade.
-  select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
-    from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
-                            * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
-            from (select regexp_matches(p_text, '...', 'g')
-                  union all
-                  select regexp_matches(substr(p_text, 2), '...', 'g')
-                  union all
-                  select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+  -- bits a record keeps mean the same after any upgrade. PL/pgSQL, so that its plan is kept for
+  -- the session (a SQL function reading FROM is planned again in every transaction).
+  return (
+    select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
+      from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
+                              * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
+              from (select regexp_matches(p_text, '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 2), '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+  );
+end
 $$;
-
 comment on function memory_private.text_grams(text) is
   'The text''s three-character runs as a 1024-bit signature (a bit per run, by its code points): '
   'if a text contains another, text_grams(text) & text_grams(other) = text_grams(other). '
@@ -1916,22 +1920,26 @@ drop function memory_private.matching_lines(text, bigint[], text, bigint[], tsqu
 --   found_lines gives the lines' numbers only (re-created: its result changed).
 
 create function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
-  language sql immutable parallel safe
+  language plpgsql immutable parallel safe
   as $$
+begin
   -- One element per line of the summary, from line 1: the ids of p_ids the line cites
   -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
   -- cites nothing; no element at all when there is nothing to cite (no p_ids: a record before
   -- its sources are written). A line without a bracket cites nothing: the rule is not run on it.
-  select case when cardinality(p_ids) = 0 then '{}'::text[]
-              else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
-                                           else coalesce((select string_agg(c.id, ' ')
-                                                            from memory_private.cited_ids(
-                                                                   l.line, p_ids) as c(id)),
-                                                         '') end
-                                      order by l.line_no), '{}') end
-    from memory_private.summary_lines(p_summary) l
+  -- PL/pgSQL, so that its plan is kept for the session: it runs whenever a record is written.
+  return (
+    select case when cardinality(p_ids) = 0 then '{}'::text[]
+                else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
+                                             else coalesce((select string_agg(c.id, ' ')
+                                                              from memory_private.cited_ids(
+                                                                     l.line, p_ids) as c(id)),
+                                                           '') end
+                                        order by l.line_no), '{}') end
+      from memory_private.summary_lines(p_summary) l
+  );
+end
 $$;
-
 comment on function memory_private.line_sources(text, text[]) is
   'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
   'per line from line 1, the ids joined by a space (empty when p_ids is): records.line_sources, '
@@ -2056,53 +2064,62 @@ comment on function memory_private.copy_normal(text) is
   'default-ignorable code points removed, NFKC (compatibility form), lower case.';
 
 create function memory_private.copy_words(p_text text) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- Words are runs of letters and digits of the normalised text; a Chinese, Japanese or Korean
   -- character is a word of its own (those scripts do not separate words with spaces). They are
   -- spaced apart first: a regular expression takes the longest match, so a run of them would
   -- otherwise be one word.
-  select coalesce(array_agg(m.word[1] order by m.n), '{}')
-    from regexp_matches(
-           regexp_replace(memory_private.copy_normal(p_text),
-                          '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
-           '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g') with ordinality as m(word, n)
+  return (
+    select coalesce(array_agg(m.word[1] order by m.n), '{}')
+      from regexp_matches(
+             regexp_replace(memory_private.copy_normal(p_text),
+                            '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
+             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g') with ordinality as m(word, n)
+  );
+end
 $$;
-
 comment on function memory_private.copy_words(text) is
   'The words of a text in order, normalised (memory_private.copy_normal): runs of letters and '
   'digits, each CJK character a word of its own.';
 
 create function memory_private.word_runs(p_words text[]) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
-  select coalesce(array_agg(distinct array_to_string(
-                    p_words[i:i + (memory_private.policy()).copy_run_words - 1], ' ')), '{}')
-    from generate_series(1, cardinality(p_words) - (memory_private.policy()).copy_run_words + 1)
-         as i
+begin
+  return (
+    select coalesce(array_agg(distinct array_to_string(
+                      p_words[i:i + (memory_private.policy()).copy_run_words - 1], ' ')), '{}')
+      from generate_series(1, cardinality(p_words) - (memory_private.policy()).copy_run_words + 1)
+           as i
+  );
+end
 $$;
-
 comment on function memory_private.word_runs(text[]) is
   'Every run of policy copy_run_words (8) consecutive words of a word list '
   '(memory_private.copy_words), joined by a space; none when the list is shorter.';
 
 create function memory_private.distinctive_tokens(p_text text) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- A token is a run of characters other than blanks and CJK characters, without what is not a
   -- letter or a digit at either end ("4711-ZEBRA." -> 4711-zebra). Distinctive: at least
   -- copy_token_chars characters, and a digit in it (numbers, codes, dates, times, phone
   -- numbers), or one of @ _ / \ : = # $ % & + ~ | in it (e-mail addresses, URLs, paths,
   -- identifiers, key=value, credential-shaped strings), or a dot between two letters or digits
   -- (domains, file names). Plain words, hyphenated words and short numbers are not.
-  select coalesce(array_agg(distinct t.token), '{}')
-    from (select regexp_replace(m.run[1], '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g') as token
-            from regexp_matches(memory_private.copy_normal(p_text),
-                                '[^[:space:]぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]+', 'g') as m(run)) t
-   where char_length(t.token) >= (memory_private.policy()).copy_token_chars
-     and t.token ~ '[[:digit:]]|[@_/\\:=#$%&+~|]|[[:alnum:]]\.[[:alnum:]]'
+  return (
+    select coalesce(array_agg(distinct t.token), '{}')
+      from (select regexp_replace(m.run[1], '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g') as token
+              from regexp_matches(memory_private.copy_normal(p_text),
+                                  '[^[:space:]぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]+', 'g') as m(run)) t
+     where char_length(t.token) >= (memory_private.policy()).copy_token_chars
+       and t.token ~ '[[:digit:]]|[@_/\\:=#$%&+~|]|[[:alnum:]]\.[[:alnum:]]'
+  );
+end
 $$;
-
 comment on function memory_private.distinctive_tokens(text) is
   'The distinctive tokens of a text, normalised (memory_private.copy_normal): blank-separated '
   'runs trimmed to a letter or digit at both ends, of at least policy copy_token_chars (4) '
@@ -2124,33 +2141,35 @@ comment on function memory_private.is_trivial(text[]) is
 
 create function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
   returns table (n integer, parts text[])
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- The record's words, runs and tokens (but the common ones) once (materialized: not
   -- recomputed for each text); each text's against them.
-  with rec as materialized (
-    select ' ' || array_to_string(w.words, ' ') || ' ' as line,
-           array(select unnest(memory_private.word_runs(w.words))
-                 except select unnest(p_common)) as runs,
-           array(select unnest(memory_private.distinctive_tokens(p_record))
-                 except select unnest(p_common)) as tokens
-      from (select memory_private.copy_words(p_record) as words) w
-  )
-  select x.n, x.parts
-    from (select t.n::integer as n,
-                 array_remove(array[
-                   case when not memory_private.is_trivial(w.words)
-                         and strpos(rec.line, ' ' || array_to_string(w.words, ' ') || ' ') > 0
-                        then 'message' end,
-                   case when memory_private.word_runs(w.words) && rec.runs then 'run' end,
-                   case when memory_private.distinctive_tokens(t.body) && rec.tokens
-                        then 'token' end], null) as parts
-            from rec
-           cross join unnest(p_texts) with ordinality as t(body, n)
-           cross join lateral (select memory_private.copy_words(t.body) as words) w) x
-   where cardinality(x.parts) > 0
+  return query
+    with rec as materialized (
+      select ' ' || array_to_string(w.words, ' ') || ' ' as line,
+             array(select unnest(memory_private.word_runs(w.words))
+                   except select unnest(p_common)) as runs,
+             array(select unnest(memory_private.distinctive_tokens(p_record))
+                   except select unnest(p_common)) as tokens
+        from (select memory_private.copy_words(p_record) as words) w
+    )
+    select x.n, x.parts
+      from (select t.n::integer as n,
+                   array_remove(array[
+                     case when not memory_private.is_trivial(w.words)
+                           and strpos(rec.line, ' ' || array_to_string(w.words, ' ') || ' ') > 0
+                          then 'message' end,
+                     case when memory_private.word_runs(w.words) && rec.runs then 'run' end,
+                     case when memory_private.distinctive_tokens(t.body) && rec.tokens
+                          then 'token' end], null) as parts
+              from rec
+             cross join unnest(p_texts) with ordinality as t(body, n)
+             cross join lateral (select memory_private.copy_words(t.body) as words) w) x
+     where cardinality(x.parts) > 0;
+end
 $$;
-
 comment on function memory_private.copied_parts(text, text[], text[]) is
   'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
   'parts of the rule, on normalised text (memory_private.copy_normal): message (all its words, '
@@ -2162,32 +2181,35 @@ comment on function memory_private.copied_parts(text, text[], text[]) is
 create function memory_private.stock_runs(
   p_workspace_id text, p_scope_id bigint, p_runs text[]
 ) returns text[]
-  language sql stable
+  language plpgsql stable
   as $$
+begin
   -- A run of words that two records of the scope hold although they cite no message in common
   -- is the model's own stock phrasing (a label, a set phrase), not what either was made from.
   -- Only the given runs are looked for, in the scope's policy copy_stock_records newest
   -- records (records_scope_idx); none when no run is given.
-  with recent as (
-    select r.record_id, r.source_ids, r.title, r.summary
-      from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-       and cardinality(p_runs) > 0
-     order by r.created_at desc
-     limit (memory_private.policy()).copy_stock_records
-  ), hits as (
-    select r.record_id, r.source_ids, x.run
-      from recent r
-     cross join lateral unnest(memory_private.word_runs(
-                  memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
-     where x.run = any (p_runs)
-  )
-  select coalesce(array_agg(distinct a.run), '{}')
-    from hits a
-    join hits b on b.run = a.run and b.record_id > a.record_id
-   where not a.source_ids && b.source_ids
+  return (
+    with recent as (
+      select r.record_id, r.source_ids, r.title, r.summary
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and cardinality(p_runs) > 0
+       order by r.created_at desc
+       limit (memory_private.policy()).copy_stock_records
+    ), hits as (
+      select r.record_id, r.source_ids, x.run
+        from recent r
+       cross join lateral unnest(memory_private.word_runs(
+                    memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
+       where x.run = any (p_runs)
+    )
+    select coalesce(array_agg(distinct a.run), '{}')
+      from hits a
+      join hits b on b.run = a.run and b.record_id > a.record_id
+     where not a.source_ids && b.source_ids
+  );
+end
 $$;
-
 comment on function memory_private.stock_runs(text, bigint, text[]) is
   'Those of p_runs (runs of words: memory_private.word_runs) that two of the scope''s newest '
   'records (policy copy_stock_records) hold although they cite no message in common: stock '
@@ -2882,6 +2904,7 @@ create or replace function memory.fail_job(
 ) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
@@ -2947,7 +2970,6 @@ begin
                             'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
 end
 $$;
-
 comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
   'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
   'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
@@ -3417,6 +3439,7 @@ comment on function memory_private.claim_workspace_job(text, text) is
 create or replace function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
@@ -3451,7 +3474,6 @@ begin
   return null;
 end
 $$;
-
 comment on function memory.claim_job(text) is
   'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
   'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
@@ -5523,3 +5545,204 @@ select workspace_id, request_id, request_status, model_provider, model_id,
   from memory_private.operator_request_memory_charges();
 revoke all on function memory_private.operator_request_memory_charges() from public;
 grant execute on function memory_private.operator_request_memory_charges() to memory_operator;
+
+create or replace function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_output jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_result jsonb;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  if v_job.config_version <> v_config then
+    raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+      p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+      hint = 'Drop the work: maintenance stops the job.';
+  end if;
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
+  end if;
+  if v_job.checkpoint is null then
+    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
+      hint = 'Call memory.save_checkpoint with the model output first.';
+  end if;
+  -- The checkpoint is the output as save_checkpoint validated and redacted it against this
+  -- job's input; only save_checkpoint writes one, and the one place that rewrites an input
+  -- (memory_private.scrub_erased) drops it. So it is not validated again.
+  v_output := v_job.checkpoint -> 'output';
+
+  if v_job.phase = 'extract' then
+    v_result := jsonb_build_object('record_id', null);
+    if v_output ->> 'title' <> '' then
+      v_result := memory_private.write_extraction(v_job, v_output);
+    end if;
+    -- The batch is handled at these hashes, also by an empty (no-op) output.
+    insert into memory_private.extracted_sources
+      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
+    select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
+      from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+    on conflict do nothing;
+    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
+                                               'noop', v_result ->> 'record_id' is null);
+  else
+    v_result := memory_private.write_index(v_job, v_output)
+                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
+  end if;
+
+  update memory_private.jobs
+     set status = 'succeeded', token = null, worker_id = null, lease_expires_at = null,
+         checkpoint = null, result = v_result, finished_at = v_now, updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+  return v_result || jsonb_build_object('job_id', p_job_id);
+end
+$$;
+comment on function memory.commit_job(text, bigint, text) is
+  'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
+  'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
+  '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
+  'are what it was made from (cited, reused, copied), the batch marked extracted, the scope '
+  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
+  'depending on every candidate. All or nothing.';
+
+create or replace function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
+  returns timestamptz
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_until timestamptz := memory_private.clock_now() + (memory_private.policy()).lease;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  update memory_private.jobs
+     set lease_expires_at = v_until, updated_at = memory_private.clock_now()
+   where workspace_id = v_job.workspace_id and job_id = v_job.job_id;
+  return v_until;
+end
+$$;
+comment on function memory.extend_lease(text, bigint, text) is
+  'Extends the lease of a job the caller holds to two minutes from now and returns the new '
+  'expiry; MB020 when the token is not current or the lease already expired.';
+
+create or replace function memory.start_attempt(
+  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
+) returns integer
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_request_left numeric;
+  v_workspace_left numeric;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  perform memory_private.check_money('reserve_usd', p_reserve_usd);
+  if v_job.checkpoint is not null then
+    raise exception 'job % already has a checkpoint: commit it without calling the model',
+      p_job_id using errcode = 'MB025';
+  end if;
+  if exists (select 1 from memory_private.job_attempts
+              where workspace_id = p_workspace_id and job_id = p_job_id
+                and (token = v_job.token or outcome = 'open')) then
+    raise exception 'job % already made its attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
+  end if;
+  if v_job.claims >= (memory_private.policy()).max_claims then
+    raise exception 'the input of job % has made its three model calls', p_job_id
+      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select budget_usd - spent_usd
+         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
+    into v_request_left
+    from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  if p_reserve_usd > v_request_left then
+    raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
+      greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
+    from memory_private.workspaces w
+    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+   where w.workspace_id = p_workspace_id;
+  if p_reserve_usd > v_workspace_left then
+    raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
+      greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  -- This claim can reach the provider now: it counts against the input's three calls.
+  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+  insert into memory_private.job_attempts
+    (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
+  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
+          memory_private.clock_now());
+  return v_job.claims + 1;
+end
+$$;
+comment on function memory.start_attempt(text, bigint, text, numeric) is
+  'Opens the model call of the current claim after checking that the input has a call left (at '
+  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
+  'originating request''s remaining budget (budget - spent - memory charges) and the '
+  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
+  'Returns the attempt number (the input''s call number, 1 to 3).';
+
+create or replace function memory.save_checkpoint(
+  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
+) returns void
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_attempt memory_private.job_attempts;
+  v_usage jsonb;
+  v_output jsonb;
+  v_reason text;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
+     and outcome = 'open';
+  if not found then
+    raise exception 'job % has no open attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'Call memory.start_attempt before the model call.';
+  end if;
+  v_usage := memory_private.check_usage(p_usage);
+  v_output := memory_private.validate_output(v_job, p_output);
+  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
+  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
+             'supersedes the job.';
+  end if;
+  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
+  update memory_private.jobs
+     set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
+         updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+end
+$$;
+comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
+  'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
+  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
+  'the attempt as ok and charges the originating request the reported cost, at most the '
+  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
+  '(MB021: the output could never be committed and may carry the text that changed) changes '
+  'nothing: report it with fail_job(..., ''failed'', code, usage).';

@@ -92,20 +92,25 @@ comment on function memory_private.cited_ids(text, text[]) is
   'of the lines a search finds first.';
 
 create function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
-  language sql immutable parallel safe
+  language plpgsql immutable parallel safe
   as $$
+begin
   -- One element per line of the summary, from line 1: the ids of p_ids the line cites
   -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
   -- cites nothing; no element at all when there is nothing to cite (no p_ids: a record before
   -- its sources are written). A line without a bracket cites nothing: the rule is not run on it.
-  select case when cardinality(p_ids) = 0 then '{}'::text[]
-              else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
-                                           else coalesce((select string_agg(c.id, ' ')
-                                                            from memory_private.cited_ids(
-                                                                   l.line, p_ids) as c(id)),
-                                                         '') end
-                                      order by l.line_no), '{}') end
-    from memory_private.summary_lines(p_summary) l
+  -- PL/pgSQL, so that its plan is kept for the session: it runs whenever a record is written.
+  return (
+    select case when cardinality(p_ids) = 0 then '{}'::text[]
+                else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
+                                             else coalesce((select string_agg(c.id, ' ')
+                                                              from memory_private.cited_ids(
+                                                                     l.line, p_ids) as c(id)),
+                                                           '') end
+                                        order by l.line_no), '{}') end
+      from memory_private.summary_lines(p_summary) l
+  );
+end
 $$;
 comment on function memory_private.line_sources(text, text[]) is
   'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
@@ -232,21 +237,26 @@ comment on function memory_private.fold(text) is
   '(computed byte by byte for ASCII text in a UTF-8 database where that gives the same).';
 
 create function memory_private.text_grams(p_text text) returns bit(1024)
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- Every run of three characters of the text (at every offset: three passes of
   -- non-overlapping matches, from the first, second and third character) sets one of 1021 bits,
   -- chosen by its characters' code points: a text holding another holds all of its runs, so
   -- its bits cover the other's. Code points, not a hash function of the server's, so that the
-  -- bits a record keeps mean the same after any upgrade.
-  select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
-    from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
-                            * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
-            from (select regexp_matches(p_text, '...', 'g')
-                  union all
-                  select regexp_matches(substr(p_text, 2), '...', 'g')
-                  union all
-                  select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+  -- bits a record keeps mean the same after any upgrade. PL/pgSQL, so that its plan is kept for
+  -- the session (a SQL function reading FROM is planned again in every transaction).
+  return (
+    select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
+      from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
+                              * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
+              from (select regexp_matches(p_text, '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 2), '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+  );
+end
 $$;
 comment on function memory_private.text_grams(text) is
   'The text''s three-character runs as a 1024-bit signature (a bit per run, by its code points): '

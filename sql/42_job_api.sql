@@ -5,6 +5,12 @@
 -- is held across a model call. commit_job writes what a checkpoint holds: the record of an
 -- extraction (write_extraction: its sources and dependencies, 20_memory_state.sql) or the scope
 -- index of a consolidation (write_index).
+--
+-- Plans: every statement here and in what these functions call is keyed by a workspace and a
+-- job, record or scope, so one generic plan serves every call. They run with plan_cache_mode =
+-- force_generic_plan: otherwise PostgreSQL plans many of them again on every call (a custom
+-- plan looks cheaper once the arguments are folded in), a third of the database time of a job
+-- (docs/benchmarks.md, "Jobs").
 
 create function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
   returns jsonb
@@ -74,6 +80,7 @@ comment on function memory_private.claim_workspace_job(text, text) is
 create function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
@@ -121,6 +128,7 @@ create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_toke
   returns timestamptz
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
@@ -142,6 +150,7 @@ create function memory.start_attempt(
 ) returns integer
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
@@ -205,6 +214,7 @@ create function memory.save_checkpoint(
 ) returns void
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
@@ -250,7 +260,10 @@ comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
 -- A record depends on every message of its batch and every memory shown with the batch whose
 -- content it copies, cited or not (docs/retention.md, "What a record copies"). The record's
 -- text is its title and summary: everything else it stores (record_texts, record_documents,
--- record_lines, line_sources) is derived from those two.
+-- record_lines, line_sources) is derived from those two. The rule's functions that read FROM
+-- something are PL/pgSQL: such a SQL function is not inlined and is planned again in every
+-- transaction that calls it, where a PL/pgSQL one keeps its plans for the session (a commit
+-- runs them a dozen times).
 
 create function memory_private.copy_normal(p_text text) returns text
   language sql immutable strict parallel safe
@@ -270,49 +283,61 @@ comment on function memory_private.copy_normal(text) is
   'default-ignorable code points removed, NFKC (compatibility form), lower case.';
 
 create function memory_private.copy_words(p_text text) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- Words are runs of letters and digits of the normalised text; a Chinese, Japanese or Korean
   -- character is a word of its own (those scripts do not separate words with spaces). They are
   -- spaced apart first: a regular expression takes the longest match, so a run of them would
   -- otherwise be one word.
-  select coalesce(array_agg(m.word[1] order by m.n), '{}')
-    from regexp_matches(
-           regexp_replace(memory_private.copy_normal(p_text),
-                          '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
-           '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g') with ordinality as m(word, n)
+  return (
+    select coalesce(array_agg(m.word[1] order by m.n), '{}')
+      from regexp_matches(
+             regexp_replace(memory_private.copy_normal(p_text),
+                            '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
+             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g') with ordinality as m(word, n)
+  );
+end
 $$;
 comment on function memory_private.copy_words(text) is
   'The words of a text in order, normalised (memory_private.copy_normal): runs of letters and '
   'digits, each CJK character a word of its own.';
 
 create function memory_private.word_runs(p_words text[]) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
-  select coalesce(array_agg(distinct array_to_string(
-                    p_words[i:i + (memory_private.policy()).copy_run_words - 1], ' ')), '{}')
-    from generate_series(1, cardinality(p_words) - (memory_private.policy()).copy_run_words + 1)
-         as i
+begin
+  return (
+    select coalesce(array_agg(distinct array_to_string(
+                      p_words[i:i + (memory_private.policy()).copy_run_words - 1], ' ')), '{}')
+      from generate_series(1, cardinality(p_words) - (memory_private.policy()).copy_run_words + 1)
+           as i
+  );
+end
 $$;
 comment on function memory_private.word_runs(text[]) is
   'Every run of policy copy_run_words (8) consecutive words of a word list '
   '(memory_private.copy_words), joined by a space; none when the list is shorter.';
 
 create function memory_private.distinctive_tokens(p_text text) returns text[]
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- A token is a run of characters other than blanks and CJK characters, without what is not a
   -- letter or a digit at either end ("4711-ZEBRA." -> 4711-zebra). Distinctive: at least
   -- copy_token_chars characters, and a digit in it (numbers, codes, dates, times, phone
   -- numbers), or one of @ _ / \ : = # $ % & + ~ | in it (e-mail addresses, URLs, paths,
   -- identifiers, key=value, credential-shaped strings), or a dot between two letters or digits
   -- (domains, file names). Plain words, hyphenated words and short numbers are not.
-  select coalesce(array_agg(distinct t.token), '{}')
-    from (select regexp_replace(m.run[1], '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g') as token
-            from regexp_matches(memory_private.copy_normal(p_text),
-                                '[^[:space:]぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]+', 'g') as m(run)) t
-   where char_length(t.token) >= (memory_private.policy()).copy_token_chars
-     and t.token ~ '[[:digit:]]|[@_/\\:=#$%&+~|]|[[:alnum:]]\.[[:alnum:]]'
+  return (
+    select coalesce(array_agg(distinct t.token), '{}')
+      from (select regexp_replace(m.run[1], '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g') as token
+              from regexp_matches(memory_private.copy_normal(p_text),
+                                  '[^[:space:]぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]+', 'g') as m(run)) t
+     where char_length(t.token) >= (memory_private.policy()).copy_token_chars
+       and t.token ~ '[[:digit:]]|[@_/\\:=#$%&+~|]|[[:alnum:]]\.[[:alnum:]]'
+  );
+end
 $$;
 comment on function memory_private.distinctive_tokens(text) is
   'The distinctive tokens of a text, normalised (memory_private.copy_normal): blank-separated '
@@ -334,31 +359,34 @@ comment on function memory_private.is_trivial(text[]) is
 
 create function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
   returns table (n integer, parts text[])
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+begin
   -- The record's words, runs and tokens (but the common ones) once (materialized: not
   -- recomputed for each text); each text's against them.
-  with rec as materialized (
-    select ' ' || array_to_string(w.words, ' ') || ' ' as line,
-           array(select unnest(memory_private.word_runs(w.words))
-                 except select unnest(p_common)) as runs,
-           array(select unnest(memory_private.distinctive_tokens(p_record))
-                 except select unnest(p_common)) as tokens
-      from (select memory_private.copy_words(p_record) as words) w
-  )
-  select x.n, x.parts
-    from (select t.n::integer as n,
-                 array_remove(array[
-                   case when not memory_private.is_trivial(w.words)
-                         and strpos(rec.line, ' ' || array_to_string(w.words, ' ') || ' ') > 0
-                        then 'message' end,
-                   case when memory_private.word_runs(w.words) && rec.runs then 'run' end,
-                   case when memory_private.distinctive_tokens(t.body) && rec.tokens
-                        then 'token' end], null) as parts
-            from rec
-           cross join unnest(p_texts) with ordinality as t(body, n)
-           cross join lateral (select memory_private.copy_words(t.body) as words) w) x
-   where cardinality(x.parts) > 0
+  return query
+    with rec as materialized (
+      select ' ' || array_to_string(w.words, ' ') || ' ' as line,
+             array(select unnest(memory_private.word_runs(w.words))
+                   except select unnest(p_common)) as runs,
+             array(select unnest(memory_private.distinctive_tokens(p_record))
+                   except select unnest(p_common)) as tokens
+        from (select memory_private.copy_words(p_record) as words) w
+    )
+    select x.n, x.parts
+      from (select t.n::integer as n,
+                   array_remove(array[
+                     case when not memory_private.is_trivial(w.words)
+                           and strpos(rec.line, ' ' || array_to_string(w.words, ' ') || ' ') > 0
+                          then 'message' end,
+                     case when memory_private.word_runs(w.words) && rec.runs then 'run' end,
+                     case when memory_private.distinctive_tokens(t.body) && rec.tokens
+                          then 'token' end], null) as parts
+              from rec
+             cross join unnest(p_texts) with ordinality as t(body, n)
+             cross join lateral (select memory_private.copy_words(t.body) as words) w) x
+     where cardinality(x.parts) > 0;
+end
 $$;
 comment on function memory_private.copied_parts(text, text[], text[]) is
   'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
@@ -371,30 +399,34 @@ comment on function memory_private.copied_parts(text, text[], text[]) is
 create function memory_private.stock_runs(
   p_workspace_id text, p_scope_id bigint, p_runs text[]
 ) returns text[]
-  language sql stable
+  language plpgsql stable
   as $$
+begin
   -- A run of words that two records of the scope hold although they cite no message in common
   -- is the model's own stock phrasing (a label, a set phrase), not what either was made from.
   -- Only the given runs are looked for, in the scope's policy copy_stock_records newest
   -- records (records_scope_idx); none when no run is given.
-  with recent as (
-    select r.record_id, r.source_ids, r.title, r.summary
-      from memory_private.records r
-     where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-       and cardinality(p_runs) > 0
-     order by r.created_at desc
-     limit (memory_private.policy()).copy_stock_records
-  ), hits as (
-    select r.record_id, r.source_ids, x.run
-      from recent r
-     cross join lateral unnest(memory_private.word_runs(
-                  memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
-     where x.run = any (p_runs)
-  )
-  select coalesce(array_agg(distinct a.run), '{}')
-    from hits a
-    join hits b on b.run = a.run and b.record_id > a.record_id
-   where not a.source_ids && b.source_ids
+  return (
+    with recent as (
+      select r.record_id, r.source_ids, r.title, r.summary
+        from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and cardinality(p_runs) > 0
+       order by r.created_at desc
+       limit (memory_private.policy()).copy_stock_records
+    ), hits as (
+      select r.record_id, r.source_ids, x.run
+        from recent r
+       cross join lateral unnest(memory_private.word_runs(
+                    memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
+       where x.run = any (p_runs)
+    )
+    select coalesce(array_agg(distinct a.run), '{}')
+      from hits a
+      join hits b on b.run = a.run and b.record_id > a.record_id
+     where not a.source_ids && b.source_ids
+  );
+end
 $$;
 comment on function memory_private.stock_runs(text, bigint, text[]) is
   'Those of p_runs (runs of words: memory_private.word_runs) that two of the scope''s newest '
@@ -672,6 +704,7 @@ create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token 
   returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
@@ -698,7 +731,10 @@ begin
     raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
       hint = 'Call memory.save_checkpoint with the model output first.';
   end if;
-  v_output := memory_private.validate_output(v_job, v_job.checkpoint -> 'output');
+  -- The checkpoint is the output as save_checkpoint validated and redacted it against this
+  -- job's input; only save_checkpoint writes one, and the one place that rewrites an input
+  -- (memory_private.scrub_erased) drops it. So it is not validated again.
+  v_output := v_job.checkpoint -> 'output';
 
   if v_job.phase = 'extract' then
     v_result := jsonb_build_object('record_id', null);
@@ -739,6 +775,7 @@ create function memory.fail_job(
 ) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
   v_job memory_private.jobs;
