@@ -363,7 +363,8 @@ create function memory_private.copied_parts(p_record text, p_texts text[], p_com
   as $$
 begin
   -- The record's words, runs and tokens (but the common ones) once (materialized: not
-  -- recomputed for each text); each text's against them.
+  -- recomputed for each text); each text's against them. Each text's words are found once
+  -- (offset 0: the planner would otherwise copy the call into each of its three uses).
   return query
     with rec as materialized (
       select ' ' || array_to_string(w.words, ' ') || ' ' as line,
@@ -371,7 +372,7 @@ begin
                    except select unnest(p_common)) as runs,
              array(select unnest(memory_private.distinctive_tokens(p_record))
                    except select unnest(p_common)) as tokens
-        from (select memory_private.copy_words(p_record) as words) w
+        from (select memory_private.copy_words(p_record) as words offset 0) w
     )
     select x.n, x.parts
       from (select t.n::integer as n,
@@ -384,7 +385,7 @@ begin
                           then 'token' end], null) as parts
               from rec
              cross join unnest(p_texts) with ordinality as t(body, n)
-             cross join lateral (select memory_private.copy_words(t.body) as words) w) x
+             cross join lateral (select memory_private.copy_words(t.body) as words offset 0) w) x
      where cardinality(x.parts) > 0;
 end
 $$;
@@ -444,18 +445,23 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
   -- the batch itself says (its runs and tokens) and the scope's stock phrasing
   -- (memory_private.stock_runs) do not count: the record has those from its batch or from the
   -- model. Each list numbered once (materialized), so that the rule's answer by place finds
-  -- its row.
+  -- its row. A message is redacted once, and only when something reads it (a cited one only
+  -- when memories were shown).
   with said as (
     select concat_ws(e'\n', p_output ->> 'title', p_output ->> 'summary') as text
   ), batch as materialized (
-    select s.id, s.hash, memory_private.redact(m.body) as body,
-           (p_output -> 'source_ids') ? s.id as cited
+    select s.id, s.hash, m.body, (p_output -> 'source_ids') ? s.id as cited
       from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
       join memory_private.messages m
         on m.workspace_id = p_job.workspace_id and m.message_id = s.id
      where m.content_hash = s.hash
   ), messages as materialized (
-    select row_number() over ()::integer as n, b.id, b.hash, b.body from batch b where not b.cited
+    select row_number() over ()::integer as n, b.id, b.hash, memory_private.redact(b.body) as body
+      from batch b where not b.cited
+  ), batch_texts as materialized (
+    select m.body from messages m
+    union all
+    select memory_private.redact(b.body) from batch b where b.cited
   ), memories as materialized (
     select row_number() over ()::integer as n, r.record_id,
            memory_private.redact(r.title) || e'\n' || memory_private.redact(r.summary) as body
@@ -465,9 +471,10 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
      where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)
   ), batch_says as (
     select array(select unnest(memory_private.word_runs(memory_private.copy_words(b.body)))
-                   from batch b
+                   from batch_texts b
                  union
-                 select unnest(memory_private.distinctive_tokens(b.body)) from batch b) as parts
+                 select unnest(memory_private.distinctive_tokens(b.body)) from batch_texts b)
+             as parts
   ), common as (
     -- Stock phrasing is looked for only among the runs the record shares with a shown memory
     -- and not with its batch (usually none).
@@ -481,16 +488,20 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
                    select unnest(s.parts))) as parts
       from said, batch_says s
   )
+  -- Each half runs only when it has texts to compare (the condition is checked once, first):
+  -- with no memory shown, what the batch says and the stock phrasing are not derived at all.
   select m.id, m.hash, null::bigint, c.parts
     from said, memory_private.copied_parts(said.text, array(select b.body from messages b
                                                             order by b.n), '{}') c
     join messages m on m.n = c.n
+   where exists (select from messages)
   union all
   select null, null, m.record_id, c.parts
     from said, common,
          memory_private.copied_parts(said.text, array(select b.body from memories b
                                                       order by b.n), common.parts) c
     join memories m on m.n = c.n
+   where exists (select from memories)
 $$;
 comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
   'The batch messages (message_id, with the hash the job saw) and the memories shown with the '

@@ -233,3 +233,50 @@ def test_a_servers_cpu_seconds_grow_with_its_work_and_a_stopped_one_has_none(
     finally:
         cluster.destroy()
     assert server_cpu_seconds(tmp_path) is None
+
+
+def job_run(db_ms: float, cpu_ms: float | None, lock_share: float) -> dict[str, object]:
+    return {"status": "ok", "label": "a system", "jobs": 10, "seconds": 1.0,
+            "jobs_per_second": 10.0, "per_job": {"p50_ms": 1.0, "p99_ms": 2.0},
+            "db_ms_per_job": db_ms, "db_ms_per_job_by_function": {"commit_job": db_ms / 2},
+            "server_cpu_ms_per_job": cpu_ms,
+            "activity": {"samples": {}, "lock_wait_share": lock_share}}
+
+
+def test_the_job_targets_show_ours_against_the_peer_and_four_workers_against_one() -> None:
+    from pyworker.lab.bench import markdown, verdict
+
+    jobs = {"status": "ok", "notes": [],
+            "ours": {"1": job_run(12.0, 11.0, 0.0), "4": job_run(48.0, 12.1, 0.025)},
+            "peer": {"1": job_run(0.8, 0.5, 0.0), "4": job_run(4.0, None, 0.1)}}
+    result = {"jobs": jobs, "profile": {"name": "quick"}, "command": "pimem bench"}
+    rows = {r["name"]: r for r in verdict(result)}
+    against_peer = rows["database ms per job, ours / procrastinate, 1 worker"]
+    assert (against_peer["value"], against_peer["limit"], against_peer["met"]) == (15.0, 4.0,
+                                                                                   False)
+    four = rows["database ms per job, 4 workers / 1 worker (ours)"]
+    assert (four["value"], four["limit"], four["met"]) == (4.0, 1.5, False)
+    assert four["procrastinate_4_over_1"] == 5.0
+    assert four["server_cpu_per_job_4_over_1"] == 1.1
+    assert four["lock_wait_share_4_workers"] == 0.025
+    result["verdict"] = list(rows.values())
+    text = markdown(result)
+    assert ("| database ms per job, 4 workers / 1 worker (ours) | 4.000 (procrastinate 4 over 1: "
+            "5.000) (server cpu per job 4 over 1: 1.100) (lock wait share 4 workers: 2.5%) | "
+            "<= 1.500 | **no** |") in text
+    assert "| 48.0 (commit_job 24.0) | 12.1 | 2.5% |" in text
+    assert "| 4.000 (commit_job 2.000) |  | 10.0% |" in text  # no CPU figure: left blank
+
+
+def test_without_the_peer_the_job_ratio_to_it_is_not_made_up() -> None:
+    from pyworker.lab.bench import verdict
+
+    jobs = {"status": "ok", "notes": [],
+            "ours": {"1": job_run(12.0, 11.0, 0.0), "4": job_run(18.0, 11.5, 0.0)},
+            "peer": {"1": {"status": "not_available", "reason": "procrastinate is not installed"},
+                     "4": {"status": "not_available", "reason": "procrastinate is not installed"}}}
+    rows = {r["name"]: r for r in verdict({"jobs": jobs})}
+    assert rows["database ms per job, ours / procrastinate, 1 worker"]["met"] is None
+    four = rows["database ms per job, 4 workers / 1 worker (ours)"]
+    assert (four["value"], four["met"]) == (1.5, True)
+    assert "procrastinate_4_over_1" not in four

@@ -64,6 +64,7 @@ PROFILES = {
 TARGETS = {
     "recall_p50_x_floor": 3.0, "recall_p99_x_floor": 6.0, "recall_flat_p50": 1.3,
     "query_p50_x_floor": 10.0, "ingest_rate_of_floor": 1 / 3, "jobs_x_peer": 1.0,
+    "job_db_x_peer": 4.0, "job_db_4_over_1": 1.5,
     "pi_rpc_added_ms": 50.0, "hostile_query_p50_ms": 50.0, "disk_x_raw": 4.0,
 }
 
@@ -256,7 +257,7 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             result["recall_directory"] = db.measure_recall_directory(
                 conn, have, max(200, profile.recall_samples // 4))
         log("job machinery")
-        result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn))
+        result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn, target.nodes))
         log("worker overhead and memory")
         both = guarded(lambda: dict(zip(("worker_overhead", "memory"),
                                         run_worker(profile, target.dsn), strict=True)))
@@ -287,12 +288,12 @@ def guarded(part: Callable[[], Section]) -> Section:
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
-def run_jobs(profile: Profile, dsn: str) -> Section:
+def run_jobs(profile: Profile, dsn: str, nodes: dict[str, Path] | None = None) -> Section:
     try:
         from pyworker.lab.bench import jobs as bench_jobs
     except ImportError as exc:
         return db.not_available(f"job benchmark cannot load: {exc}")
-    return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs)
+    return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs, nodes=nodes)
 
 
 def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
@@ -414,6 +415,7 @@ def verdict(result: Section) -> list[dict[str, Any]]:
                 out.append({"name": f"jobs/s ours / procrastinate, {workers} worker(s)",
                             "met": None, "note": peer.get("reason") or ours.get("reason")
                             or "no jobs were measured"})
+        out += job_db_targets(jobs)
     else:
         out.append({"name": "job machinery", "met": None,
                     "note": jobs.get("reason", "not available yet")})
@@ -424,6 +426,47 @@ def verdict(result: Section) -> list[dict[str, Any]]:
     else:
         out.append({"name": "worker overhead", "met": None,
                     "note": over.get("reason", "not available yet")})
+    return out
+
+
+# Figures shown beside a target's measured value, for reading it.
+EXTRAS = ("vs_floor_p50", "floor_normalised", "procrastinate_4_over_1",
+          "server_cpu_per_job_4_over_1", "lock_wait_share_4_workers")
+
+
+def job_db_targets(jobs: Section) -> list[dict[str, Any]]:
+    """Issue 34's two targets for the database time of a job (claim, attempt, checkpoint,
+    commit): at most 4x the peer's fetch and finish with one worker, and with four workers at
+    most 1.5x the one-worker figure, shown beside the peer's own four-to-one ratio, the ratio
+    of the servers' CPU per job and the share of time spent waiting on locks with four."""
+    out: list[dict[str, Any]] = []
+
+    def db_ms(system: str, workers: str) -> float | None:
+        value = jobs.get(system, {}).get(workers, {}).get("db_ms_per_job")
+        return float(value) if value else None
+
+    ours1, ours4, peer1, peer4 = (db_ms("ours", "1"), db_ms("ours", "4"), db_ms("peer", "1"),
+                                  db_ms("peer", "4"))
+    name = "database ms per job, ours / procrastinate, 1 worker"
+    if ours1 and peer1:
+        out.append(db.target(name, _ratio(ours1, peer1), TARGETS["job_db_x_peer"]))
+    else:
+        out.append({"name": name, "met": None, "note": "not measured (procrastinate missing?)"})
+    name = "database ms per job, 4 workers / 1 worker (ours)"
+    if ours1 and ours4:
+        row = db.target(name, _ratio(ours4, ours1), TARGETS["job_db_4_over_1"])
+        if peer1 and peer4:
+            row["procrastinate_4_over_1"] = round(_ratio(peer4, peer1), 3)
+        four, one = jobs["ours"]["4"], jobs["ours"]["1"]
+        if four.get("server_cpu_ms_per_job") and one.get("server_cpu_ms_per_job"):
+            row["server_cpu_per_job_4_over_1"] = round(
+                _ratio(four["server_cpu_ms_per_job"], one["server_cpu_ms_per_job"]), 3)
+        share = four.get("activity", {}).get("lock_wait_share")
+        if share is not None:
+            row["lock_wait_share_4_workers"] = share
+        out.append(row)
+    else:
+        out.append({"name": name, "met": None, "note": "not measured"})
     return out
 
 
@@ -465,6 +508,10 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+def _share(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
 def markdown(result: Section) -> str:
     srv = result.get("server", {})
     m = result.get("machine", {})
@@ -485,8 +532,9 @@ def markdown(result: Section) -> str:
         if v.get("met") is None:
             lines.append(f"| {v['name']} | {v.get('note')} | | n/a |")
         else:
-            extra = "".join(f" ({k.replace('_', ' ')}: {_fmt(x)})" for k, x in v.items()
-                            if k in ("vs_floor_p50", "floor_normalised"))
+            extra = "".join(f" ({k.replace('_', ' ')}: "
+                            f"{_share(x) if k.endswith('_share_4_workers') else _fmt(x)})"
+                            for k, x in v.items() if k in EXTRAS)
             lines.append(f"| {v['name']} | {_fmt(v['value'])}{extra} | {v['op']} "
                          f"{_fmt(v['limit'])} | {'yes' if v['met'] else '**no**'} |")
     cpu = result.get("cluster_cpu_seconds")
@@ -565,19 +613,21 @@ def markdown(result: Section) -> str:
     jobs = result.get("jobs", {})
     if jobs.get("status") == "ok":
         lines += [("| system | workers | jobs | seconds | jobs/s | per job p50 ms | p99 ms | "
-                  "in the database, ms per job |"),
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "in the database, ms per job | server CPU ms per job | lock waits |"),
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for system in ("ours", "peer"):
             for workers, r in jobs[system].items():
                 if r.get("status", "ok") != "ok":
-                    lines.append(f"| {system} | {workers} | {r.get('reason')} | | | | | |")
+                    lines.append(f"| {system} | {workers} | {r.get('reason')} | | | | | | | |")
                     continue
                 split = ", ".join(f"{k} {_fmt(v)}"
                                   for k, v in r.get("db_ms_per_job_by_function", {}).items())
                 lines.append(f"| {r.get('label', system)} | {workers} | {r['jobs']} | "
                              f"{_fmt(r['seconds'])} | {_fmt(r['jobs_per_second'])} | "
                              f"{_fmt(r['per_job']['p50_ms'])} | {_fmt(r['per_job']['p99_ms'])} | "
-                             f"{_fmt(r['db_ms_per_job'])}{f' ({split})' if split else ''} |")
+                             f"{_fmt(r['db_ms_per_job'])}{f' ({split})' if split else ''} | "
+                             f"{_fmt(r.get('server_cpu_ms_per_job') or '')} | "
+                             f"{_share(r.get('activity', {}).get('lock_wait_share'))} |")
         for note in jobs.get("notes", []):
             lines.append(f"\n{note}")
     else:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
 import time
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 import psycopg
 
@@ -167,9 +169,63 @@ def _peer_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
                  "by_function": {}})
 
 
+# What the server did meanwhile --------------------------------------------------------------------
+
+class ActivitySampler:
+    """Samples, every few milliseconds, what the database's client backends that are inside a
+    statement are doing: running (or waiting for a CPU: the server cannot tell the two apart),
+    or waiting on a lock (Lock: a row, a transaction, a relation; LWLock: a page, the lock
+    table), on I/O, or on something else. With more worker processes than CPUs, time inside
+    a call grows by the wait for a CPU, which is not lock waiting: the share of samples spent
+    waiting on locks says which of the two a slowdown is."""
+
+    def __init__(self, dsn: str, interval: float = 0.005) -> None:
+        self.dsn = dsn
+        self.interval = interval
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                for (kind,) in conn.execute(
+                        "select coalesce(wait_event_type, 'running') from pg_stat_activity "
+                        "where datname = current_database() and pid <> pg_backend_pid() "
+                        "and backend_type = 'client backend' and state = 'active'"):
+                    self.counts[kind if kind in ("running", "Lock", "LWLock", "IO")
+                                else "other"] += 1
+                time.sleep(self.interval)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        total = sum(self.counts.values())
+        waiting = self.counts["Lock"] + self.counts["LWLock"]
+        return {"samples": dict(self.counts),
+                "lock_wait_share": round(waiting / total, 4) if total else None}
+
+
+def cpu_seconds(nodes: dict[str, Path] | None) -> float | None:
+    """The CPU seconds the servers (a cluster's nodes) have used so far; None when unknown."""
+    if not nodes:
+        return None
+    from pyworker.lab.servers import server_cpu_seconds
+
+    spent = [server_cpu_seconds(path) for path in nodes.values()]
+    return None if any(x is None for x in spent) else sum(x for x in spent if x is not None)
+
+
 # Running N processes against one queue -----------------------------------------------------------
 
-def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
+def run_processes(target: Any, dsn: str, workers: int,
+                  nodes: dict[str, Path] | None = None) -> dict[str, Any]:
     ctx = mp.get_context("fork")  # no connection or thread is open in this process here
     ready = ctx.Semaphore(0)
     go = ctx.Event()
@@ -180,19 +236,26 @@ def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
     for _ in procs:
         if not ready.acquire(timeout=60):
             raise RuntimeError("a benchmark worker did not start")
-    t0 = time.perf_counter()
-    go.set()
-    parts: list[dict[str, Any]] = []
-    while len(parts) < len(procs):
-        try:
-            parts.append(results.get(timeout=1))
-        except queue.Empty:
-            crashed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if crashed:
-                raise RuntimeError(f"a benchmark worker exited with {crashed[0]}") from None
-    seconds = time.perf_counter() - t0
+    cpu_before = cpu_seconds(nodes)
+    with ActivitySampler(dsn) as activity:
+        t0 = time.perf_counter()
+        go.set()
+        parts: list[dict[str, Any]] = []
+        while len(parts) < len(procs):
+            try:
+                parts.append(results.get(timeout=1))
+            except queue.Empty:
+                crashed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if crashed:
+                    raise RuntimeError(f"a benchmark worker exited with {crashed[0]}") from None
+        seconds = time.perf_counter() - t0
     for p in procs:
         p.join(30)
+    cpu_ms = None
+    if cpu_before is not None:
+        time.sleep(0.5)  # the workers' backends exit and are reaped: their CPU is counted then
+        after = cpu_seconds(nodes)
+        cpu_ms = (after - cpu_before) * 1000 if after is not None else None
     times = [t for part in parts for t in part["times"]]
     statuses: Counter[str] = Counter()
     for part in parts:
@@ -209,10 +272,18 @@ def run_processes(target: Any, dsn: str, workers: int) -> dict[str, Any]:
             "db_ms_per_job_by_function": {name: round(ns / 1e6 / jobs, 3)
                                           for name, ns in by_function.most_common()} if jobs
             else {},
+            # The servers' CPU per job over the run (a cluster's nodes together): unlike the
+            # time inside the calls, it does not grow with the wait for a CPU.
+            "server_cpu_ms_per_job": round(cpu_ms / jobs, 3) if jobs and cpu_ms is not None
+            else None,
+            "activity": activity.summary(),
             "outcomes": dict(statuses)}
 
 
-def measure(dsn: str, *, jobs: int, peer_jobs: int) -> dict[str, Any]:
+def measure(dsn: str, *, jobs: int, peer_jobs: int,
+            nodes: dict[str, Path] | None = None) -> dict[str, Any]:
+    """Ours and the peer with 1 and 4 worker processes; ``nodes`` (the servers' data
+    directories, when the bench started them) adds the servers' CPU per job."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         missing = [s for s in ("memory.claim_job(text)", "memory.commit_job(text,bigint,text)",
                                "memory.run_maintenance(text)") if not has_function(conn, s)]
@@ -223,7 +294,7 @@ def measure(dsn: str, *, jobs: int, peer_jobs: int) -> dict[str, Any]:
     notes = []
     for workers in WORKER_COUNTS:
         made = prepare_jobs(dsn, f"w{workers}", jobs)
-        r = run_processes(_ours_process, dsn, workers)
+        r = run_processes(_ours_process, dsn, workers, nodes)
         r["label"] = "pimem (offline model)"
         r["jobs_prepared"] = made
         ours[str(workers)] = r
@@ -235,11 +306,14 @@ def measure(dsn: str, *, jobs: int, peer_jobs: int) -> dict[str, Any]:
     else:
         for workers in WORKER_COUNTS:
             defer_peer_jobs(dsn, peer_jobs)
-            r = run_processes(_peer_process, dsn, workers)
+            r = run_processes(_peer_process, dsn, workers, nodes)
             r["label"] = f"procrastinate {version} (no-op task)"
             peer[str(workers)] = r
     notes.append("Ours per job: claim_job, start_attempt, the offline model, save_checkpoint, "
                  "commit_job (which writes the record, its sources and the charge); "
                  "db_ms_per_job is the time inside those calls. The peer's no-op task makes its "
-                 "figure pure queue machinery (fetch_job + finish_job).")
+                 "figure pure queue machinery (fetch_job + finish_job). With more worker "
+                 "processes than CPUs the time inside a call includes the wait for a CPU: "
+                 "the servers' CPU per job and the share of the busy backends' samples spent "
+                 "waiting on a lock (pg_stat_activity) tell that from lock contention.")
     return {"status": "ok", "ours": ours, "peer": peer, "notes": notes}
