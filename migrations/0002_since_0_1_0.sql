@@ -5756,3 +5756,68 @@ comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
   'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
   '(MB021: the output could never be committed and may carry the text that changed) changes '
   'nothing: report it with fail_job(..., ''failed'', code, usage).';
+
+create or replace function memory_private.owned_job(
+  p_workspace_id text, p_job_id bigint, p_token text
+) returns memory_private.jobs
+  language plpgsql volatile
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_token uuid;
+  v_config integer;
+begin
+  -- The memory lock first (memory_private.lock_workspace's statement): a known workspace always
+  -- has the row it locks, so the workspace's checks run only when it finds none, and raise
+  -- there what they would have raised first.
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update;
+  if not found then
+    perform memory_private.require_workspace(p_workspace_id);
+    perform memory_private.lock_workspace(p_workspace_id);
+  end if;
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  v_token := memory_private.check_token(p_token);
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  if v_job.lease_expires_at <= memory_private.clock_now() then
+    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
+      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
+  end if;
+  return v_job;
+end
+$$;
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';

@@ -347,12 +347,19 @@ declare
   v_token uuid;
   v_config integer;
 begin
-  perform memory_private.require_workspace(p_workspace_id);
+  -- The memory lock first (memory_private.lock_workspace's statement): a known workspace always
+  -- has the row it locks, so the workspace's checks run only when it finds none, and raise
+  -- there what they would have raised first.
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update;
+  if not found then
+    perform memory_private.require_workspace(p_workspace_id);
+    perform memory_private.lock_workspace(p_workspace_id);
+  end if;
   if p_job_id is null then
     raise exception 'job_id is required' using errcode = 'MB001';
   end if;
   v_token := memory_private.check_token(p_token);
-  perform memory_private.lock_workspace(p_workspace_id);
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;

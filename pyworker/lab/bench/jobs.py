@@ -15,6 +15,7 @@ time per job is spent in the database.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -183,19 +184,28 @@ class ActivitySampler:
         self.dsn = dsn
         self.interval = interval
         self.counts: Counter[str] = Counter()
+        self.cpu_seconds: float | None = None  # what its own backend spent (a local server)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.is_set():
-                for (kind,) in conn.execute(
-                        "select coalesce(wait_event_type, 'running') from pg_stat_activity "
-                        "where datname = current_database() and pid <> pg_backend_pid() "
-                        "and backend_type = 'client backend' and state = 'active'"):
-                    self.counts[kind if kind in ("running", "Lock", "LWLock", "IO")
-                                else "other"] += 1
-                time.sleep(self.interval)
+            row = conn.execute("select pg_backend_pid()").fetchone()
+            pid = int(row[0]) if row else 0
+            try:
+                self._sample(conn)
+            finally:
+                self.cpu_seconds = process_cpu_seconds(pid)
+
+    def _sample(self, conn: psycopg.Connection[Any]) -> None:
+        while not self._stop.is_set():
+            for (kind,) in conn.execute(
+                    "select coalesce(wait_event_type, 'running') from pg_stat_activity "
+                    "where datname = current_database() and pid <> pg_backend_pid() "
+                    "and backend_type = 'client backend' and state = 'active'"):
+                self.counts[kind if kind in ("running", "Lock", "LWLock", "IO")
+                            else "other"] += 1
+            time.sleep(self.interval)
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -210,6 +220,16 @@ class ActivitySampler:
         waiting = self.counts["Lock"] + self.counts["LWLock"]
         return {"samples": dict(self.counts),
                 "lock_wait_share": round(waiting / total, 4) if total else None}
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds a process of this machine has used (user and system), from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def cpu_seconds(nodes: dict[str, Path] | None) -> float | None:
@@ -255,7 +275,8 @@ def run_processes(target: Any, dsn: str, workers: int,
     if cpu_before is not None:
         time.sleep(0.5)  # the workers' backends exit and are reaped: their CPU is counted then
         after = cpu_seconds(nodes)
-        cpu_ms = (after - cpu_before) * 1000 if after is not None else None
+        if after is not None:  # the sampler's own backend does not count
+            cpu_ms = (after - cpu_before - (activity.cpu_seconds or 0.0)) * 1000
     times = [t for part in parts for t in part["times"]]
     statuses: Counter[str] = Counter()
     for part in parts:
