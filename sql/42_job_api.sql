@@ -6,11 +6,12 @@
 -- extraction (write_extraction: its sources and dependencies, 20_memory_state.sql) or the scope
 -- index of a consolidation (write_index).
 --
--- Plans: every statement here and in what these functions call is keyed by a workspace and a
--- job, record or scope, so one generic plan serves every call. They run with plan_cache_mode =
--- force_generic_plan: otherwise PostgreSQL plans many of them again on every call (a custom
--- plan looks cheaper once the arguments are folded in), a third of the database time of a job
--- (docs/benchmarks.md, "Jobs").
+-- Plans: the statements these functions run (and those of what they call) read one
+-- workspace's rows by key, or the due jobs through jobs_claimable_idx, so one generic plan
+-- serves every call. They run with plan_cache_mode = force_generic_plan: otherwise PostgreSQL
+-- plans about 40 of a job's statements again on every call (a custom plan looks cheaper once
+-- the arguments are folded in), 2.5 ms of a job (docs/worker.md, "What a tick costs the
+-- database").
 
 create function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
   returns jsonb
