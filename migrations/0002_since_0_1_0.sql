@@ -3452,31 +3452,36 @@ create or replace function memory.claim_job(p_worker_id text) returns jsonb
   set plan_cache_mode = force_generic_plan
   as $$
 declare
-  v_now timestamptz := memory_private.clock_now();
-  v_ws text;
-  v_payload jsonb;
-begin
-  perform memory_private.check_id('worker_id', p_worker_id);
   -- The pick reads the due jobs of every workspace (jobs_claimable_idx) without locking them:
   -- on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist, and the candidates may be
   -- stale by the time they are tried. A job with calls left is claimable, and so is one holding
-  -- a checkpoint whatever its count: its claim only commits. The claim itself is one
-  -- workspace's business (claim_workspace_job), which re-checks everything under the
-  -- workspace's lock; the FROM form lets Citus run it on the workspace's node.
-  for v_ws in
-    select d.workspace_id
-      from (select j.workspace_id, min(j.next_attempt_at) as due
-              from memory_private.jobs j
-             where j.status = 'pending' and j.next_attempt_at <= v_now
-               and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
-             group by j.workspace_id) d
-      join memory_private.workspaces w on w.workspace_id = d.workspace_id
-     where not w.paused
+  -- a checkpoint whatever its count: its claim only commits. A workspace comes at its earliest
+  -- due job (the order of the workspaces by their earliest due job) and is tried once. A
+  -- declared cursor is planned to start fast: the jobs are read in the index's order and the
+  -- first claim ends the walk, so a claim reads the jobs ahead of the one it takes, not every
+  -- due job.
+  c_due cursor (p_now timestamptz) for
+    select j.workspace_id
+      from memory_private.jobs j
+      join memory_private.workspaces w on w.workspace_id = j.workspace_id
+     where j.status = 'pending' and j.next_attempt_at <= p_now
+       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and not w.paused
        and not exists (select 1 from memory_private.jobs r
-                        where r.workspace_id = d.workspace_id and r.status = 'running')
-     order by d.due, d.workspace_id
-  loop
-    select c into v_payload from memory_private.claim_workspace_job(v_ws, p_worker_id) c;
+                        where r.workspace_id = j.workspace_id and r.status = 'running')
+     order by j.next_attempt_at, j.workspace_id;
+  v_tried text[] := '{}';
+  v_payload jsonb;
+begin
+  perform memory_private.check_id('worker_id', p_worker_id);
+  -- The claim itself is one workspace's business (claim_workspace_job), which re-checks
+  -- everything under the workspace's lock; the FROM form lets Citus run it on the workspace's
+  -- node.
+  for v_due in c_due(memory_private.clock_now()) loop
+    continue when v_due.workspace_id = any (v_tried);
+    v_tried := v_tried || v_due.workspace_id;
+    select c into v_payload
+      from memory_private.claim_workspace_job(v_due.workspace_id, p_worker_id) c;
     if v_payload is not null then
       return v_payload;
     end if;
