@@ -233,11 +233,12 @@ def bench(
         "coordinator and two workers of them)")] = "embedded",
 ) -> None:
     """Measure recall, query_memories, ingest, the job machinery and the worker, each beside
-    its floor (docs/benchmarks.md)."""
+    its floor; with --scale, the hot paths at 10,000 workspaces beside 1,000
+    (docs/benchmarks.md)."""
     import importlib.util
 
     missing = [m for m in ("matplotlib", "procrastinate") if importlib.util.find_spec(m) is None]
-    if missing:
+    if missing and not scale:  # the scale profile draws no plot and runs no peer
         console.print(f"the 'bench' extra is not installed ({', '.join(missing)} missing): "
                       "pip install 'pimem[bench]' (from a checkout: scripts/bench). Without it "
                       "the growth plot and the procrastinate peer are reported as not "
