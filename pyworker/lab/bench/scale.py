@@ -48,7 +48,7 @@ TARGETS = {"read_p50_growth": 1.3, "ingest_p50_growth": 1.2, "build_seconds": 90
 @dataclass(frozen=True)
 class ScaleProfile:
     sizes: tuple[int, int] = (1000, 10000)
-    batch: int = 250               # workspaces a loading statement
+    batch: int = 250               # workspaces a loading transaction
     recall_samples: int = 1000
     query_samples: int = 500
     ingest_samples: int = 1000
@@ -299,7 +299,7 @@ def _table(sql: str) -> str:
     words = sql.split()
     name = (words[words.index("into") + 1] if "into" in words else
             f"update {words[1]}" if words[0] == "update" else words[1].split("(")[0])
-    return name.removeprefix("memory_private.")
+    return name.replace("memory_private.", "")
 
 
 def counts(conn: psycopg.Connection) -> dict[str, int]:
