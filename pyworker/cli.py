@@ -221,7 +221,7 @@ def bench(
         "--quick", help="small sizes, few samples (< 2 minutes)")] = False,
     scale: Annotated[bool, typer.Option(
         "--scale", help="1,000 then 10,000 workspaces of 100 messages and 10 records each "
-        "(1,000,000 messages), each figure at both sizes (< 30 minutes)")] = False,
+        "(1,000,000 messages), each figure at both sizes (about 15 minutes)")] = False,
     sizes: Annotated[str | None, typer.Option(
         help="workspace counts, e.g. 10,100,1000 (256 records each); with --scale the two "
         "sizes, e.g. 1000,10000")] = None,
