@@ -125,6 +125,44 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
                             (takeout.SCHEMA,)).fetchone() == (0,)
 
 
+def test_the_scale_profile_reports_both_sizes_of_a_valid_world(db_dsn: str,
+                                                                tmp_path: Path) -> None:
+    """``bench --scale`` at 4 and 12 workspaces: the same code as at 1,000 and 10,000."""
+    result = CliRunner().invoke(app, ["bench", "--scale", "--sizes", "4,12", "--dsn", db_dsn,
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads((tmp_path / "bench.json").read_text())
+    scale = report["scale"]
+    assert "## Scale: 4 and 12 workspaces" in (tmp_path / "bench.md").read_text()
+    # Each size has the shape it should: 100 messages and 10 records a workspace, every record
+    # with its usage row and search words, its copy of its dependencies, valid for its reader.
+    for width in (4, 12):
+        counts = scale["counts"][str(width)]
+        if width == 4:  # before any measurement added rows
+            assert (counts["workspaces"], counts["messages"], counts["records"]) == (4, 400, 40)
+        assert counts["record_usage"] == counts["records"]
+        assert counts["record_words"] > 10 * counts["records"]
+        assert scale["validity"][str(width)]["records_checked"] > 0
+        assert scale["validity"][str(width)]["invalid"] == 0
+        at = scale["at"][str(width)]
+        for part in ("recall", "search", "ranked", "browse", "maintenance", "jobs", "ingest",
+                     "sweep"):
+            assert at[part]["status"] == "ok", (width, part, at[part])
+        assert set(at["recall"]["modes"]) == {"index"}
+        # The literal search finds the one record of ten that names the term; browse lists all.
+        assert 0 < at["search"]["results_mean"] < at["browse"]["results_mean"] <= 10
+        assert at["maintenance"]["workspaces"] >= width
+        assert at["jobs"]["jobs"] >= 1 and at["jobs"]["outcomes"].get("committed", 0) >= 1
+        assert at["sweep"]["erased"] >= at["sweep"]["workspaces"] * 50
+    assert set(scale["consistency"].values()) == {0}
+    assert scale["counts"]["end"]["messages"] >= 1200
+    assert scale["disk"]["status"] == "ok"
+    names = [f["name"] for f in scale["figures"]]
+    assert names[0].startswith("recall") and names[-1].startswith("build")
+    assert all(f["small"] is not None and f["large"] is not None for f in scale["figures"])
+    assert [v for v in report["verdict"] if v.get("met") is None] == []
+
+
 def tool_call_ids(dsn: str) -> set[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return {r[0] for r in conn.execute("select tool_call_id from memory_private.tool_calls")}

@@ -279,6 +279,42 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
     return result
 
 
+def run_scale(sizes: str | None, *, dsn: str | None, out_dir: Path,
+              data_dir: Path | None = None, server: str = "embedded") -> Section:
+    """``pimem bench --scale`` (``bench.scale``): the hot paths at 10,000 workspaces beside the
+    same at 1,000, in one run on one server."""
+    from pyworker.lab.bench import scale
+
+    started = time.monotonic()
+    profile = scale.profile_for(sizes)
+    if data_dir is None:
+        from pyworker.lab.servers import state_dir
+
+        data_dir = state_dir() / "bench-pg"
+    if server == "citus":
+        raise SystemExit("--scale runs on one server (embedded, local or --dsn)")
+    target = open_target(dsn, data_dir, server)
+    command = "pimem bench --scale" + (f" --sizes {sizes}" if sizes else "") + (
+        " --dsn <scratch database>" if dsn else (" --server local" if server == "local" else ""))
+    result: Section = {"profile": {"name": "scale", **asdict(profile)},
+                       "targets": scale.TARGETS, "command": command, "source": source_facts(),
+                       "server": {"where": target.description},
+                       "machine": {"platform": platform.platform(), "start": machine_facts()}}
+    try:
+        with psycopg.connect(target.dsn, autocommit=True) as conn:
+            result["server"].update(db.server_facts(conn))
+            result["scale"] = scale.run(conn, target.dsn, profile, log)
+    finally:
+        target.cleanup()
+    result["verdict"] = scale.verdict(result["scale"])
+    result["machine"]["end"] = machine_facts()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out_dir / "bench.md").write_text(markdown(result))
+    return result
+
+
 def guarded(part: Callable[[], Section]) -> Section:
     """A part that fails is reported as an error with its reason; the other parts still run."""
     try:
@@ -512,7 +548,8 @@ def _share(x: float | None) -> str:
     return "" if x is None else f"{x:.1%}"
 
 
-def markdown(result: Section) -> str:
+def header(result: Section) -> list[str]:
+    """The report's title, what was run where, and the targets' table."""
     srv = result.get("server", {})
     m = result.get("machine", {})
     lines = [f"# pimem bench ({result['profile']['name']})", "",
@@ -537,6 +574,15 @@ def markdown(result: Section) -> str:
                             for k, x in v.items() if k in EXTRAS)
             lines.append(f"| {v['name']} | {_fmt(v['value'])}{extra} | {v['op']} "
                          f"{_fmt(v['limit'])} | {'yes' if v['met'] else '**no**'} |")
+    return lines
+
+
+def markdown(result: Section) -> str:
+    if "scale" in result:
+        from pyworker.lab.bench import scale
+
+        return "\n".join(header(result) + scale.markdown(result["scale"])) + "\n"
+    lines = header(result)
     cpu = result.get("cluster_cpu_seconds")
     if cpu:
         total = sum(cpu.values()) or 1

@@ -251,27 +251,30 @@ def prepare_floor_table(conn: psycopg.Connection) -> None:
     conn.execute(f"create table {FLOOR_TABLE} (like memory_private.messages including defaults)")
 
 
-def ingest_rows(width: int, n: int, tag: str) -> list[tuple[Any, ...]]:
-    """New user messages for existing conversations, 200-400 bytes of chat text each."""
+def ingest_rows(width: int, n: int, tag: str,
+                conversations: int = data.CONVERSATIONS_PER_WORKSPACE) -> list[tuple[Any, ...]]:
+    """New user messages for existing conversations (requests ``r000`` .. of each workspace),
+    200-400 bytes of chat text each."""
     import random
 
     rng = random.Random(11)
     rows: list[tuple[Any, ...]] = []
     for i in range(n):
         index = (i * 7919) % width
-        k = (i * 31) % data.CONVERSATIONS_PER_WORKSPACE
+        k = (i * 31) % conversations
         text = data.chat_text(rng, data._USER_LINES, 200, 400)
         rows.append((data.workspace_id(index), f"{tag}-{i:06d}", f"r{k:03d}", "user",
                      data.user_of(index, k), text, True, None, []))
     return rows
 
 
-def measure_ingest(conn: psycopg.Connection, width: int, n: int, batch: int = 50) -> Section:
+def measure_ingest(conn: psycopg.Connection, width: int, n: int, batch: int = 50,
+                   conversations: int = data.CONVERSATIONS_PER_WORKSPACE) -> Section:
     """memory.upsert_message (validation, hashing, foreign keys, indexes) vs a plain INSERT of
     the same row into an unindexed table: one call per transaction, and ``batch`` calls per
     transaction (which takes the commit out of both)."""
     prepare_floor_table(conn)
-    rows = ingest_rows(width, 2 * n + 4 * 20 + 2 * batch * 4, "ing")
+    rows = ingest_rows(width, 2 * n + 4 * 20 + 2 * batch * 4, f"ing{width}", conversations)
     upserts = iter(rows)
     floors = iter(rows)
 
