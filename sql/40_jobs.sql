@@ -232,6 +232,24 @@ comment on function memory_private.jobs_check_transition() is
 create trigger jobs_check_transition before update of status on memory_private.jobs
   for each row execute function memory_private.jobs_check_transition();
 
+create function memory_private.jobs_note_finished_run() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- What a run ends with is maintenance's to follow up: a commit's records call for a
+  -- consolidation, a scope whose job was running may have newer input to schedule.
+  perform memory_private.note_change(new.workspace_id, 'updated');
+  return null;
+end
+$$;
+comment on function memory_private.jobs_note_finished_run() is
+  'Trigger: a job leaving running (committed, failed, stopped, released) makes its workspace '
+  'due for maintenance (memory_private.maintenance_due).';
+
+create trigger jobs_note_finished_run after update of status on memory_private.jobs
+  for each row when (old.status = 'running' and new.status <> 'running')
+  execute function memory_private.jobs_note_finished_run();
+
 -- Helpers -----------------------------------------------------------------------------------
 
 create function memory_private.check_token(p_token text) returns uuid

@@ -17,19 +17,27 @@ create function memory_private.erase_expired_messages(p_workspace_id text) retur
   language plpgsql volatile
   as $$
 declare
-  v_count integer;
+  -- A batch per tick, so that a tick holds the workspace's memory lock for tens of
+  -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
+  -- it erased, so they are bounded by it too); the tick leaves the workspace due while
+  -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
+  v_batch constant integer := 500;
+  v_ids text[];
 begin
+  v_ids := array(select message_id from memory_private.messages
+                  where workspace_id = p_workspace_id and body is not null
+                    and retain_until <= memory_private.clock_now()
+                  order by retain_until
+                  limit v_batch);
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
-   where workspace_id = p_workspace_id and body is not null
-     and retain_until <= memory_private.clock_now();
-  get diagnostics v_count = row_count;
-  return v_count;
+   where workspace_id = p_workspace_id and message_id = any (v_ids);
+  return cardinality(v_ids);
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of every message of the workspace past its retention (T6) and '
-  'marks it for scrubbing.';
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 500 '
+  'longest expired at a time, and marks them for scrubbing. Returns how many.';
 
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
