@@ -769,7 +769,9 @@ begin
      retain_until, repositories, created_at)
   values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
           p_directed, p_retain_until, v_repos, v_now);
-  return memory_private.note_change(p_workspace_id, 'inserted', true);
+  -- A new message changes its own request's conversation only; an edit or a removal may
+  -- change what records anywhere rest on.
+  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
 end
 $$;
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
@@ -3212,7 +3214,7 @@ declare
   -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
   -- it erased, so they are bounded by it too); the tick leaves the workspace due while
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
-  v_batch constant integer := 500;
+  v_batch constant integer := 200;
   v_ids text[];
 begin
   v_ids := array(select message_id from memory_private.messages
@@ -3227,7 +3229,7 @@ begin
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of the workspace''s messages past their retention (T6), the 500 '
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 200 '
   'longest expired at a time, and marks them for scrubbing. Returns how many.';
 
 create or replace function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
@@ -4785,7 +4787,8 @@ begin
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
   return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end, true);
+                                    case when found then 'updated' else 'unchanged' end, true,
+                                    p_request_id);
 end
 $$;
 comment on function memory.finish_request(text, text, text, numeric) is
@@ -5301,7 +5304,7 @@ begin
   v_scope := v_start.scope;
   v_call := v_start.previous;
   -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
-  perform memory_private.note_change(p_workspace_id, 'updated');
+  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
@@ -5532,26 +5535,34 @@ grant execute on function memory_private.operator_request_memory_charges() to me
 -- the next time-based event) or holding an expired lease; the retention sweep erases a batch of
 -- expired messages per tick. Every workspace is due once after the upgrade, so its first tick
 -- plans its events.
-alter table memory_private.workspace_memory add column idle_window_seen interval;
+alter table memory_private.workspace_memory add column idle_window_seen interval,
+  add column extraction_blocked_scopes bigint[] not null default '{}';
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
   'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with). Created with the workspace by a trigger.';
+  'maintenance last ran for it), idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with) and extraction_blocked_scopes (the scopes whose '
+  'extraction input the last scheduling found blocked, P13: not derived again until something '
+  'they rest on changes). Created with the workspace by a trigger.';
 create table memory_private.maintenance_due (
   workspace_id text not null references memory_private.workspaces on delete cascade,
   due_at timestamptz not null,
   due_id bigint generated always as identity,
   idle_at timestamptz,
+  request_id text,
+  scope_id bigint,
   primary key (workspace_id, due_at, due_id)
 );
 comment on table memory_private.maintenance_due is
   'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
   'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
   'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
-  'touched, which the tick consuming the row keeps as a row of its own. Duplicates are '
-  'harmless; a row is deleted by the tick that runs at or after due_at.';
+  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
+  'what the change was confined to (a new message or request, a scope''s job or tool call), '
+  'so that the tick re-derives only the blocked extraction inputs it may have changed; both '
+  'NULL: anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 insert into memory_private.maintenance_due (workspace_id, due_at)
 select workspace_id, memory_private.clock_now() from memory_private.workspaces;
@@ -5559,8 +5570,10 @@ drop index memory_private.messages_retention_idx;
 create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
   where body is not null and retain_until is not null;
 
-create or replace function memory_private.note_change(p_workspace_id text, p_outcome text,
-                                           p_conversation boolean default false) returns text
+create or replace function memory_private.note_change(
+  p_workspace_id text, p_outcome text, p_conversation boolean default false,
+  p_request_id text default null, p_scope_id bigint default null
+) returns text
   language plpgsql volatile
   as $$
 declare
@@ -5574,17 +5587,19 @@ begin
       select v_now + idle_window into v_idle_at from memory_private.workspaces
        where workspace_id = p_workspace_id;
     end if;
-    insert into memory_private.maintenance_due (workspace_id, due_at, idle_at)
-    values (p_workspace_id, v_now, v_idle_at);
+    insert into memory_private.maintenance_due
+      (workspace_id, due_at, idle_at, request_id, scope_id)
+    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
   end if;
   return p_outcome;
 end
 $$;
-comment on function memory_private.note_change(text, text, boolean) is
+comment on function memory_private.note_change(text, text, boolean, text, bigint) is
   'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
   'updated), and, for a change to a conversation (a request or a message), again when the '
-  'workspace''s idle window after it ends. Returns p_outcome, so an upsert can return through '
-  'it.';
+  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'that request (a new message or request) or scope; neither: anything may have changed. '
+  'Returns p_outcome, so an upsert can return through it.';
 
 create or replace function memory_private.jobs_note_finished_run() returns trigger
   language plpgsql
@@ -5592,7 +5607,7 @@ create or replace function memory_private.jobs_note_finished_run() returns trigg
 begin
   -- What a run ends with is maintenance's to follow up: a commit's records call for a
   -- consolidation, a scope whose job was running may have newer input to schedule.
-  perform memory_private.note_change(new.workspace_id, 'updated');
+  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
   return null;
 end
 $$;
@@ -5912,7 +5927,7 @@ begin
   -- A new interactive request gets its memory scope at once (the trigger requests_scope of
   -- sql/20_memory_state.sql).
   return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
-                                    true);
+                                    true, p_request_id);
 end
 $$;
 comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
@@ -6133,7 +6148,13 @@ declare
                                       'leases_expired', 0);
   v_now timestamptz := memory_private.clock_now();
   v_idle_ends timestamptz[] := '{}';
+  v_idle_requests text[] := '{}';
   v_at timestamptz;
+  v_request text;
+  v_scope bigint;
+  v_all boolean := false;
+  v_requests text[] := '{}';
+  v_scopes bigint[] := '{}';
   v_seen interval;
   v_window interval;
   v_next timestamptz;
@@ -6141,14 +6162,24 @@ begin
   perform memory_private.lock_workspace(p_workspace_id);
   -- The rows due now are consumed first: a change committed after this statement keeps its
   -- row, so the next pass comes back for it; one committed before is seen by the steps below.
-  -- The idle ends the consumed changes set are kept as rows of their own.
-  for v_at in
+  -- The idle ends the consumed changes set are kept as rows of their own. What the changes
+  -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
+  -- means anything may have changed.
+  for v_at, v_request, v_scope in
     delete from memory_private.maintenance_due
      where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at
+    returning idle_at, request_id, scope_id
   loop
-    if v_at > v_now and not v_at = any (v_idle_ends) then
+    v_all := v_all or (v_request is null and v_scope is null);
+    if v_request is not null and not v_request = any (v_requests) then
+      v_requests := v_requests || v_request;
+    end if;
+    if v_scope is not null and not v_scope = any (v_scopes) then
+      v_scopes := v_scopes || v_scope;
+    end if;
+    if v_at > v_now then
       v_idle_ends := v_idle_ends || v_at;
+      v_idle_requests := v_idle_requests || v_request;
     end if;
   end loop;
   select m.idle_window_seen, w.idle_window into v_seen, v_window
@@ -6158,9 +6189,11 @@ begin
   if v_seen is distinct from v_window then
     -- The idle window changed (or was never planned with): every waiting conversation's idle
     -- end is planned anew, as memory.waiting_status computes it.
-    v_idle_ends := array(select distinct c.idle_until
-                           from memory_private.waiting_conversations(p_workspace_id, v_now) c
-                          where c.idle_until > v_now);
+    select coalesce(array_agg(c.idle_until order by c.request_id), '{}'),
+           coalesce(array_agg(c.request_id order by c.request_id), '{}')
+      into v_idle_ends, v_idle_requests
+      from memory_private.waiting_conversations(p_workspace_id, v_now) c
+     where c.idle_until > v_now;
   end if;
   -- The steps, in this order: leases first (a job whose worker died is released or stopped);
   -- then retention, before stale jobs are retired, so that a job or checkpoint built on a
@@ -6170,16 +6203,25 @@ begin
   v_total := memory_private.add_counts(v_total, memory_private.sweep_retention(p_workspace_id));
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(p_workspace_id));
+  -- What the steps so far erased, deleted, released or retired may change any input.
+  v_all := v_all or exists (select 1 from jsonb_each(v_total) c
+                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0);
+  v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
+               p_workspace_id, case when not v_all then v_requests end, v_scopes));
+  -- The idle ends (each with its request) and the next time-based event (confined to nothing)
+  -- as rows; under the memory lock, a row already planned for the same time and request is
+  -- consumed by a later tick, so it is not planned twice.
   v_next := memory_private.next_maintenance_at(p_workspace_id);
-  -- Under the memory lock, a row already planned for the same time is consumed by a later
-  -- tick, so it is not planned twice.
-  foreach v_at in array v_idle_ends || v_next loop
-    if v_at is not null
-       and not exists (select 1 from memory_private.maintenance_due
-                        where workspace_id = p_workspace_id and due_at = v_at) then
-      insert into memory_private.maintenance_due (workspace_id, due_at)
-      values (p_workspace_id, v_at);
+  for v_at, v_request in
+    select e.at, e.request_id
+      from unnest(v_idle_ends || v_next, v_idle_requests || null::text) as e(at, request_id)
+     where e.at is not null
+  loop
+    if not exists (select 1 from memory_private.maintenance_due
+                    where workspace_id = p_workspace_id and due_at = v_at
+                      and request_id is not distinct from v_request) then
+      insert into memory_private.maintenance_due (workspace_id, due_at, request_id)
+      values (p_workspace_id, v_at, v_request);
     end if;
   end loop;
   update memory_private.workspace_memory
@@ -6193,3 +6235,88 @@ comment on function memory_private.maintain_workspace(text) is
   'leases, sweeps retention, retires stale jobs, schedules jobs; plans its next time-based '
   'event (and the idle ends of its conversations) as due rows; stamps maintained_at. Returns '
   'the summed counts, sweep_backlog 1 when expired text is left for the next tick.';
+
+drop function memory_private.schedule_jobs(text);
+
+create or replace function memory_private.schedule_jobs(
+  p_workspace_id text, p_changed_requests text[] default null,
+  p_changed_scopes bigint[] default null
+) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_ws memory_private.workspaces;
+  v_now timestamptz := memory_private.clock_now();
+  v_request text;
+  v_changed boolean;
+  v_scope memory_private.scopes;
+  v_scope_id bigint;
+  v_result jsonb;
+  v_was_blocked bigint[];
+  v_blocked bigint[] := '{}';
+  v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                       'batches_skipped', 0);
+begin
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  if v_ws.paused then
+    return v_counts;
+  end if;
+  select extraction_blocked_scopes into v_was_blocked from memory_private.workspace_memory
+   where workspace_id = p_workspace_id;
+  -- One representative request per scope that has something new to extract, and whether a
+  -- request of it changed since the last tick (all have when p_changed_requests is NULL).
+  for v_request, v_changed in
+    select min(r.request_id),
+           p_changed_requests is null or bool_or(r.request_id = any (p_changed_requests))
+      from memory_private.requests r
+      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
+       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
+       and exists (select 1 from memory_private.messages m
+                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+                      and memory_private.is_retained(m.body is not null, m.retain_until,
+                                                     v_now)
+                      and not exists (select 1 from memory_private.extracted_sources e
+                                       where e.workspace_id = m.workspace_id
+                                         and e.message_id = m.message_id
+                                         and e.content_hash = m.content_hash))
+     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
+     order by 1
+  loop
+    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
+    -- A scope whose input was blocked at the last tick (P13) is not derived again while
+    -- nothing it rests on changed: neither a request of it, nor the scope (a job, a tool call),
+    -- nor anything workspace-wide (then p_changed_requests is NULL).
+    if not v_changed and v_scope.scope_id = any (v_was_blocked)
+       and not v_scope.scope_id = any (coalesce(p_changed_scopes, '{}')) then
+      v_blocked := v_blocked || v_scope.scope_id;
+      v_counts := memory_private.add_counts(v_counts, '{"blocked_inputs_unchanged": 1}');
+      continue;
+    end if;
+    v_result := memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id);
+    if v_result ? 'replays_blocked' then
+      v_blocked := v_blocked || v_scope.scope_id;
+    end if;
+    v_counts := memory_private.add_counts(v_counts, v_result);
+  end loop;
+  if v_blocked is distinct from v_was_blocked then
+    update memory_private.workspace_memory set extraction_blocked_scopes = v_blocked
+     where workspace_id = p_workspace_id;
+  end if;
+  for v_scope_id in
+    select scope_id from memory_private.scopes
+     where workspace_id = p_workspace_id and consolidation_due_at is not null
+     order by scope_id
+  loop
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_consolidation(p_workspace_id, v_scope_id));
+  end loop;
+  return v_counts;
+end
+$$;
+comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
+  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
+  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
+  'A scope whose extraction input was blocked at the last tick is passed over unless one of '
+  'p_changed_requests is its or it is among p_changed_scopes (every scope is derived when '
+  'p_changed_requests is NULL), and counted as blocked_inputs_unchanged. Returns counts.';

@@ -38,14 +38,17 @@ create table memory_private.workspace_memory (
   workspace_id text primary key references memory_private.workspaces on delete cascade,
   memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   maintained_at timestamptz,
-  idle_window_seen interval
+  idle_window_seen interval,
+  extraction_blocked_scopes bigint[] not null default '{}'
 );
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
   'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with). Created with the workspace by a trigger.';
+  'maintenance last ran for it), idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with) and extraction_blocked_scopes (the scopes whose '
+  'extraction input the last scheduling found blocked, P13: not derived again until something '
+  'they rest on changes). Created with the workspace by a trigger.';
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
@@ -75,18 +78,25 @@ create table memory_private.maintenance_due (
   due_at timestamptz not null,
   due_id bigint generated always as identity,
   idle_at timestamptz,
+  request_id text,
+  scope_id bigint,
   primary key (workspace_id, due_at, due_id)
 );
 comment on table memory_private.maintenance_due is
   'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
   'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
   'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
-  'touched, which the tick consuming the row keeps as a row of its own. Duplicates are '
-  'harmless; a row is deleted by the tick that runs at or after due_at.';
+  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
+  'what the change was confined to (a new message or request, a scope''s job or tool call), '
+  'so that the tick re-derives only the blocked extraction inputs it may have changed; both '
+  'NULL: anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 
-create function memory_private.note_change(p_workspace_id text, p_outcome text,
-                                           p_conversation boolean default false) returns text
+create function memory_private.note_change(
+  p_workspace_id text, p_outcome text, p_conversation boolean default false,
+  p_request_id text default null, p_scope_id bigint default null
+) returns text
   language plpgsql volatile
   as $$
 declare
@@ -100,17 +110,19 @@ begin
       select v_now + idle_window into v_idle_at from memory_private.workspaces
        where workspace_id = p_workspace_id;
     end if;
-    insert into memory_private.maintenance_due (workspace_id, due_at, idle_at)
-    values (p_workspace_id, v_now, v_idle_at);
+    insert into memory_private.maintenance_due
+      (workspace_id, due_at, idle_at, request_id, scope_id)
+    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
   end if;
   return p_outcome;
 end
 $$;
-comment on function memory_private.note_change(text, text, boolean) is
+comment on function memory_private.note_change(text, text, boolean, text, bigint) is
   'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
   'updated), and, for a change to a conversation (a request or a message), again when the '
-  'workspace''s idle window after it ends. Returns p_outcome, so an upsert can return through '
-  'it.';
+  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'that request (a new message or request) or scope; neither: anything may have changed. '
+  'Returns p_outcome, so an upsert can return through it.';
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,
@@ -630,7 +642,7 @@ begin
   -- A new interactive request gets its memory scope at once (the trigger requests_scope of
   -- sql/20_memory_state.sql).
   return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
-                                    true);
+                                    true, p_request_id);
 end
 $$;
 comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
@@ -671,7 +683,8 @@ begin
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
   return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end, true);
+                                    case when found then 'updated' else 'unchanged' end, true,
+                                    p_request_id);
 end
 $$;
 comment on function memory.finish_request(text, text, text, numeric) is
@@ -769,7 +782,9 @@ begin
      retain_until, repositories, created_at)
   values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
           p_directed, p_retain_until, v_repos, v_now);
-  return memory_private.note_change(p_workspace_id, 'inserted', true);
+  -- A new message changes its own request's conversation only; an edit or a removal may
+  -- change what records anywhere rest on.
+  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
 end
 $$;
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,

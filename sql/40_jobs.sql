@@ -238,7 +238,7 @@ create function memory_private.jobs_note_finished_run() returns trigger
 begin
   -- What a run ends with is maintenance's to follow up: a commit's records call for a
   -- consolidation, a scope whose job was running may have newer input to schedule.
-  perform memory_private.note_change(new.workspace_id, 'updated');
+  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
   return null;
 end
 $$;

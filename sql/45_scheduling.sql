@@ -358,15 +358,22 @@ comment on function memory_private.schedule_consolidation(text, bigint) is
   'recent valid records, charged to the most recent candidate''s originating request; with no '
   'valid record, clears the index and the due flag instead. Returns counts.';
 
-create function memory_private.schedule_jobs(p_workspace_id text) returns jsonb
+create function memory_private.schedule_jobs(
+  p_workspace_id text, p_changed_requests text[] default null,
+  p_changed_scopes bigint[] default null
+) returns jsonb
   language plpgsql volatile
   as $$
 declare
   v_ws memory_private.workspaces;
   v_now timestamptz := memory_private.clock_now();
   v_request text;
+  v_changed boolean;
   v_scope memory_private.scopes;
   v_scope_id bigint;
+  v_result jsonb;
+  v_was_blocked bigint[];
+  v_blocked bigint[] := '{}';
   v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                        'batches_skipped', 0);
 begin
@@ -374,9 +381,13 @@ begin
   if v_ws.paused then
     return v_counts;
   end if;
-  -- One representative request per scope that has something new to extract.
-  for v_request in
-    select min(r.request_id)
+  select extraction_blocked_scopes into v_was_blocked from memory_private.workspace_memory
+   where workspace_id = p_workspace_id;
+  -- One representative request per scope that has something new to extract, and whether a
+  -- request of it changed since the last tick (all have when p_changed_requests is NULL).
+  for v_request, v_changed in
+    select min(r.request_id),
+           p_changed_requests is null or bool_or(r.request_id = any (p_changed_requests))
       from memory_private.requests r
       join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
      where r.workspace_id = p_workspace_id and r.kind = 'interactive'
@@ -393,9 +404,25 @@ begin
      order by 1
   loop
     v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
-    v_counts := memory_private.add_counts(v_counts,
-                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
+    -- A scope whose input was blocked at the last tick (P13) is not derived again while
+    -- nothing it rests on changed: neither a request of it, nor the scope (a job, a tool call),
+    -- nor anything workspace-wide (then p_changed_requests is NULL).
+    if not v_changed and v_scope.scope_id = any (v_was_blocked)
+       and not v_scope.scope_id = any (coalesce(p_changed_scopes, '{}')) then
+      v_blocked := v_blocked || v_scope.scope_id;
+      v_counts := memory_private.add_counts(v_counts, '{"blocked_inputs_unchanged": 1}');
+      continue;
+    end if;
+    v_result := memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id);
+    if v_result ? 'replays_blocked' then
+      v_blocked := v_blocked || v_scope.scope_id;
+    end if;
+    v_counts := memory_private.add_counts(v_counts, v_result);
   end loop;
+  if v_blocked is distinct from v_was_blocked then
+    update memory_private.workspace_memory set extraction_blocked_scopes = v_blocked
+     where workspace_id = p_workspace_id;
+  end if;
   for v_scope_id in
     select scope_id from memory_private.scopes
      where workspace_id = p_workspace_id and consolidation_due_at is not null
@@ -407,8 +434,10 @@ begin
   return v_counts;
 end
 $$;
-comment on function memory_private.schedule_jobs(text) is
+comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
   'Maintenance step: schedules extraction for every scope with qualifying conversations and '
   'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'Returns counts.';
+  'A scope whose extraction input was blocked at the last tick is passed over unless one of '
+  'p_changed_requests is its or it is among p_changed_scopes (every scope is derived when '
+  'p_changed_requests is NULL), and counted as blocked_inputs_unchanged. Returns counts.';
 

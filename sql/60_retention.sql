@@ -21,7 +21,7 @@ declare
   -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
   -- it erased, so they are bounded by it too); the tick leaves the workspace due while
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
-  v_batch constant integer := 500;
+  v_batch constant integer := 200;
   v_ids text[];
 begin
   v_ids := array(select message_id from memory_private.messages
@@ -36,7 +36,7 @@ begin
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of the workspace''s messages past their retention (T6), the 500 '
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 200 '
   'longest expired at a time, and marks them for scrubbing. Returns how many.';
 
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)

@@ -176,7 +176,13 @@ declare
                                       'leases_expired', 0);
   v_now timestamptz := memory_private.clock_now();
   v_idle_ends timestamptz[] := '{}';
+  v_idle_requests text[] := '{}';
   v_at timestamptz;
+  v_request text;
+  v_scope bigint;
+  v_all boolean := false;
+  v_requests text[] := '{}';
+  v_scopes bigint[] := '{}';
   v_seen interval;
   v_window interval;
   v_next timestamptz;
@@ -184,14 +190,24 @@ begin
   perform memory_private.lock_workspace(p_workspace_id);
   -- The rows due now are consumed first: a change committed after this statement keeps its
   -- row, so the next pass comes back for it; one committed before is seen by the steps below.
-  -- The idle ends the consumed changes set are kept as rows of their own.
-  for v_at in
+  -- The idle ends the consumed changes set are kept as rows of their own. What the changes
+  -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
+  -- means anything may have changed.
+  for v_at, v_request, v_scope in
     delete from memory_private.maintenance_due
      where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at
+    returning idle_at, request_id, scope_id
   loop
-    if v_at > v_now and not v_at = any (v_idle_ends) then
+    v_all := v_all or (v_request is null and v_scope is null);
+    if v_request is not null and not v_request = any (v_requests) then
+      v_requests := v_requests || v_request;
+    end if;
+    if v_scope is not null and not v_scope = any (v_scopes) then
+      v_scopes := v_scopes || v_scope;
+    end if;
+    if v_at > v_now then
       v_idle_ends := v_idle_ends || v_at;
+      v_idle_requests := v_idle_requests || v_request;
     end if;
   end loop;
   select m.idle_window_seen, w.idle_window into v_seen, v_window
@@ -201,9 +217,11 @@ begin
   if v_seen is distinct from v_window then
     -- The idle window changed (or was never planned with): every waiting conversation's idle
     -- end is planned anew, as memory.waiting_status computes it.
-    v_idle_ends := array(select distinct c.idle_until
-                           from memory_private.waiting_conversations(p_workspace_id, v_now) c
-                          where c.idle_until > v_now);
+    select coalesce(array_agg(c.idle_until order by c.request_id), '{}'),
+           coalesce(array_agg(c.request_id order by c.request_id), '{}')
+      into v_idle_ends, v_idle_requests
+      from memory_private.waiting_conversations(p_workspace_id, v_now) c
+     where c.idle_until > v_now;
   end if;
   -- The steps, in this order: leases first (a job whose worker died is released or stopped);
   -- then retention, before stale jobs are retired, so that a job or checkpoint built on a
@@ -213,16 +231,25 @@ begin
   v_total := memory_private.add_counts(v_total, memory_private.sweep_retention(p_workspace_id));
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(p_workspace_id));
+  -- What the steps so far erased, deleted, released or retired may change any input.
+  v_all := v_all or exists (select 1 from jsonb_each(v_total) c
+                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0);
+  v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
+               p_workspace_id, case when not v_all then v_requests end, v_scopes));
+  -- The idle ends (each with its request) and the next time-based event (confined to nothing)
+  -- as rows; under the memory lock, a row already planned for the same time and request is
+  -- consumed by a later tick, so it is not planned twice.
   v_next := memory_private.next_maintenance_at(p_workspace_id);
-  -- Under the memory lock, a row already planned for the same time is consumed by a later
-  -- tick, so it is not planned twice.
-  foreach v_at in array v_idle_ends || v_next loop
-    if v_at is not null
-       and not exists (select 1 from memory_private.maintenance_due
-                        where workspace_id = p_workspace_id and due_at = v_at) then
-      insert into memory_private.maintenance_due (workspace_id, due_at)
-      values (p_workspace_id, v_at);
+  for v_at, v_request in
+    select e.at, e.request_id
+      from unnest(v_idle_ends || v_next, v_idle_requests || null::text) as e(at, request_id)
+     where e.at is not null
+  loop
+    if not exists (select 1 from memory_private.maintenance_due
+                    where workspace_id = p_workspace_id and due_at = v_at
+                      and request_id is not distinct from v_request) then
+      insert into memory_private.maintenance_due (workspace_id, due_at, request_id)
+      values (p_workspace_id, v_at, v_request);
     end if;
   end loop;
   update memory_private.workspace_memory
