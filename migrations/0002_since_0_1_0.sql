@@ -5535,16 +5535,13 @@ grant execute on function memory_private.operator_request_memory_charges() to me
 -- the next time-based event) or holding an expired lease; the retention sweep erases a batch of
 -- expired messages per tick. Every workspace is due once after the upgrade, so its first tick
 -- plans its events.
-alter table memory_private.workspace_memory add column idle_window_seen interval,
-  add column extraction_blocked_scopes bigint[] not null default '{}';
+alter table memory_private.workspace_memory add column idle_window_seen interval;
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
   'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it), idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with) and extraction_blocked_scopes (the scopes whose '
-  'extraction input the last scheduling found blocked, P13: not derived again until something '
-  'they rest on changes). Created with the workspace by a trigger.';
+  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with). Created with the workspace by a trigger.';
 create table memory_private.maintenance_due (
   workspace_id text not null references memory_private.workspaces on delete cascade,
   due_at timestamptz not null,
@@ -5560,8 +5557,8 @@ comment on table memory_private.maintenance_due is
   'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
   'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
   'what the change was confined to (a new message or request, a scope''s job or tool call), '
-  'so that the tick re-derives only the blocked extraction inputs it may have changed; both '
-  'NULL: anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
+  'anything in the workspace may have changed. Duplicates are harmless; a row is '
   'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 insert into memory_private.maintenance_due (workspace_id, due_at)
@@ -6248,12 +6245,9 @@ declare
   v_ws memory_private.workspaces;
   v_now timestamptz := memory_private.clock_now();
   v_request text;
-  v_changed boolean;
+  v_requests text[];
   v_scope memory_private.scopes;
   v_scope_id bigint;
-  v_result jsonb;
-  v_was_blocked bigint[];
-  v_blocked bigint[] := '{}';
   v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                        'batches_skipped', 0);
 begin
@@ -6261,16 +6255,29 @@ begin
   if v_ws.paused then
     return v_counts;
   end if;
-  select extraction_blocked_scopes into v_was_blocked from memory_private.workspace_memory
-   where workspace_id = p_workspace_id;
-  -- One representative request per scope that has something new to extract, and whether a
-  -- request of it changed since the last tick (all have when p_changed_requests is NULL).
-  for v_request, v_changed in
-    select min(r.request_id),
-           p_changed_requests is null or bool_or(r.request_id = any (p_changed_requests))
+  -- After a change confined to some requests and scopes, only their scopes can have a new
+  -- extraction input: every other scope's input is what the last tick derived (a job made,
+  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
+  -- comes as a change of its own (a job leaving running names its scope; a conversation's
+  -- idle end, its request). So a tick costs what the change touched, not the workspace's
+  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is not null then
+    v_requests := p_changed_requests || array(
+      select r.request_id
+        from memory_private.scopes s
+        join memory_private.requests r
+          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+         and (case when s.kind = 'private' then r.user_id = s.user_id
+                   else r.topic_id = s.topic_id end)
+       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  end if;
+  -- One representative request per scope that has something new to extract.
+  for v_request in
+    select min(r.request_id)
       from memory_private.requests r
       join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
      where r.workspace_id = p_workspace_id and r.kind = 'interactive'
+       and (v_requests is null or r.request_id = any (v_requests))
        and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
        and exists (select 1 from memory_private.messages m
                     where m.workspace_id = r.workspace_id and m.request_id = r.request_id
@@ -6284,25 +6291,9 @@ begin
      order by 1
   loop
     v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
-    -- A scope whose input was blocked at the last tick (P13) is not derived again while
-    -- nothing it rests on changed: neither a request of it, nor the scope (a job, a tool call),
-    -- nor anything workspace-wide (then p_changed_requests is NULL).
-    if not v_changed and v_scope.scope_id = any (v_was_blocked)
-       and not v_scope.scope_id = any (coalesce(p_changed_scopes, '{}')) then
-      v_blocked := v_blocked || v_scope.scope_id;
-      v_counts := memory_private.add_counts(v_counts, '{"blocked_inputs_unchanged": 1}');
-      continue;
-    end if;
-    v_result := memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id);
-    if v_result ? 'replays_blocked' then
-      v_blocked := v_blocked || v_scope.scope_id;
-    end if;
-    v_counts := memory_private.add_counts(v_counts, v_result);
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
   end loop;
-  if v_blocked is distinct from v_was_blocked then
-    update memory_private.workspace_memory set extraction_blocked_scopes = v_blocked
-     where workspace_id = p_workspace_id;
-  end if;
   for v_scope_id in
     select scope_id from memory_private.scopes
      where workspace_id = p_workspace_id and consolidation_due_at is not null
@@ -6317,6 +6308,6 @@ $$;
 comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
   'Maintenance step: schedules extraction for every scope with qualifying conversations and '
   'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'A scope whose extraction input was blocked at the last tick is passed over unless one of '
-  'p_changed_requests is its or it is among p_changed_scopes (every scope is derived when '
-  'p_changed_requests is NULL), and counted as blocked_inputs_unchanged. Returns counts.';
+  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
+  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
+  'counts.';

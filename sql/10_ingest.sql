@@ -38,17 +38,14 @@ create table memory_private.workspace_memory (
   workspace_id text primary key references memory_private.workspaces on delete cascade,
   memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
   maintained_at timestamptz,
-  idle_window_seen interval,
-  extraction_blocked_scopes bigint[] not null default '{}'
+  idle_window_seen interval
 );
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
   'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it), idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with) and extraction_blocked_scopes (the scopes whose '
-  'extraction input the last scheduling found blocked, P13: not derived again until something '
-  'they rest on changes). Created with the workspace by a trigger.';
+  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with). Created with the workspace by a trigger.';
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
@@ -88,8 +85,8 @@ comment on table memory_private.maintenance_due is
   'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
   'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
   'what the change was confined to (a new message or request, a scope''s job or tool call), '
-  'so that the tick re-derives only the blocked extraction inputs it may have changed; both '
-  'NULL: anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
+  'anything in the workspace may have changed. Duplicates are harmless; a row is '
   'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 

@@ -290,7 +290,7 @@ def test_a_blocked_input_is_not_derived_again_after_a_change_elsewhere(
     advance(conn, "31 minutes")
     seen = walk(conn)["busy"]
     assert seen["extract_jobs_created"] == 1, "the other scope is scheduled"
-    assert seen["blocked_inputs_unchanged"] == 1 and "replays_blocked" not in seen
+    assert "replays_blocked" not in seen, "the stopped input is not derived again"
 
 
 def test_a_blocked_input_is_derived_again_when_its_scope_changes(
@@ -315,4 +315,4 @@ def test_a_blocked_input_is_derived_again_after_a_workspace_wide_change(
         settled(conn)
         w.message("busy", "g1-u", "g1", "user", "bob", "hello again")
     seen = walk(conn)["busy"]
-    assert seen["replays_blocked"] == 1 and "blocked_inputs_unchanged" not in seen
+    assert seen["replays_blocked"] == 1
