@@ -3206,7 +3206,11 @@ comment on function memory_private.index_records(text, bigint[], boolean) is
   'documents (record_lines). The records trigger calls it for one record; a bulk load with '
   'triggers off calls it for all it loaded.';
 
-create or replace function memory_private.erase_expired_messages(p_workspace_id text) returns integer
+-- It answers the requests whose messages it erased as well as how many.
+drop function memory_private.erase_expired_messages(text);
+create or replace function memory_private.erase_expired_messages(
+  p_workspace_id text, out erased integer, out request_ids text[]
+)
   language plpgsql volatile
   as $$
 declare
@@ -3214,23 +3218,27 @@ declare
   -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
   -- it erased, so they are bounded by it too); the tick leaves the workspace due while
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
-  v_batch constant integer := 200;
+  v_batch constant integer := 100;
   v_ids text[];
 begin
-  v_ids := array(select message_id from memory_private.messages
-                  where workspace_id = p_workspace_id and body is not null
-                    and retain_until <= memory_private.clock_now()
-                  order by retain_until
-                  limit v_batch);
+  select coalesce(array_agg(e.message_id), '{}'),
+         coalesce(array_agg(distinct e.request_id), '{}')
+    into v_ids, request_ids
+    from (select message_id, request_id from memory_private.messages
+           where workspace_id = p_workspace_id and body is not null
+             and retain_until <= memory_private.clock_now()
+           order by retain_until
+           limit v_batch) e;
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
    where workspace_id = p_workspace_id and message_id = any (v_ids);
-  return cardinality(v_ids);
+  erased := cardinality(v_ids);
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of the workspace''s messages past their retention (T6), the 200 '
-  'longest expired at a time, and marks them for scrubbing. Returns how many.';
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 100 '
+  'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
+  'requests they belong to (whose conversations changed).';
 
 create or replace function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -5549,6 +5557,7 @@ create table memory_private.maintenance_due (
   idle_at timestamptz,
   request_id text,
   scope_id bigint,
+  foreseen boolean not null default false,
   primary key (workspace_id, due_at, due_id)
 );
 comment on table memory_private.maintenance_due is
@@ -5558,7 +5567,8 @@ comment on table memory_private.maintenance_due is
   'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
   'what the change was confined to (a new message or request, a scope''s job or tool call), '
   'so that the tick derives only the extraction inputs it may have changed; both NULL: '
-  'anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
+  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
   'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 insert into memory_private.maintenance_due (workspace_id, due_at)
@@ -6154,6 +6164,8 @@ declare
   v_scopes bigint[] := '{}';
   v_seen interval;
   v_window interval;
+  v_sweep jsonb;
+  v_foreseen boolean;
   v_next timestamptz;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
@@ -6162,12 +6174,12 @@ begin
   -- The idle ends the consumed changes set are kept as rows of their own. What the changes
   -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
   -- means anything may have changed.
-  for v_at, v_request, v_scope in
+  for v_at, v_request, v_scope, v_foreseen in
     delete from memory_private.maintenance_due
      where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at, request_id, scope_id
+    returning idle_at, request_id, scope_id, foreseen
   loop
-    v_all := v_all or (v_request is null and v_scope is null);
+    v_all := v_all or (v_request is null and v_scope is null and not v_foreseen);
     if v_request is not null and not v_request = any (v_requests) then
       v_requests := v_requests || v_request;
     end if;
@@ -6197,17 +6209,25 @@ begin
   -- source erased here is superseded in the same tick (T3); scheduling last, so that the
   -- consolidation the sweep's deletions call for is scheduled at once.
   v_total := memory_private.add_counts(v_total, memory_private.expire_leases(p_workspace_id));
-  v_total := memory_private.add_counts(v_total, memory_private.sweep_retention(p_workspace_id));
+  v_sweep := memory_private.sweep_retention(p_workspace_id);
+  v_total := memory_private.add_counts(v_total, v_sweep - 'expired_request_ids');
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  -- What the steps so far erased, deleted, released or retired may change any input.
+  -- What the steps so far deleted, released or retired may change any input; text past its
+  -- retention changes its own conversations (and what the erasure makes stale is retired, so
+  -- counted here).
+  v_requests := v_requests || array(select jsonb_array_elements_text(
+                                             v_sweep -> 'expired_request_ids'));
   v_all := v_all or exists (select 1 from jsonb_each(v_total) c
-                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0);
+                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0
+                               and c.key not in ('messages_expired', 'messages_scrubbed',
+                                                 'tombstones_dropped'));
   v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
                p_workspace_id, case when not v_all then v_requests end, v_scopes));
-  -- The idle ends (each with its request) and the next time-based event (confined to nothing)
-  -- as rows; under the memory lock, a row already planned for the same time and request is
-  -- consumed by a later tick, so it is not planned twice.
+  -- The idle ends (each with its request) and the next time-based event as foreseen rows (a
+  -- retention end names its requests when it erases; a pruning deletes records, which makes
+  -- the tick derive every scope); under the memory lock, a row already planned for the same
+  -- time and request is consumed by a later tick, so it is not planned twice.
   v_next := memory_private.next_maintenance_at(p_workspace_id);
   for v_at, v_request in
     select e.at, e.request_id
@@ -6217,8 +6237,8 @@ begin
     if not exists (select 1 from memory_private.maintenance_due
                     where workspace_id = p_workspace_id and due_at = v_at
                       and request_id is not distinct from v_request) then
-      insert into memory_private.maintenance_due (workspace_id, due_at, request_id)
-      values (p_workspace_id, v_at, v_request);
+      insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
+      values (p_workspace_id, v_at, v_request, true);
     end if;
   end loop;
   update memory_private.workspace_memory
@@ -6311,3 +6331,35 @@ comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
   'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
   'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
   'counts.';
+
+create or replace function memory_private.sweep_retention(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_expired integer;
+  v_expired_requests text[];
+  v_derived integer;
+  v_invalid integer;
+  v_scrubbed integer;
+  v_tombstones integer;
+  v_pruned integer;
+begin
+  perform memory_private.lock_workspace(p_workspace_id);
+  select e.erased, e.request_ids into v_expired, v_expired_requests
+    from memory_private.erase_expired_messages(p_workspace_id) e;
+  v_derived := memory_private.erase_derived_answers(p_workspace_id);
+  v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
+  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
+  v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
+  v_pruned := memory_private.prune_records(p_workspace_id);
+  return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
+                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
+                            'expired_request_ids', to_jsonb(v_expired_requests));
+end
+$$;
+comment on function memory_private.sweep_retention(text) is
+  'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
+  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
+  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
+  'messages expired here.';

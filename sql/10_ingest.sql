@@ -77,6 +77,7 @@ create table memory_private.maintenance_due (
   idle_at timestamptz,
   request_id text,
   scope_id bigint,
+  foreseen boolean not null default false,
   primary key (workspace_id, due_at, due_id)
 );
 comment on table memory_private.maintenance_due is
@@ -86,7 +87,8 @@ comment on table memory_private.maintenance_due is
   'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
   'what the change was confined to (a new message or request, a scope''s job or tool call), '
   'so that the tick derives only the extraction inputs it may have changed; both NULL: '
-  'anything in the workspace may have changed. Duplicates are harmless; a row is '
+  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
+  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
   'deleted by the tick that runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
 

@@ -185,6 +185,8 @@ declare
   v_scopes bigint[] := '{}';
   v_seen interval;
   v_window interval;
+  v_sweep jsonb;
+  v_foreseen boolean;
   v_next timestamptz;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
@@ -193,12 +195,12 @@ begin
   -- The idle ends the consumed changes set are kept as rows of their own. What the changes
   -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
   -- means anything may have changed.
-  for v_at, v_request, v_scope in
+  for v_at, v_request, v_scope, v_foreseen in
     delete from memory_private.maintenance_due
      where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at, request_id, scope_id
+    returning idle_at, request_id, scope_id, foreseen
   loop
-    v_all := v_all or (v_request is null and v_scope is null);
+    v_all := v_all or (v_request is null and v_scope is null and not v_foreseen);
     if v_request is not null and not v_request = any (v_requests) then
       v_requests := v_requests || v_request;
     end if;
@@ -228,17 +230,25 @@ begin
   -- source erased here is superseded in the same tick (T3); scheduling last, so that the
   -- consolidation the sweep's deletions call for is scheduled at once.
   v_total := memory_private.add_counts(v_total, memory_private.expire_leases(p_workspace_id));
-  v_total := memory_private.add_counts(v_total, memory_private.sweep_retention(p_workspace_id));
+  v_sweep := memory_private.sweep_retention(p_workspace_id);
+  v_total := memory_private.add_counts(v_total, v_sweep - 'expired_request_ids');
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  -- What the steps so far erased, deleted, released or retired may change any input.
+  -- What the steps so far deleted, released or retired may change any input; text past its
+  -- retention changes its own conversations (and what the erasure makes stale is retired, so
+  -- counted here).
+  v_requests := v_requests || array(select jsonb_array_elements_text(
+                                             v_sweep -> 'expired_request_ids'));
   v_all := v_all or exists (select 1 from jsonb_each(v_total) c
-                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0);
+                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0
+                               and c.key not in ('messages_expired', 'messages_scrubbed',
+                                                 'tombstones_dropped'));
   v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
                p_workspace_id, case when not v_all then v_requests end, v_scopes));
-  -- The idle ends (each with its request) and the next time-based event (confined to nothing)
-  -- as rows; under the memory lock, a row already planned for the same time and request is
-  -- consumed by a later tick, so it is not planned twice.
+  -- The idle ends (each with its request) and the next time-based event as foreseen rows (a
+  -- retention end names its requests when it erases; a pruning deletes records, which makes
+  -- the tick derive every scope); under the memory lock, a row already planned for the same
+  -- time and request is consumed by a later tick, so it is not planned twice.
   v_next := memory_private.next_maintenance_at(p_workspace_id);
   for v_at, v_request in
     select e.at, e.request_id
@@ -248,8 +258,8 @@ begin
     if not exists (select 1 from memory_private.maintenance_due
                     where workspace_id = p_workspace_id and due_at = v_at
                       and request_id is not distinct from v_request) then
-      insert into memory_private.maintenance_due (workspace_id, due_at, request_id)
-      values (p_workspace_id, v_at, v_request);
+      insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
+      values (p_workspace_id, v_at, v_request, true);
     end if;
   end loop;
   update memory_private.workspace_memory
