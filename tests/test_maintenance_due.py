@@ -19,8 +19,16 @@ from psycopg.types.json import Jsonb
 from pyworker.adapters.offline import OfflineAdapter
 from pyworker.worker import Worker, WorkerConfig
 from tests.factory import World
-from tests.jobs_world import (advance, checkpoint, claim, commit, extraction_of, fail,
-                              maintenance, start)
+from tests.jobs_world import (
+    advance,
+    checkpoint,
+    claim,
+    commit,
+    extraction_of,
+    fail,
+    maintenance,
+    start,
+)
 from tests.records import make_record
 
 
@@ -36,6 +44,13 @@ def walk(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
             return seen
         after = row[0]["workspace_id"]
         seen[after] = row[0]
+
+
+def walk_busy(conn: psycopg.Connection) -> dict[str, Any]:
+    """A walk that must visit workspace busy alone; its counts."""
+    seen = walk(conn)
+    assert list(seen) == ["busy"], seen
+    return seen["busy"]
 
 
 def maintained_at(conn: psycopg.Connection, ws: str) -> datetime | None:
@@ -133,9 +148,8 @@ def _idle_extraction(conn: psycopg.Connection) -> dict[str, Any]:
     w.conversation("busy", "r1", chat="dm-alice", user="alice")
     settled(conn)
     advance(conn, "31 minutes")
-    seen = walk(conn)
-    assert list(seen) == ["busy"], "the conversation's idle end makes it due"
-    assert seen["busy"]["extract_jobs_created"] == 1
+    # the conversation's idle end makes it due
+    assert walk_busy(conn)["extract_jobs_created"] == 1
     job = claim(conn)
     assert job is not None
     return job
@@ -153,8 +167,7 @@ def test_a_shorter_idle_window_is_planned_anew(conn: psycopg.Connection) -> None
     w.workspace("busy", idle_minutes=5)  # the conversation is now idle at +5, not +30
     settled(conn)
     advance(conn, "4 minutes")
-    seen = walk(conn)
-    assert list(seen) == ["busy"] and seen["busy"]["extract_jobs_created"] == 1
+    assert walk_busy(conn)["extract_jobs_created"] == 1
 
 
 def test_a_job_leaving_running_makes_its_workspace_due(conn: psycopg.Connection) -> None:
@@ -173,16 +186,14 @@ def test_a_commit_makes_its_workspace_due_for_the_consolidation(
     start(conn, job)
     checkpoint(conn, job, extraction_of(job))
     commit(conn, job)
-    seen = walk(conn)
-    assert list(seen) == ["busy"] and seen["busy"]["consolidate_jobs_created"] == 1
+    assert walk_busy(conn)["consolidate_jobs_created"] == 1
 
 
 def test_an_expired_lease_makes_its_workspace_due(conn: psycopg.Connection) -> None:
     _idle_extraction(conn)
     settled(conn)
     advance(conn, "3 minutes")
-    seen = walk(conn)
-    assert list(seen) == ["busy"] and seen["busy"]["leases_expired"] == 1
+    assert walk_busy(conn)["leases_expired"] == 1
 
 
 def test_a_retention_end_makes_its_workspace_due(conn: psycopg.Connection) -> None:
@@ -198,8 +209,7 @@ def test_a_retention_end_makes_its_workspace_due(conn: psycopg.Connection) -> No
     advance(conn, "23 hours")
     assert walk(conn) == {}
     advance(conn, "1 day")
-    seen = walk(conn)
-    assert list(seen) == ["busy"] and seen["busy"]["messages_expired"] == 1
+    assert walk_busy(conn)["messages_expired"] == 1
 
 
 def test_a_pruning_horizon_makes_its_workspace_due(conn: psycopg.Connection) -> None:
@@ -212,8 +222,7 @@ def test_a_pruning_horizon_makes_its_workspace_due(conn: psycopg.Connection) -> 
     advance(conn, "29 days")
     assert walk(conn) == {}
     advance(conn, "1 day")
-    seen = walk(conn)
-    assert list(seen) == ["busy"] and seen["busy"]["records_pruned"] == 1
+    assert walk_busy(conn)["records_pruned"] == 1
 
 
 def expired_backlog(conn: psycopg.Connection, count: int) -> None:
@@ -276,8 +285,7 @@ def _stopped_input(conn: psycopg.Connection) -> World:
     assert job is not None
     start(conn, job)
     fail(conn, job, "unknown", "call_aborted")
-    seen = walk(conn)
-    assert seen["busy"]["replays_blocked"] == 1, "the job's own scope is derived again"
+    assert walk_busy(conn)["replays_blocked"] == 1, "the job's own scope is derived again"
     settled(conn)
     return w
 
@@ -288,7 +296,7 @@ def test_a_blocked_input_is_not_derived_again_after_a_change_elsewhere(
     w = _stopped_input(conn)
     w.conversation("busy", "g1", chat="grp", user="bob")  # another scope
     advance(conn, "31 minutes")
-    seen = walk(conn)["busy"]
+    seen = walk_busy(conn)
     assert seen["extract_jobs_created"] == 1, "the other scope is scheduled"
     assert "replays_blocked" not in seen, "the stopped input is not derived again"
 
@@ -299,7 +307,7 @@ def test_a_blocked_input_is_derived_again_when_its_scope_changes(
     w = _stopped_input(conn)
     w.conversation("busy", "r2", chat="dm-alice", user="alice")
     advance(conn, "31 minutes")
-    seen = walk(conn)["busy"]
+    seen = walk_busy(conn)
     assert seen["extract_jobs_created"] == 1, "a changed input is a new job, not a replay"
 
 
@@ -314,5 +322,5 @@ def test_a_blocked_input_is_derived_again_after_a_workspace_wide_change(
         w.conversation("busy", "g1", chat="grp", user="bob")
         settled(conn)
         w.message("busy", "g1-u", "g1", "user", "bob", "hello again")
-    seen = walk(conn)["busy"]
+    seen = walk_busy(conn)
     assert seen["replays_blocked"] == 1

@@ -130,7 +130,8 @@ def settle(conn: psycopg.Connection) -> None:
 
 
 def _passes(conn: psycopg.Connection, changed: list[str], passes: int, mark: int) -> Section:
-    times, visited = [], set()
+    times: list[float] = []
+    visited: set[str] = set()
     for p in range(passes):
         for ws in changed:
             live_message(conn, ws, mark + p)
@@ -343,3 +344,51 @@ def markdown(section: Section) -> list[str]:
          f"{s['build_seconds']}, sweep {w['build_seconds']}."),
     ]
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The section alone: ``python -m pyworker.lab.bench.maintenance [--quick] [--dsn DSN]``,
+    in a throwaway cluster of the machine's PostgreSQL binaries without --dsn."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="the quick profile's sizes")
+    parser.add_argument("--dsn", help="a scratch database (superuser), else a throwaway cluster")
+    args = parser.parse_args(argv)
+    from pyworker import schema
+    from pyworker.lab.bench import PROFILES
+
+    p = PROFILES["quick" if args.quick else "default"]
+    cleanup = None
+    dsn = args.dsn
+    if dsn is None:
+        from pyworker.lab.servers import LocalCluster, find_bindir
+
+        bindir = find_bindir()
+        if bindir is None:
+            raise SystemExit("no local PostgreSQL binaries: pass --dsn")
+        cluster = LocalCluster(bindir).init().start()
+        cleanup = cluster.destroy
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("create database pimem_bench")
+        dsn = cluster.dsn("pimem_bench")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if not conn.execute("select 1 from pg_namespace where nspname = 'memory'").fetchone():
+                schema.apply_canonical(conn)
+        section = measure(dsn, changed=p.maint_changed, idle=p.maint_idle,
+                          passes=p.maint_passes, stopped=p.maint_stopped,
+                          sweep_workspaces=p.sweep_workspaces,
+                          sweep_per_workspace=p.sweep_messages,
+                          ingest_samples=max(100, p.ingest_samples // 3))
+    finally:
+        if cleanup is not None:
+            cleanup()
+    print(json.dumps(section, indent=2))
+    print("\n".join(markdown(section)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
