@@ -505,8 +505,10 @@ begin
   select config_version into v_config from memory_private.workspaces
    where workspace_id = p_workspace_id;
   for v_job in
+    -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
+    -- workspace's finished and stopped jobs are history a tick does not read.
     select j.* from memory_private.jobs j
-     where j.workspace_id = p_workspace_id
+     where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
        and (j.status = 'pending'
             or (j.status = 'running'
                 and not exists (select 1 from memory_private.job_attempts a
