@@ -3218,7 +3218,7 @@ declare
   -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
   -- it erased, so they are bounded by it too); the tick leaves the workspace due while
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
-  v_batch constant integer := 100;
+  v_batch constant integer := 50;
   v_ids text[];
 begin
   select coalesce(array_agg(e.message_id), '{}'),
@@ -3236,7 +3236,7 @@ begin
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of the workspace''s messages past their retention (T6), the 100 '
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
   'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
   'requests they belong to (whose conversations changed).';
 

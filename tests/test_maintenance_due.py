@@ -251,22 +251,22 @@ def unerased(conn: psycopg.Connection) -> int:
 def test_a_large_expiry_is_swept_a_batch_per_tick_until_none_is_left(
     conn: psycopg.Connection
 ) -> None:
-    expired_backlog(conn, 250)
+    expired_backlog(conn, 125)
     erased = []
     for _ in range(5):
         seen = walk(conn)
         if not seen:
             break
         erased.append(seen["busy"]["messages_expired"])
-        assert seen["busy"]["sweep_backlog"] == (1 if sum(erased) < 250 else 0)
-    assert erased == [100, 100, 50], erased
+        assert seen["busy"]["sweep_backlog"] == (1 if sum(erased) < 125 else 0)
+    assert erased == [50, 50, 25], erased
     assert unerased(conn) == 0
 
 
 def test_the_worker_sweeps_on_without_waiting_while_a_backlog_remains(
     conn: psycopg.Connection, db_dsn: str
 ) -> None:
-    expired_backlog(conn, 600)
+    expired_backlog(conn, 300)
     # A one-shot run stops at its first idle tick, unless the sweep left a backlog.
     worker = Worker(WorkerConfig(dsn=db_dsn, interval=3600.0, worker_id="sweeper"),
                     OfflineAdapter())
