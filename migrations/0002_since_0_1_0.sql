@@ -744,7 +744,8 @@ begin
        set body = null, content_hash = null, removed_at = v_now, removal_reason = 'removed',
            scrub_pending = true
      where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
-    return case when found then 'updated' else 'unchanged' end;
+    return memory_private.note_change(p_workspace_id,
+                                      case when found then 'updated' else 'unchanged' end, true);
   end if;
   if v_old.message_id is not null then
     if v_old.removed_at is not null then
@@ -764,7 +765,7 @@ begin
            retain_until = p_retain_until, repositories = v_repos,
            edited_at = case when content_hash <> v_hash then v_now else edited_at end
      where workspace_id = p_workspace_id and message_id = p_message_id;
-    return 'updated';
+    return memory_private.note_change(p_workspace_id, 'updated', true);
   end if;
 
   insert into memory_private.messages
@@ -772,10 +773,11 @@ begin
      retain_until, repositories, created_at)
   values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
           p_directed, p_retain_until, v_repos, v_now);
-  return 'inserted';
+  -- A new message changes its own request's conversation only; an edit or a removal may
+  -- change what records anywhere rest on.
+  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
 end
 $$;
-
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
                                           timestamptz, text[]) is
   'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
@@ -3236,24 +3238,39 @@ comment on function memory_private.index_records(text, bigint[], boolean) is
   'documents (record_lines). The records trigger calls it for one record; a bulk load with '
   'triggers off calls it for all it loaded.';
 
-create or replace function memory_private.erase_expired_messages(p_workspace_id text) returns integer
+-- It answers the requests whose messages it erased as well as how many.
+drop function memory_private.erase_expired_messages(text);
+create or replace function memory_private.erase_expired_messages(
+  p_workspace_id text, out erased integer, out request_ids text[]
+)
   language plpgsql volatile
   as $$
 declare
-  v_count integer;
+  -- A batch per tick, so that a tick holds the workspace's memory lock for tens of
+  -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
+  -- it erased, so they are bounded by it too); the tick leaves the workspace due while
+  -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
+  v_batch constant integer := 50;
+  v_ids text[];
 begin
+  select coalesce(array_agg(e.message_id), '{}'),
+         coalesce(array_agg(distinct e.request_id), '{}')
+    into v_ids, request_ids
+    from (select message_id, request_id from memory_private.messages
+           where workspace_id = p_workspace_id and body is not null
+             and retain_until <= memory_private.clock_now()
+           order by retain_until
+           limit v_batch) e;
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
-   where workspace_id = p_workspace_id and body is not null
-     and retain_until <= memory_private.clock_now();
-  get diagnostics v_count = row_count;
-  return v_count;
+   where workspace_id = p_workspace_id and message_id = any (v_ids);
+  erased := cardinality(v_ids);
 end
 $$;
-
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of every message of the workspace past its retention (T6) and '
-  'marks it for scrubbing.';
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
+  'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
+  'requests they belong to (whose conversations changed).';
 
 create or replace function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -3515,8 +3532,7 @@ begin
   -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
-                                 array(select workspace_id from memory_private.workspaces
-                                        order by workspace_id))
+                                 array(select memory_private.due_workspaces(null, null)))
   loop
     v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
@@ -3525,7 +3541,7 @@ begin
 end
 $$;
 comment on function memory.run_maintenance(text) is
-  'One maintenance tick for one workspace (or all when NULL, in one transaction: for small '
+  'One maintenance tick for one workspace (or every due one when NULL, in one transaction: for small '
   'installs, tests and psql; the worker uses maintain_next_workspace so that no workspace lock '
   'is held longer than its own steps): expires leases, sweeps retention, retires jobs whose '
   'config or input changed, schedules extraction and consolidation jobs. Returns summed '
@@ -3559,17 +3575,12 @@ declare
   v_result jsonb;
   v_after text := p_after_workspace_id;
 begin
-  -- The workspaces after p_after_workspace_id in id order, a batch at a time, read without
+  -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
   -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
   -- its own lock, on its own node, and one that is busy is passed over.
   loop
     v_ws := null;
-    for v_ws in
-      select workspace_id from memory_private.workspaces
-       where v_after is null or workspace_id > v_after
-       order by workspace_id
-       limit 16
-    loop
+    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
       select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
       if v_result is not null then
         return v_result;
@@ -3581,12 +3592,12 @@ begin
   return null;
 end
 $$;
-
 comment on function memory.maintain_next_workspace(text) is
-  'Maintains the next workspace after p_after_workspace_id in id order (the first when NULL), '
-  'skipping one another worker is maintaining right now, and answers its counts with its '
-  'workspace_id; NULL when there is none left. The worker walks all workspaces with it, one '
-  'short transaction each, so no lock is held across workspaces (P16).';
+  'Maintains the next due workspace after p_after_workspace_id in id order (the first when '
+  'NULL), skipping one another worker is maintaining right now, and answers its counts with '
+  'its workspace_id; NULL when there is none left. The worker walks the due workspaces with '
+  'it, one short transaction each, so no lock is held across workspaces (P16); an idle '
+  'workspace is not read.';
 
 create or replace function memory_private.delete_records(
   p_workspace_id text, p_record_ids bigint[]
@@ -3694,8 +3705,10 @@ begin
   select config_version into v_config from memory_private.workspaces
    where workspace_id = p_workspace_id;
   for v_job in
+    -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
+    -- workspace's finished and stopped jobs are history a tick does not read.
     select j.* from memory_private.jobs j
-     where j.workspace_id = p_workspace_id
+     where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
        and (j.status = 'pending'
             or (j.status = 'running'
                 and not exists (select 1 from memory_private.job_attempts a
@@ -3721,7 +3734,6 @@ begin
                             'jobs_superseded_stale', v_superseded);
 end
 $$;
-
 comment on function memory_private.retire_stale_jobs(text) is
   'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
   'config version changed (P20), and supersedes those whose input is no longer current (a '
@@ -4820,10 +4832,11 @@ begin
          updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
-  return case when found then 'updated' else 'unchanged' end;
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end, true,
+                                    p_request_id);
 end
 $$;
-
 comment on function memory.finish_request(text, text, text, numeric) is
   'Marks a request finished: succeeded (the default) or failed, with its final spend when given '
   '(NULL keeps the spend reported before), without repeating the fields of upsert_request. A '
@@ -5336,6 +5349,8 @@ begin
   v_request := v_start.request;
   v_scope := v_start.scope;
   v_call := v_start.previous;
+  -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
+  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
@@ -5785,6 +5800,495 @@ begin
     raise exception 'job_id is required' using errcode = 'MB001';
   end if;
   v_token := memory_private.check_token(p_token);
+
+-- Maintenance that grows with change (issue 34): a pass visits only the workspaces due in
+-- memory_private.maintenance_due (written by what changes a workspace and by its last tick for
+-- the next time-based event) or holding an expired lease; the retention sweep erases a batch of
+-- expired messages per tick. Every workspace is due once after the upgrade, so its first tick
+-- plans its events.
+alter table memory_private.workspace_memory add column idle_window_seen interval;
+comment on table memory_private.workspace_memory is
+  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
+  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
+  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
+  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with). Created with the workspace by a trigger.';
+create table memory_private.maintenance_due (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  due_at timestamptz not null,
+  due_id bigint generated always as identity,
+  idle_at timestamptz,
+  request_id text,
+  scope_id bigint,
+  foreseen boolean not null default false,
+  primary key (workspace_id, due_at, due_id)
+);
+comment on table memory_private.maintenance_due is
+  'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
+  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
+  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
+  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
+  'what the change was confined to (a new message or request, a scope''s job or tool call), '
+  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
+  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
+  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
+  'deleted by the tick that runs at or after due_at.';
+create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
+insert into memory_private.maintenance_due (workspace_id, due_at)
+select workspace_id, memory_private.clock_now() from memory_private.workspaces;
+drop index memory_private.messages_retention_idx;
+create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
+  where body is not null and retain_until is not null;
+
+create or replace function memory_private.note_change(
+  p_workspace_id text, p_outcome text, p_conversation boolean default false,
+  p_request_id text default null, p_scope_id bigint default null
+) returns text
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_idle_at timestamptz;
+begin
+  -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
+  -- a tick that started before this transaction commits, and the change would be missed.
+  if p_outcome in ('inserted', 'updated') then
+    if p_conversation then
+      select v_now + idle_window into v_idle_at from memory_private.workspaces
+       where workspace_id = p_workspace_id;
+    end if;
+    insert into memory_private.maintenance_due
+      (workspace_id, due_at, idle_at, request_id, scope_id)
+    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
+  end if;
+  return p_outcome;
+end
+$$;
+comment on function memory_private.note_change(text, text, boolean, text, bigint) is
+  'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
+  'updated), and, for a change to a conversation (a request or a message), again when the '
+  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'that request (a new message or request) or scope; neither: anything may have changed. '
+  'Returns p_outcome, so an upsert can return through it.';
+
+create or replace function memory_private.jobs_note_finished_run() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- What a run ends with is maintenance's to follow up: a commit's records call for a
+  -- consolidation, a scope whose job was running may have newer input to schedule.
+  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
+  return null;
+end
+$$;
+comment on function memory_private.jobs_note_finished_run() is
+  'Trigger: a job leaving running (committed, failed, stopped, released) makes its workspace '
+  'due for maintenance (memory_private.maintenance_due).';
+
+create trigger jobs_note_finished_run after update of status on memory_private.jobs
+  for each row when (old.status = 'running' and new.status <> 'running')
+  execute function memory_private.jobs_note_finished_run();
+
+create or replace function memory.upsert_workspace(
+  p_workspace_id text,
+  p_config_version integer,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_idle_minutes integer default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+  -- Not given (NULL): the policy's default idle window (P3).
+  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
+begin
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  if p_config_version is null or p_config_version < 0 then
+    raise exception 'config_version must be a non-negative integer' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
+    raise exception 'idle_minutes must be between 0 and %',
+      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
+  end if;
+  insert into memory_private.workspaces as w
+    (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
+  values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
+          make_interval(mins => v_idle),
+          memory_private.clock_now(), memory_private.clock_now())
+  on conflict (workspace_id) do update
+    set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, idle_window = excluded.idle_window,
+        updated_at = excluded.updated_at
+    where (w.config_version, w.budget_usd, w.spent_usd, w.idle_window)
+          is distinct from (excluded.config_version, excluded.budget_usd, excluded.spent_usd,
+                            excluded.idle_window)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
+  'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
+  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
+  'left out: the default, 30).';
+
+create or replace function memory.upsert_member(
+  p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.members as m (workspace_id, user_id, role, active, updated_at)
+  values (p_workspace_id, p_user_id, p_role, p_active, memory_private.clock_now())
+  on conflict (workspace_id, user_id) do update
+    set role = excluded.role, active = excluded.active, updated_at = excluded.updated_at
+    where (m.role, m.active) is distinct from (excluded.role, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+comment on function memory.upsert_member(text, text, text, boolean) is
+  'Creates or updates a workspace member with role owner/admin/member and an active flag.';
+
+create or replace function memory.upsert_bot(
+  p_workspace_id text, p_bot_id text, p_identity text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('identity', p_identity);
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.bots as b (workspace_id, bot_id, identity, active, updated_at)
+  values (p_workspace_id, p_bot_id, p_identity, p_active, memory_private.clock_now())
+  on conflict (workspace_id, bot_id) do update
+    set identity = excluded.identity, active = excluded.active, updated_at = excluded.updated_at
+    where (b.identity, b.active) is distinct from (excluded.identity, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+comment on function memory.upsert_bot(text, text, text, boolean) is
+  'Creates or updates a bot: its platform identity (a new identity means a replaced bot) and '
+  'whether it is active.';
+
+create or replace function memory.upsert_chat(
+  p_workspace_id text, p_chat_id text, p_kind text,
+  p_private_user_id text default null, p_linked boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+  v_old memory_private.chats;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
+  if p_kind = 'private' then
+    perform memory_private.check_id('private_user_id', p_private_user_id);
+  elsif p_private_user_id is not null then
+    raise exception 'a group chat has no private_user_id' using errcode = 'MB001';
+  end if;
+  if p_linked is null then
+    raise exception 'linked is required' using errcode = 'MB001';
+  end if;
+  select * into v_old from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = p_chat_id;
+  if found and (v_old.kind, v_old.private_user_id)
+               is distinct from (p_kind, p_private_user_id) then
+    raise exception 'chat % is a % chat%; its kind and user cannot change', p_chat_id, v_old.kind,
+      coalesce(' with user ' || v_old.private_user_id, '') using errcode = 'MB003';
+  end if;
+  insert into memory_private.chats as c
+    (workspace_id, chat_id, kind, private_user_id, linked, updated_at)
+  values (p_workspace_id, p_chat_id, p_kind, p_private_user_id, p_linked,
+          memory_private.clock_now())
+  on conflict (workspace_id, chat_id) do update
+    set linked = excluded.linked, updated_at = excluded.updated_at
+    where c.linked is distinct from excluded.linked
+  returning (xmax = 0) into v_inserted;
+  insert into memory_private.topics (workspace_id, chat_id, topic_id)
+  values (p_workspace_id, p_chat_id, 0) on conflict do nothing;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+comment on function memory.upsert_chat(text, text, text, text, boolean) is
+  'Creates or updates a chat: private (with its user) or group (with its linked flag). Topic 0 '
+  'is created with it. A chat''s kind and private user never change (MB003).';
+
+create or replace function memory.upsert_topic(
+  p_workspace_id text, p_chat_id text, p_topic_id bigint, p_title text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  if p_title is not null then
+    perform memory_private.check_text('title', p_title, 400);
+  end if;
+  if not exists (select 1 from memory_private.chats
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id) then
+    raise exception 'chat % is unknown in workspace %', p_chat_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_chat.';
+  end if;
+  insert into memory_private.topics as t (workspace_id, chat_id, topic_id, title)
+  values (p_workspace_id, p_chat_id, p_topic_id, p_title)
+  on conflict (workspace_id, chat_id, topic_id) do update
+    set title = excluded.title
+    where t.title is distinct from excluded.title
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+comment on function memory.upsert_topic(text, text, bigint, text) is
+  'Creates or renames a topic of a chat (topic 0 exists with every chat).';
+
+create or replace function memory.set_repository_grant(
+  p_workspace_id text, p_user_id text, p_repository_id text, p_granted boolean
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('repository_id', p_repository_id);
+  if p_granted is null then
+    raise exception 'granted is required' using errcode = 'MB001';
+  end if;
+  if p_granted then
+    insert into memory_private.repository_grants
+      (workspace_id, user_id, repository_id, granted_at)
+    values (p_workspace_id, p_user_id, p_repository_id, memory_private.clock_now())
+    on conflict do nothing;
+    return memory_private.note_change(p_workspace_id,
+                                      case when found then 'inserted' else 'unchanged' end);
+  end if;
+  delete from memory_private.repository_grants
+   where workspace_id = p_workspace_id and user_id = p_user_id
+     and repository_id = p_repository_id;
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end);
+end
+$$;
+comment on function memory.set_repository_grant(text, text, text, boolean) is
+  'Grants (true) or revokes (false) a user''s read access to a repository. Memories that drew '
+  'on a repository are recalled only for users who can read it now.';
+
+create or replace function memory.upsert_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_bot_id text,
+  p_chat_id text,
+  p_topic_id bigint,
+  p_user_id text,
+  p_kind text,
+  p_status text,
+  p_model_provider text,
+  p_model_id text,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_thread_id text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_old memory_private.requests;
+  v_inserted boolean;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('model_provider', p_model_provider);
+  perform memory_private.check_id('model_id', p_model_id);
+  if p_thread_id is not null then
+    perform memory_private.check_id('thread_id', p_thread_id);
+  end if;
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
+  perform memory_private.check_choice('status', p_status,
+    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if not exists (select 1 from memory_private.bots
+                  where workspace_id = p_workspace_id and bot_id = p_bot_id) then
+    raise exception 'bot % is unknown in workspace %', p_bot_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_bot.';
+  end if;
+  if not exists (select 1 from memory_private.topics
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id
+                    and topic_id = p_topic_id) then
+    raise exception 'topic % of chat % is unknown in workspace %', p_topic_id, p_chat_id,
+      p_workspace_id using errcode = 'MB002',
+      hint = 'Report the chat with memory.upsert_chat and the topic with memory.upsert_topic.';
+  end if;
+  if exists (select 1 from memory_private.chats
+              where workspace_id = p_workspace_id and chat_id = p_chat_id
+                and kind = 'private' and private_user_id <> p_user_id) then
+    raise exception 'user % is not the user of private chat %', p_user_id, p_chat_id
+      using errcode = 'MB003';
+  end if;
+
+  select * into v_old from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if found then
+    if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
+       is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
+      raise exception 'request % cannot move to another bot, chat, topic, user or kind',
+        p_request_id using errcode = 'MB003';
+    end if;
+    if v_old.status in ('succeeded', 'failed') and p_status <> v_old.status then
+      raise exception 'request % already finished as %; it cannot become %', p_request_id,
+        v_old.status, p_status using errcode = 'MB003';
+    end if;
+  end if;
+
+  insert into memory_private.requests as r
+    (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
+     model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
+     finished_at)
+  values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
+          p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
+          coalesce(p_thread_id, p_request_id), v_now, v_now,
+          case when p_status in ('succeeded', 'failed') then v_now end)
+  on conflict (workspace_id, request_id) do update
+    set status = excluded.status, model_provider = excluded.model_provider,
+        model_id = excluded.model_id, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, thread_id = excluded.thread_id,
+        updated_at = excluded.updated_at,
+        finished_at = coalesce(r.finished_at, excluded.finished_at)
+    where (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
+          is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
+                            excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
+  returning (xmax = 0) into v_inserted;
+  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
+  -- sql/20_memory_state.sql).
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
+                                    true, p_request_id);
+end
+$$;
+comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
+                                          text, numeric, numeric, text) is
+  'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
+  'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
+  'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
+  'memory scope is created with it.';
+
+create or replace function memory.remove_message(p_workspace_id text, p_message_id text) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('message_id', p_message_id);
+  update memory_private.messages
+     set body = null, content_hash = null, removed_at = memory_private.clock_now(),
+         removal_reason = 'removed', scrub_pending = true
+   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+  if found then
+    return memory_private.note_change(p_workspace_id, 'updated', true);
+  end if;
+  if not exists (select 1 from memory_private.messages
+                  where workspace_id = p_workspace_id and message_id = p_message_id) then
+    raise exception 'message % is unknown in workspace %', p_message_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  return 'unchanged';
+end
+$$;
+comment on function memory.remove_message(text, text) is
+  'Records that a message was removed: its text and hash are erased at once, every memory '
+  'that depends on it stops being recalled, and the next retention sweep erases what was made '
+  'from it.';
+
+create or replace function memory.set_workspace_paused(p_workspace_id text, p_paused boolean)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_changed boolean;
+  v_running bigint;
+  v_pending integer;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_paused is null then
+    raise exception 'paused is required (true pauses memory work, false resumes it)'
+      using errcode = 'MB001';
+  end if;
+  update memory_private.workspaces
+     set paused = p_paused, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and paused is distinct from p_paused;
+  v_changed := found;
+  perform memory_private.note_change(p_workspace_id,
+                                     case when v_changed then 'updated' else 'unchanged' end);
+  select job_id into v_running from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'running';
+  select count(*) into v_pending from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'pending';
+  return jsonb_build_object('workspace_id', p_workspace_id, 'paused', p_paused,
+                            'changed', v_changed, 'running_job_id', v_running,
+                            'pending_jobs', v_pending);
+end
+$$;
+comment on function memory.set_workspace_paused(text, boolean) is
+  'Pauses (true) or resumes (false) the background memory work of a workspace. While paused no '
+  'job is claimed and maintenance schedules no extraction or consolidation; it still expires '
+  'leases, retires stale jobs and runs the retention sweep, and recall of existing memories '
+  'goes on. A job already running finishes its current claim. Returns whether anything '
+  'changed, the running job (if any) and the pending count.';
+
+create or replace function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_refusal jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_new bigint;
+  v_ws memory_private.workspaces;
+  v_request memory_private.requests;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  perform memory_private.lock_workspace(p_workspace_id);
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
   select * into v_job from memory_private.jobs
    where workspace_id = p_workspace_id and job_id = p_job_id
      for update;
@@ -5826,3 +6330,336 @@ comment on function memory_private.owned_job(text, bigint, text) is
   'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
   'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
   'when maintenance ended this claim because the input or the configuration changed.';
+
+      using errcode = 'MB002', hint = 'See memory.job_status.';
+  end if;
+  v_refusal := memory_private.job_retry_refusal(v_job);
+  if v_refusal is not null then
+    raise exception '%', v_refusal ->> 'reason' using errcode = v_refusal ->> 'code',
+      hint = 'Nothing was changed. See memory.job_status.';
+  end if;
+
+  -- A fresh job with the same input, origin request and pinned model: three new claims, due
+  -- now. The stopped job stays as it was (its attempts and charges are history) and names its
+  -- successor.
+  insert into memory_private.jobs
+    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
+     model_id, config_version, next_attempt_at, last_error, created_at, updated_at)
+  values (p_workspace_id, v_job.scope_id, v_job.phase, v_job.input, v_job.input_hash,
+          v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
+          v_now,
+          left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
+          v_now, v_now)
+  returning job_id into v_new;
+  perform memory_private.note_change(p_workspace_id, 'inserted');
+  update memory_private.jobs
+     set result = coalesce(result, '{}'::jsonb)
+                  || jsonb_build_object('retried_as_job_id', v_new, 'retried_at', v_now),
+         updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  return jsonb_build_object(
+    'job_id', p_job_id,
+    'retried_as_job_id', v_new,
+    'status', 'pending',
+    'next_attempt_at', v_now,
+    'workspace_paused', v_ws.paused,
+    'request_budget_left_usd',
+      v_request.budget_usd - v_request.spent_usd
+      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
+    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
+      - (select memory_spent_usd from memory_private.workspace_memory
+          where workspace_id = p_workspace_id));
+end
+$$;
+comment on function memory.retry_job(text, bigint) is
+  'Retries a stopped job: a new pending job with the same input, origin request and pinned '
+  'model, due now with three fresh claims; the stopped job stays as history and names it '
+  '(retried_as_job_id). A retry replays the model call, which may be charged again. Refused, '
+  'changing nothing, when the job is not stopped or was already retried (MB025), its '
+  'configuration is outdated (MB022: maintenance schedules the work afresh), its input changed '
+  'since (MB021: maintenance schedules a fresh snapshot), or its scope has an open job of the '
+  'phase or its work was done since (MB025). A paused workspace keeps the job until resumed.';
+
+create or replace function memory_private.next_maintenance_at(p_workspace_id text) returns timestamptz
+  language plpgsql stable
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_backlog boolean;
+  v_retention timestamptz;
+  v_prune timestamptz;
+begin
+  -- The time-based events a tick cannot see coming from a change: expired text still left by
+  -- the bounded sweep (due again now), the next message's retention end, the next record's
+  -- pruning horizon. A conversation's idle end is kept by the change that set it (note_change)
+  -- or, after the idle window itself changed, by the tick (maintain_workspace). A lease is
+  -- found by its expiry (due_workspaces); a job's backoff needs no maintenance (claim_job
+  -- takes a pending job when it is due).
+  v_backlog := exists (select 1 from memory_private.messages
+                        where workspace_id = p_workspace_id and body is not null
+                          and retain_until <= v_now)
+               or exists (select 1 from memory_private.messages
+                           where workspace_id = p_workspace_id and scrub_pending);
+  if v_backlog then
+    return v_now;
+  end if;
+  select min(retain_until) into v_retention from memory_private.messages
+   where workspace_id = p_workspace_id and body is not null and retain_until > v_now;
+  -- prune_records deletes a record unused for strictly longer than the horizon.
+  select min(coalesce(u.last_used_at, r.created_at))
+         + make_interval(days => (memory_private.policy()).unused_days)
+         + interval '1 microsecond'
+    into v_prune
+    from memory_private.records r
+    left join memory_private.record_usage u
+      on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+   where r.workspace_id = p_workspace_id;
+  return least(v_retention, v_prune);
+end
+$$;
+comment on function memory_private.next_maintenance_at(text) is
+  'When the workspace next needs a tick though nothing changes in it: now while expired or '
+  'erased text awaits the sweep, else the earliest of the next retention end and the next '
+  'record pruning horizon; NULL when nothing is foreseen.';
+
+create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
+  returns setof text
+  language sql stable
+  as $$
+  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
+  -- most) whose lease has expired.
+  select d.workspace_id
+    from (select workspace_id from memory_private.maintenance_due
+           where due_at <= memory_private.clock_now()
+          union
+          select workspace_id from memory_private.jobs
+           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+   where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
+   order by d.workspace_id
+   limit p_limit
+$$;
+comment on function memory_private.due_workspaces(text, integer) is
+  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
+  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
+  'whose lease expired.';
+
+create or replace function memory_private.maintain_workspace(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                      'leases_expired', 0);
+  v_now timestamptz := memory_private.clock_now();
+  v_idle_ends timestamptz[] := '{}';
+  v_idle_requests text[] := '{}';
+  v_at timestamptz;
+  v_request text;
+  v_scope bigint;
+  v_all boolean := false;
+  v_requests text[] := '{}';
+  v_scopes bigint[] := '{}';
+  v_seen interval;
+  v_window interval;
+  v_sweep jsonb;
+  v_foreseen boolean;
+  v_next timestamptz;
+begin
+  perform memory_private.lock_workspace(p_workspace_id);
+  -- The rows due now are consumed first: a change committed after this statement keeps its
+  -- row, so the next pass comes back for it; one committed before is seen by the steps below.
+  -- The idle ends the consumed changes set are kept as rows of their own. What the changes
+  -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
+  -- means anything may have changed.
+  for v_at, v_request, v_scope, v_foreseen in
+    delete from memory_private.maintenance_due
+     where workspace_id = p_workspace_id and due_at <= v_now
+    returning idle_at, request_id, scope_id, foreseen
+  loop
+    v_all := v_all or (v_request is null and v_scope is null and not v_foreseen);
+    if v_request is not null and not v_request = any (v_requests) then
+      v_requests := v_requests || v_request;
+    end if;
+    if v_scope is not null and not v_scope = any (v_scopes) then
+      v_scopes := v_scopes || v_scope;
+    end if;
+    if v_at > v_now then
+      v_idle_ends := v_idle_ends || v_at;
+      v_idle_requests := v_idle_requests || v_request;
+    end if;
+  end loop;
+  select m.idle_window_seen, w.idle_window into v_seen, v_window
+    from memory_private.workspace_memory m
+    join memory_private.workspaces w on w.workspace_id = m.workspace_id
+   where m.workspace_id = p_workspace_id;
+  if v_seen is distinct from v_window then
+    -- The idle window changed (or was never planned with): every waiting conversation's idle
+    -- end is planned anew, as memory.waiting_status computes it.
+    select coalesce(array_agg(c.idle_until order by c.request_id), '{}'),
+           coalesce(array_agg(c.request_id order by c.request_id), '{}')
+      into v_idle_ends, v_idle_requests
+      from memory_private.waiting_conversations(p_workspace_id, v_now) c
+     where c.idle_until > v_now;
+  end if;
+  -- The steps, in this order: leases first (a job whose worker died is released or stopped);
+  -- then retention, before stale jobs are retired, so that a job or checkpoint built on a
+  -- source erased here is superseded in the same tick (T3); scheduling last, so that the
+  -- consolidation the sweep's deletions call for is scheduled at once.
+  v_total := memory_private.add_counts(v_total, memory_private.expire_leases(p_workspace_id));
+  v_sweep := memory_private.sweep_retention(p_workspace_id);
+  v_total := memory_private.add_counts(v_total, v_sweep - 'expired_request_ids');
+  v_total := memory_private.add_counts(v_total,
+                                       memory_private.retire_stale_jobs(p_workspace_id));
+  -- What the steps so far deleted, released or retired may change any input; text past its
+  -- retention changes its own conversations (and what the erasure makes stale is retired, so
+  -- counted here).
+  v_requests := v_requests || array(select jsonb_array_elements_text(
+                                             v_sweep -> 'expired_request_ids'));
+  v_all := v_all or exists (select 1 from jsonb_each(v_total) c
+                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0
+                               and c.key not in ('messages_expired', 'messages_scrubbed',
+                                                 'tombstones_dropped'));
+  v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
+               p_workspace_id, case when not v_all then v_requests end, v_scopes));
+  -- The idle ends (each with its request) and the next time-based event as foreseen rows (a
+  -- retention end names its requests when it erases; a pruning deletes records, which makes
+  -- the tick derive every scope); under the memory lock, a row already planned for the same
+  -- time and request is consumed by a later tick, so it is not planned twice.
+  v_next := memory_private.next_maintenance_at(p_workspace_id);
+  for v_at, v_request in
+    select e.at, e.request_id
+      from unnest(v_idle_ends || v_next, v_idle_requests || null::text) as e(at, request_id)
+     where e.at is not null
+  loop
+    if not exists (select 1 from memory_private.maintenance_due
+                    where workspace_id = p_workspace_id and due_at = v_at
+                      and request_id is not distinct from v_request) then
+      insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
+      values (p_workspace_id, v_at, v_request, true);
+    end if;
+  end loop;
+  update memory_private.workspace_memory
+     set maintained_at = v_now, idle_window_seen = v_window
+   where workspace_id = p_workspace_id;
+  return v_total || jsonb_build_object('sweep_backlog', coalesce(v_next <= v_now, false)::integer);
+end
+$$;
+comment on function memory_private.maintain_workspace(text) is
+  'One maintenance tick of one workspace under its memory lock: consumes its due rows, expires '
+  'leases, sweeps retention, retires stale jobs, schedules jobs; plans its next time-based '
+  'event (and the idle ends of its conversations) as due rows; stamps maintained_at. Returns '
+  'the summed counts, sweep_backlog 1 when expired text is left for the next tick.';
+
+drop function memory_private.schedule_jobs(text);
+
+create or replace function memory_private.schedule_jobs(
+  p_workspace_id text, p_changed_requests text[] default null,
+  p_changed_scopes bigint[] default null
+) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_ws memory_private.workspaces;
+  v_now timestamptz := memory_private.clock_now();
+  v_request text;
+  v_requests text[];
+  v_scope memory_private.scopes;
+  v_scope_id bigint;
+  v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                       'batches_skipped', 0);
+begin
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  if v_ws.paused then
+    return v_counts;
+  end if;
+  -- After a change confined to some requests and scopes, only their scopes can have a new
+  -- extraction input: every other scope's input is what the last tick derived (a job made,
+  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
+  -- comes as a change of its own (a job leaving running names its scope; a conversation's
+  -- idle end, its request). So a tick costs what the change touched, not the workspace's
+  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is not null then
+    v_requests := p_changed_requests || array(
+      select r.request_id
+        from memory_private.scopes s
+        join memory_private.requests r
+          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+         and (case when s.kind = 'private' then r.user_id = s.user_id
+                   else r.topic_id = s.topic_id end)
+       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  end if;
+  -- One representative request per scope that has something new to extract.
+  for v_request in
+    select min(r.request_id)
+      from memory_private.requests r
+      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
+       and (v_requests is null or r.request_id = any (v_requests))
+       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
+       and exists (select 1 from memory_private.messages m
+                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+                      and memory_private.is_retained(m.body is not null, m.retain_until,
+                                                     v_now)
+                      and not exists (select 1 from memory_private.extracted_sources e
+                                       where e.workspace_id = m.workspace_id
+                                         and e.message_id = m.message_id
+                                         and e.content_hash = m.content_hash))
+     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
+     order by 1
+  loop
+    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
+  end loop;
+  for v_scope_id in
+    select scope_id from memory_private.scopes
+     where workspace_id = p_workspace_id and consolidation_due_at is not null
+     order by scope_id
+  loop
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_consolidation(p_workspace_id, v_scope_id));
+  end loop;
+  return v_counts;
+end
+$$;
+comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
+  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
+  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
+  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
+  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
+  'counts.';
+
+create or replace function memory_private.sweep_retention(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_expired integer;
+  v_expired_requests text[];
+  v_derived integer;
+  v_invalid integer;
+  v_scrubbed integer;
+  v_tombstones integer;
+  v_pruned integer;
+begin
+  perform memory_private.lock_workspace(p_workspace_id);
+  select e.erased, e.request_ids into v_expired, v_expired_requests
+    from memory_private.erase_expired_messages(p_workspace_id) e;
+  v_derived := memory_private.erase_derived_answers(p_workspace_id);
+  v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
+  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
+  v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
+  v_pruned := memory_private.prune_records(p_workspace_id);
+  return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
+                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
+                            'expired_request_ids', to_jsonb(v_expired_requests));
+end
+$$;
+comment on function memory_private.sweep_retention(text) is
+  'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
+  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
+  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
+  'messages expired here.';

@@ -70,19 +70,25 @@ class Worker:
         self.jobs_done = 0
         self._walked_at: float | None = None  # when maintenance last walked every workspace
         self._touched: str | None = None  # the workspace of the last job handled
+        self._backlog = False  # the last walk left expired text for the next one
 
     def maintain(self) -> dict[str, Any]:
-        """Walks every workspace once per ``interval``; in between, maintains only the
-        workspace of the last job, so that the work its commit calls for (a consolidation)
-        is scheduled at once without walking every workspace for every job."""
+        """Walks the due workspaces once per ``interval``, and again at once while the
+        retention sweep has a backlog (it erases a batch per workspace per walk); in between,
+        maintains only the workspace of the last job, so that the work its commit calls for (a
+        consolidation) is scheduled at once without a walk for every job."""
+        backlog, self._backlog = self._backlog, False
         if not self.config.maintenance:
             return {}
         if self.config.workspace_id is not None:
-            return self.db.run_maintenance(self.config.workspace_id)
+            counts = self.db.run_maintenance(self.config.workspace_id)
+            self._backlog = bool(counts.get("sweep_backlog"))
+            return counts
         now = time.monotonic()
-        if self._walked_at is None or now - self._walked_at >= self.config.interval:
+        if self._walked_at is None or backlog or now - self._walked_at >= self.config.interval:
             counts = self.db.run_maintenance(None)
             self._walked_at, self._touched = now, None
+            self._backlog = bool(counts.get("sweep_backlog"))
             return counts
         if self._touched is not None:
             counts = self.db.run_maintenance(self._touched)
@@ -156,6 +162,8 @@ class Worker:
                     if max_jobs is not None and self.jobs_done >= max_jobs:
                         break
                     continue  # work may remain: claim again at once
+                if self._backlog:
+                    continue  # expired text is left: the next walk sweeps on at once
                 if not self.stop.is_set():
                     self.report_waiting()
                 if until_idle:

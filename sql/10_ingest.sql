@@ -37,13 +37,15 @@ comment on table memory_private.workspaces is
 create table memory_private.workspace_memory (
   workspace_id text primary key references memory_private.workspaces on delete cascade,
   memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
-  maintained_at timestamptz
+  maintained_at timestamptz,
+  idle_window_seen interval
 );
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
-  'request_charges, kept as a running total for exact budget checks) and maintained_at (when '
-  'maintenance last ran for it). Created with the workspace by a trigger.';
+  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
+  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with). Created with the workspace by a trigger.';
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
@@ -60,6 +62,66 @@ comment on function memory_private.workspaces_add_memory_row() is
 
 create trigger workspaces_add_memory_row after insert on memory_private.workspaces
   for each row execute function memory_private.workspaces_add_memory_row();
+
+-- When a workspace next needs maintenance (70_maintenance.sql). A pass visits only the
+-- workspaces with a row due here (and those with an expired lease), so its cost follows what
+-- changed, not how many workspaces exist. Rows are only ever inserted by what changes a
+-- workspace (ingest, memory writes, a job leaving 'running') and by a tick for the next
+-- time-based event it foresees, and deleted by the tick that consumes them: ingest never
+-- updates a row another transaction may hold, so it never waits on maintenance (P16), which is
+-- why this is not a column of workspace_memory.
+create table memory_private.maintenance_due (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  due_at timestamptz not null,
+  due_id bigint generated always as identity,
+  idle_at timestamptz,
+  request_id text,
+  scope_id bigint,
+  foreseen boolean not null default false,
+  primary key (workspace_id, due_at, due_id)
+);
+comment on table memory_private.maintenance_due is
+  'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
+  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
+  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
+  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
+  'what the change was confined to (a new message or request, a scope''s job or tool call), '
+  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
+  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
+  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
+  'deleted by the tick that runs at or after due_at.';
+create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
+
+create function memory_private.note_change(
+  p_workspace_id text, p_outcome text, p_conversation boolean default false,
+  p_request_id text default null, p_scope_id bigint default null
+) returns text
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_idle_at timestamptz;
+begin
+  -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
+  -- a tick that started before this transaction commits, and the change would be missed.
+  if p_outcome in ('inserted', 'updated') then
+    if p_conversation then
+      select v_now + idle_window into v_idle_at from memory_private.workspaces
+       where workspace_id = p_workspace_id;
+    end if;
+    insert into memory_private.maintenance_due
+      (workspace_id, due_at, idle_at, request_id, scope_id)
+    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
+  end if;
+  return p_outcome;
+end
+$$;
+comment on function memory_private.note_change(text, text, boolean, text, bigint) is
+  'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
+  'updated), and, for a change to a conversation (a request or a message), again when the '
+  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'that request (a new message or request) or scope; neither: anything may have changed. '
+  'Returns p_outcome, so an upsert can return through it.';
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,
@@ -191,7 +253,8 @@ create index messages_request_idx on memory_private.messages (workspace_id, requ
 -- instead of a heap page per message (memory_private.record_reasons, index_holds).
 create index messages_state_idx on memory_private.messages (workspace_id, message_id)
   include (content_hash, removed_at, retain_until);
-create index messages_retention_idx on memory_private.messages (retain_until)
+-- A workspace's next retention end, and its expired messages a batch at a time (60_retention).
+create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
   where body is not null and retain_until is not null;
 create index messages_scrub_idx on memory_private.messages (workspace_id)
   where scrub_pending;
@@ -308,7 +371,7 @@ begin
           is distinct from (excluded.config_version, excluded.budget_usd, excluded.spent_usd,
                             excluded.idle_window)
   returning (xmax = 0) into v_inserted;
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
 end
 $$;
 comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
@@ -337,7 +400,7 @@ begin
     set role = excluded.role, active = excluded.active, updated_at = excluded.updated_at
     where (m.role, m.active) is distinct from (excluded.role, excluded.active)
   returning (xmax = 0) into v_inserted;
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
 end
 $$;
 comment on function memory.upsert_member(text, text, text, boolean) is
@@ -364,7 +427,7 @@ begin
     set identity = excluded.identity, active = excluded.active, updated_at = excluded.updated_at
     where (b.identity, b.active) is distinct from (excluded.identity, excluded.active)
   returning (xmax = 0) into v_inserted;
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
 end
 $$;
 comment on function memory.upsert_bot(text, text, text, boolean) is
@@ -410,7 +473,7 @@ begin
   returning (xmax = 0) into v_inserted;
   insert into memory_private.topics (workspace_id, chat_id, topic_id)
   values (p_workspace_id, p_chat_id, 0) on conflict do nothing;
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
 end
 $$;
 comment on function memory.upsert_chat(text, text, text, text, boolean) is
@@ -445,7 +508,7 @@ begin
     set title = excluded.title
     where t.title is distinct from excluded.title
   returning (xmax = 0) into v_inserted;
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
 end
 $$;
 comment on function memory.upsert_topic(text, text, bigint, text) is
@@ -469,12 +532,14 @@ begin
       (workspace_id, user_id, repository_id, granted_at)
     values (p_workspace_id, p_user_id, p_repository_id, memory_private.clock_now())
     on conflict do nothing;
-    return case when found then 'inserted' else 'unchanged' end;
+    return memory_private.note_change(p_workspace_id,
+                                      case when found then 'inserted' else 'unchanged' end);
   end if;
   delete from memory_private.repository_grants
    where workspace_id = p_workspace_id and user_id = p_user_id
      and repository_id = p_repository_id;
-  return case when found then 'updated' else 'unchanged' end;
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end);
 end
 $$;
 comment on function memory.set_repository_grant(text, text, text, boolean) is
@@ -575,7 +640,8 @@ begin
   returning (xmax = 0) into v_inserted;
   -- A new interactive request gets its memory scope at once (the trigger requests_scope of
   -- sql/20_memory_state.sql).
-  return memory_private.upsert_outcome(v_inserted);
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
+                                    true, p_request_id);
 end
 $$;
 comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
@@ -615,7 +681,9 @@ begin
          updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
-  return case when found then 'updated' else 'unchanged' end;
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end, true,
+                                    p_request_id);
 end
 $$;
 comment on function memory.finish_request(text, text, text, numeric) is
@@ -684,7 +752,8 @@ begin
        set body = null, content_hash = null, removed_at = v_now, removal_reason = 'removed',
            scrub_pending = true
      where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
-    return case when found then 'updated' else 'unchanged' end;
+    return memory_private.note_change(p_workspace_id,
+                                      case when found then 'updated' else 'unchanged' end, true);
   end if;
   if v_old.message_id is not null then
     if v_old.removed_at is not null then
@@ -704,7 +773,7 @@ begin
            retain_until = p_retain_until, repositories = v_repos,
            edited_at = case when content_hash <> v_hash then v_now else edited_at end
      where workspace_id = p_workspace_id and message_id = p_message_id;
-    return 'updated';
+    return memory_private.note_change(p_workspace_id, 'updated', true);
   end if;
 
   insert into memory_private.messages
@@ -712,7 +781,9 @@ begin
      retain_until, repositories, created_at)
   values (p_workspace_id, p_message_id, p_request_id, p_role, p_speaker_id, p_text, v_hash,
           p_directed, p_retain_until, v_repos, v_now);
-  return 'inserted';
+  -- A new message changes its own request's conversation only; an edit or a removal may
+  -- change what records anywhere rest on.
+  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
 end
 $$;
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
@@ -734,7 +805,7 @@ begin
          removal_reason = 'removed', scrub_pending = true
    where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
   if found then
-    return 'updated';
+    return memory_private.note_change(p_workspace_id, 'updated', true);
   end if;
   if not exists (select 1 from memory_private.messages
                   where workspace_id = p_workspace_id and message_id = p_message_id) then

@@ -232,6 +232,24 @@ comment on function memory_private.jobs_check_transition() is
 create trigger jobs_check_transition before update of status on memory_private.jobs
   for each row execute function memory_private.jobs_check_transition();
 
+create function memory_private.jobs_note_finished_run() returns trigger
+  language plpgsql
+  as $$
+begin
+  -- What a run ends with is maintenance's to follow up: a commit's records call for a
+  -- consolidation, a scope whose job was running may have newer input to schedule.
+  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
+  return null;
+end
+$$;
+comment on function memory_private.jobs_note_finished_run() is
+  'Trigger: a job leaving running (committed, failed, stopped, released) makes its workspace '
+  'due for maintenance (memory_private.maintenance_due).';
+
+create trigger jobs_note_finished_run after update of status on memory_private.jobs
+  for each row when (old.status = 'running' and new.status <> 'running')
+  execute function memory_private.jobs_note_finished_run();
+
 -- Helpers -----------------------------------------------------------------------------------
 
 create function memory_private.check_token(p_token text) returns uuid
@@ -494,8 +512,10 @@ begin
   select config_version into v_config from memory_private.workspaces
    where workspace_id = p_workspace_id;
   for v_job in
+    -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
+    -- workspace's finished and stopped jobs are history a tick does not read.
     select j.* from memory_private.jobs j
-     where j.workspace_id = p_workspace_id
+     where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
        and (j.status = 'pending'
             or (j.status = 'running'
                 and not exists (select 1 from memory_private.job_attempts a

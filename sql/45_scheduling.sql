@@ -358,13 +358,17 @@ comment on function memory_private.schedule_consolidation(text, bigint) is
   'recent valid records, charged to the most recent candidate''s originating request; with no '
   'valid record, clears the index and the due flag instead. Returns counts.';
 
-create function memory_private.schedule_jobs(p_workspace_id text) returns jsonb
+create function memory_private.schedule_jobs(
+  p_workspace_id text, p_changed_requests text[] default null,
+  p_changed_scopes bigint[] default null
+) returns jsonb
   language plpgsql volatile
   as $$
 declare
   v_ws memory_private.workspaces;
   v_now timestamptz := memory_private.clock_now();
   v_request text;
+  v_requests text[];
   v_scope memory_private.scopes;
   v_scope_id bigint;
   v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
@@ -374,12 +378,29 @@ begin
   if v_ws.paused then
     return v_counts;
   end if;
+  -- After a change confined to some requests and scopes, only their scopes can have a new
+  -- extraction input: every other scope's input is what the last tick derived (a job made,
+  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
+  -- comes as a change of its own (a job leaving running names its scope; a conversation's
+  -- idle end, its request). So a tick costs what the change touched, not the workspace's
+  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is not null then
+    v_requests := p_changed_requests || array(
+      select r.request_id
+        from memory_private.scopes s
+        join memory_private.requests r
+          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+         and (case when s.kind = 'private' then r.user_id = s.user_id
+                   else r.topic_id = s.topic_id end)
+       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  end if;
   -- One representative request per scope that has something new to extract.
   for v_request in
     select min(r.request_id)
       from memory_private.requests r
       join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
      where r.workspace_id = p_workspace_id and r.kind = 'interactive'
+       and (v_requests is null or r.request_id = any (v_requests))
        and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
        and exists (select 1 from memory_private.messages m
                     where m.workspace_id = r.workspace_id and m.request_id = r.request_id
@@ -407,8 +428,10 @@ begin
   return v_counts;
 end
 $$;
-comment on function memory_private.schedule_jobs(text) is
+comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
   'Maintenance step: schedules extraction for every scope with qualifying conversations and '
   'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'Returns counts.';
+  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
+  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
+  'counts.';
 

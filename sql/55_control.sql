@@ -679,6 +679,8 @@ begin
   v_request := v_start.request;
   v_scope := v_start.scope;
   v_call := v_start.previous;
+  -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
+  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then

@@ -13,23 +13,37 @@
 --   6. records unused for 30 days are pruned, and a workspace keeps at most 256 (T5).
 -- Deleting a workspace purges every row it owns (T4).
 
-create function memory_private.erase_expired_messages(p_workspace_id text) returns integer
+create function memory_private.erase_expired_messages(
+  p_workspace_id text, out erased integer, out request_ids text[]
+)
   language plpgsql volatile
   as $$
 declare
-  v_count integer;
+  -- A batch per tick, so that a tick holds the workspace's memory lock for tens of
+  -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
+  -- it erased, so they are bounded by it too); the tick leaves the workspace due while
+  -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
+  v_batch constant integer := 50;
+  v_ids text[];
 begin
+  select coalesce(array_agg(e.message_id), '{}'),
+         coalesce(array_agg(distinct e.request_id), '{}')
+    into v_ids, request_ids
+    from (select message_id, request_id from memory_private.messages
+           where workspace_id = p_workspace_id and body is not null
+             and retain_until <= memory_private.clock_now()
+           order by retain_until
+           limit v_batch) e;
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
-   where workspace_id = p_workspace_id and body is not null
-     and retain_until <= memory_private.clock_now();
-  get diagnostics v_count = row_count;
-  return v_count;
+   where workspace_id = p_workspace_id and message_id = any (v_ids);
+  erased := cardinality(v_ids);
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of every message of the workspace past its retention (T6) and '
-  'marks it for scrubbing.';
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
+  'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
+  'requests they belong to (whose conversations changed).';
 
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
@@ -239,6 +253,7 @@ create function memory_private.sweep_retention(p_workspace_id text) returns json
   as $$
 declare
   v_expired integer;
+  v_expired_requests text[];
   v_derived integer;
   v_invalid integer;
   v_scrubbed integer;
@@ -246,7 +261,8 @@ declare
   v_pruned integer;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
-  v_expired := memory_private.erase_expired_messages(p_workspace_id);
+  select e.erased, e.request_ids into v_expired, v_expired_requests
+    from memory_private.erase_expired_messages(p_workspace_id) e;
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
   v_scrubbed := memory_private.scrub_erased(p_workspace_id);
@@ -254,13 +270,15 @@ begin
   v_pruned := memory_private.prune_records(p_workspace_id);
   return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
                             'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
-                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned);
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
+                            'expired_request_ids', to_jsonb(v_expired_requests));
 end
 $$;
 comment on function memory_private.sweep_retention(text) is
   'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
   'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
-  'stale tombstones, prune. Returns counts.';
+  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
+  'messages expired here.';
 
 create function memory.delete_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile security definer

@@ -390,99 +390,6 @@ comment on function memory_private.waiting_reasons() is
   'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
   'each with what it means.';
 
-create function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
-  returns table (
-    request_id text, status text, recall_enabled boolean, bot_active boolean,
-    workspace_paused boolean, users bigint, assistants bigint, messages bigint,
-    last_activity timestamp with time zone, idle_until timestamp with time zone,
-    job_status text, job_holds boolean, job_next_attempt_at timestamp with time zone,
-    job_last_error text, budget_left numeric, stopped_holds boolean
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
-  -- query of the node holding the workspace); the verdict is waiting_status_of's.
-  return query
-  select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
-         u.users, u.assistants, u.messages, a.last_activity,
-         a.last_activity + w.idle_window,
-         oj.status, oj.holds, oj.next_attempt_at, oj.last_error,
-         least(w.budget_usd - w.spent_usd - wm.memory_spent_usd, oj.request_left),
-         exists (select 1 from memory_private.jobs j
-                  where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-                    and j.phase = 'extract' and j.status = 'stopped'
-                    and j.config_version = w.config_version
-                    and not coalesce(j.result ? 'retried_as_job_id', false)
-                    and exists (select 1 from jsonb_array_elements(u.fresh) f
-                                 where j.input -> 'sources' @> jsonb_build_array(f)))
-    from memory_private.requests r
-    join memory_private.workspaces w on w.workspace_id = r.workspace_id
-    join memory_private.workspace_memory wm on wm.workspace_id = r.workspace_id
-    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
-    join memory_private.scopes s
-      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
-     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
-          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
-   cross join lateral (
-     -- Its messages the scope may use: retained, not tombstoned there; fresh: those not yet
-     -- extracted (or skipped) at their content.
-     select count(*) filter (where m.role = 'user') as users,
-            count(*) filter (where m.role = 'assistant') as assistants,
-            count(*) filter (where e.message_id is null) as messages,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
-              filter (where e.message_id is null) as fresh
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or s.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
-                           and t.message_id = m.message_id)
-   ) u
-   cross join lateral (
-     -- The idle window's clock: the request's update or finish, its messages' creation, edit
-     -- or removal (as memory_private.extraction_units reads it).
-     select greatest(r.updated_at, r.finished_at,
-                     max(greatest(x.created_at, x.edited_at, x.removed_at))) as last_activity
-       from memory_private.messages x
-      where x.workspace_id = r.workspace_id and x.request_id = r.request_id
-   ) a
-    left join lateral (
-      -- The scope's open extraction job, whether it holds this conversation, and what is
-      -- left of its origin request's budget.
-      select j.status, j.next_attempt_at, j.last_error,
-             exists (select 1 from jsonb_array_elements(u.fresh) f
-                      where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
-             q.budget_usd - q.spent_usd - coalesce(
-               (select sum(rc.cost_usd) from memory_private.request_charges rc
-                 where rc.workspace_id = q.workspace_id and rc.request_id = q.request_id), 0)
-               as request_left
-        from memory_private.jobs j
-        join memory_private.requests q
-          on q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id
-       where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-         and j.phase = 'extract' and j.status in ('pending', 'running')
-       order by j.job_id
-       limit 1
-    ) oj on true
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
-end
-$$;
-comment on function memory_private.waiting_conversations(text, timestamptz) is
-  'The interactive conversations (requests) of a workspace with something not yet handled (a '
-  'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
-  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
-  'workspace switches, the request''s status, its user and assistant messages, its last '
-  'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
-  'conversation, its next attempt and last error), the budget left (the workspace''s or the '
-  'job''s request''s, whichever is less) and whether a stopped job holds it.';
-
 create function memory_private.waiting_status_of(p_workspace_id text)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
@@ -879,6 +786,7 @@ begin
                       coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
           v_now, v_now)
   returning job_id into v_new;
+  perform memory_private.note_change(p_workspace_id, 'inserted');
   update memory_private.jobs
      set result = coalesce(result, '{}'::jsonb)
                   || jsonb_build_object('retried_as_job_id', v_new, 'retried_at', v_now),
@@ -929,6 +837,8 @@ begin
      set paused = p_paused, updated_at = memory_private.clock_now()
    where workspace_id = p_workspace_id and paused is distinct from p_paused;
   v_changed := found;
+  perform memory_private.note_change(p_workspace_id,
+                                     case when v_changed then 'updated' else 'unchanged' end);
   select job_id into v_running from memory_private.jobs
    where workspace_id = p_workspace_id and status = 'running';
   select count(*) into v_pending from memory_private.jobs

@@ -32,7 +32,8 @@ from pyworker.lab.servers import LocalCluster, find_bindir, server_cpu_seconds
 SIZES = [] if os.environ.get("PIMEM_TEST_BENCH") == "quick" else ["--sizes", "2,16"]
 SECTIONS = ("server", "machine", "floor", "dataset", "recall", "query", "hostile_query",
             "recall_directory", "disk",
-            "ingest", "explain", "jobs", "worker_overhead", "memory", "growth", "verdict")
+            "ingest", "explain", "maintenance", "jobs", "worker_overhead", "memory", "growth",
+            "verdict")
 
 
 # What the bench's loader writes (pyworker.lab.bench.data.build_workspaces), the searches' derived
@@ -95,6 +96,21 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
         if counted:
             assert figure["reads"]["pages"] >= 0 and figure["reads"]["read_ms"] >= 0
     assert report["ingest"]["per_commit"]["upsert_message"]["n"] > 0
+    # Maintenance: a pass visits the changed workspaces alone, never an idle one; the stopped
+    # inputs are there; the sweep erases every expired message while ingest goes on.
+    mnt = report["maintenance"]
+    assert mnt["status"] == "ok", mnt
+    profile = report["profile"]
+    assert mnt["pass"]["small"]["visited"] == mnt["pass"]["large"]["visited"] == \
+        profile["maint_changed"]
+    assert mnt["pass"]["ever_maintained"] == profile["maint_changed"]
+    assert mnt["stopped"]["stopped_inputs"] == profile["maint_stopped"]
+    sweep = mnt["sweep"]
+    assert sweep["erased"] == sweep["expired"] == \
+        profile["sweep_workspaces"] * profile["sweep_messages"]
+    assert sweep["left"] == 0 and sweep["ingest_during_sweep"]["n"] > 0
+    assert {"maintenance pass", "maintenance tick", "retention sweep"} <= {
+        row["name"].split(" after")[0].split(" of")[0] for row in report["verdict"]}
     for row in report["verdict"]:
         assert row["met"] in (True, False, None)
     # Not a timing but a plan property: no statement of recall, the three kinds of

@@ -146,6 +146,8 @@ def test_a_scope_with_recall_disabled_gets_no_job(conn: psycopg.Connection) -> N
     advance(conn, "31 minutes")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 0
     conn.execute("update memory_private.scopes set recall_enabled = true")
+    # Written directly: the change manage_memory's enable-memory notes, noted by hand.
+    conn.execute("select memory_private.note_change('ws1', 'updated')")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 1
 
 
@@ -153,10 +155,10 @@ def test_a_paused_workspace_gets_no_job(conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
     w.conversation("ws1", "r1", chat="dm-alice", user="alice")
-    conn.execute("update memory_private.workspaces set paused = true")
+    conn.execute("select memory.set_workspace_paused('ws1', true)")
     advance(conn, "31 minutes")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 0
-    conn.execute("update memory_private.workspaces set paused = false")
+    conn.execute("select memory.set_workspace_paused('ws1', false)")
     assert maintenance(conn, "ws1")["extract_jobs_created"] == 1
 
 

@@ -10,7 +10,9 @@ One run, one server, the same connections:
 4. the job machinery with the offline model, 1 and 4 workers, vs procrastinate's
    fetch-and-finish on the same server (``bench.jobs``);
 5. the worker's overhead per model call, Pi RPC vs a direct HTTP call to the same local fake
-   server, and the worker's peak RSS (``bench.worker``).
+   server, and the worker's peak RSS (``bench.worker``);
+6. maintenance beside idle workspaces and stopped inputs, and the retention sweep with ingest
+   beside it (``bench.maintenance``).
 Output: ``bench.json``, ``bench.md`` and ``growth.png`` in the output directory. A part whose
 code has not landed yet is reported as not available, never estimated.
 """
@@ -31,7 +33,7 @@ from typing import Any
 import psycopg
 
 from pyworker import schema
-from pyworker.lab.bench import data, db, hostile
+from pyworker.lab.bench import data, db, hostile, maintenance
 
 Section = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -50,12 +52,22 @@ class Profile:
     floor_samples: int = 1000
     hostile_notes: int = 256   # notes of the worst-case search's scope
     hostile_samples: int = 200
+    # Maintenance (bench.maintenance): changed and idle workspaces of a pass, passes (and
+    # ticks) timed, stopped inputs, and the sweep's workspaces x expired messages each.
+    maint_changed: int = 100
+    maint_idle: int = 10_000
+    maint_passes: int = 7
+    maint_stopped: int = 1000
+    sweep_workspaces: int = 20
+    sweep_messages: int = 5000
 
 
 PROFILES = {
     "quick": Profile("quick", sizes=(4, 16), recall_samples=150, query_samples=60,
                      ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
-                     floor_samples=400, hostile_samples=30),
+                     floor_samples=400, hostile_samples=30, maint_changed=10,
+                     maint_idle=200, maint_passes=3, maint_stopped=50, sweep_workspaces=4,
+                     sweep_messages=500),
     "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
                        query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
                        model_calls=40, floor_samples=4000),
@@ -66,6 +78,9 @@ TARGETS = {
     "query_p50_x_floor": 10.0, "ingest_rate_of_floor": 1 / 3, "jobs_x_peer": 1.0,
     "job_db_x_peer": 4.0, "job_db_4_over_1": 1.5,
     "pi_rpc_added_ms": 50.0, "hostile_query_p50_ms": 50.0, "disk_x_raw": 4.0,
+    "maintenance_pass_x_idle": maintenance.TARGET_PASS_X,
+    "maintenance_tick_x_stopped": maintenance.TARGET_STOPPED_X,
+    "sweep_longest_transaction_ms": maintenance.TARGET_LOCK_MS,
 }
 
 
@@ -256,6 +271,15 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             log(f"recall while consolidation is pending at W={have}")
             result["recall_directory"] = db.measure_recall_directory(
                 conn, have, max(200, profile.recall_samples // 4))
+        log(f"maintenance: {profile.maint_changed} changed beside {profile.maint_idle} idle "
+            f"workspaces, {profile.maint_stopped} stopped inputs, a sweep of "
+            f"{profile.sweep_workspaces * profile.sweep_messages} expired messages")
+        result["maintenance"] = guarded(lambda: maintenance.measure(
+            target.dsn, changed=profile.maint_changed, idle=profile.maint_idle,
+            passes=profile.maint_passes, stopped=profile.maint_stopped,
+            sweep_workspaces=profile.sweep_workspaces,
+            sweep_per_workspace=profile.sweep_messages,
+            ingest_samples=max(100, profile.ingest_samples // 3)))
         log("job machinery")
         result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn, target.nodes))
         log("worker overhead and memory")
@@ -455,6 +479,7 @@ def verdict(result: Section) -> list[dict[str, Any]]:
     else:
         out.append({"name": "job machinery", "met": None,
                     "note": jobs.get("reason", "not available yet")})
+    out += maintenance.verdict(result.get("maintenance", {}))
     over = result.get("worker_overhead", {})
     if over.get("status") == "ok" and over.get("pi_added_ms") is not None:
         out.append(db.target("Pi RPC added ms per call vs a bare HTTP call (p50)",
@@ -655,6 +680,7 @@ def markdown(result: Section) -> str:
                   for t in disk["tables"][:10]]
         lines += ["", "| index (largest ten) | table | bytes |", "| --- | --- | --- |"]
         lines += [f"| {i['index']} | {i['table']} | {i['bytes']} |" for i in disk["indexes"][:10]]
+    lines += maintenance.markdown(result.get("maintenance", {}))
     lines += ["", "## Job machinery", ""]
     jobs = result.get("jobs", {})
     if jobs.get("status") == "ok":
