@@ -5800,6 +5800,48 @@ begin
     raise exception 'job_id is required' using errcode = 'MB001';
   end if;
   v_token := memory_private.check_token(p_token);
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  if v_job.lease_expires_at <= memory_private.clock_now() then
+    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
+      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
+  end if;
+  return v_job;
+end
+$$;
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';
+
 
 -- Maintenance that grows with change (issue 34): a pass visits only the workspaces due in
 -- memory_private.maintenance_due (written by what changes a workspace and by its last tick for
@@ -6294,43 +6336,6 @@ begin
      for update;
   if not found then
     raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
-      using errcode = 'MB002';
-  end if;
-  if v_job.token is distinct from v_token then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
-  if v_job.status = 'superseded' then
-    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
-      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
-      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
-  end if;
-  if v_job.status = 'stopped' then
-    select config_version into v_config from memory_private.workspaces
-     where workspace_id = p_workspace_id;
-    if v_job.config_version <> v_config then
-      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
-        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
-        hint = 'Drop the work: maintenance stopped the job.';
-    end if;
-  end if;
-  if v_job.status <> 'running' then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  if v_job.lease_expires_at <= memory_private.clock_now() then
-    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
-      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
-  end if;
-  return v_job;
-end
-$$;
-comment on function memory_private.owned_job(text, bigint, text) is
-  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
-  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
-  'when maintenance ended this claim because the input or the configuration changed.';
-
       using errcode = 'MB002', hint = 'See memory.job_status.';
   end if;
   v_refusal := memory_private.job_retry_refusal(v_job);
