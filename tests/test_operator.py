@@ -587,3 +587,17 @@ def test_the_pg_cron_procedure_of_the_runbook_maintains_every_workspace(
     assert [r["workspace_id"] for r in rows(
         conn, "select distinct workspace_id from memory_private.jobs order by 1")] == [
         "ws1", "ws2", "ws3"]
+    # A backlog of expired text (three ticks' worth) is erased by one call, not one a minute.
+    conn.execute("""insert into memory_private.messages
+                      (workspace_id, message_id, request_id, role, speaker_id, body,
+                       content_hash, directed, retain_until, created_at)
+                    select 'ws2', 'old' || i, 'r1', 'user', 'alice', 'text ' || i,
+                           memory_private.content_hash('text ' || i), true,
+                           memory_private.clock_now(), memory_private.clock_now()
+                      from generate_series(1, 140) i""")
+    conn.execute("select memory_private.note_change('ws2', 'updated')")
+    advance(conn, "1 minute")
+    conn.execute("call public.pimem_maintenance()")
+    assert rows(conn, "select count(*) as n from memory_private.messages where "
+                      "body is not null and retain_until <= memory_private.clock_now()") == [
+        {"n": 0}]

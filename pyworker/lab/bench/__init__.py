@@ -694,12 +694,15 @@ def markdown(result: Section) -> str:
                     continue
                 split = ", ".join(f"{k} {_fmt(v)}"
                                   for k, v in r.get("db_ms_per_job_by_function", {}).items())
+                events = ", ".join(f"{k} {v}" for k, v in
+                                   r.get("activity", {}).get("lock_events", {}).items())
                 lines.append(f"| {r.get('label', system)} | {workers} | {r['jobs']} | "
                              f"{_fmt(r['seconds'])} | {_fmt(r['jobs_per_second'])} | "
                              f"{_fmt(r['per_job']['p50_ms'])} | {_fmt(r['per_job']['p99_ms'])} | "
                              f"{_fmt(r['db_ms_per_job'])}{f' ({split})' if split else ''} | "
                              f"{_fmt(r.get('server_cpu_ms_per_job') or '')} | "
-                             f"{_share(r.get('activity', {}).get('lock_wait_share'))} |")
+                             f"{_share(r.get('activity', {}).get('lock_wait_share'))}"
+                             f"{f' ({events})' if events else ''} |")
         for note in jobs.get("notes", []):
             lines.append(f"\n{note}")
     else:

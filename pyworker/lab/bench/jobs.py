@@ -196,6 +196,7 @@ class ActivitySampler:
         self.dsn = dsn
         self.interval = interval
         self.counts: Counter[str] = Counter()
+        self.lock_events: Counter[str] = Counter()  # which lock: 'LWLock:WALWrite', ...
         self.cpu_seconds: float | None = None  # what its own backend spent (a local server)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -211,12 +212,15 @@ class ActivitySampler:
 
     def _sample(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stop.is_set():
-            for (kind,) in conn.execute(
-                    "select coalesce(wait_event_type, 'running') from pg_stat_activity "
+            for kind, event in conn.execute(
+                    "select coalesce(wait_event_type, 'running'), wait_event "
+                    "from pg_stat_activity "
                     "where datname = current_database() and pid <> pg_backend_pid() "
                     "and backend_type = 'client backend' and state = 'active'"):
                 self.counts[kind if kind in ("running", "Lock", "LWLock", "IO")
                             else "other"] += 1
+                if kind in ("Lock", "LWLock"):
+                    self.lock_events[f"{kind}:{event}"] += 1
             time.sleep(self.interval)
 
     def __enter__(self) -> Self:
@@ -231,7 +235,8 @@ class ActivitySampler:
         total = sum(self.counts.values())
         waiting = self.counts["Lock"] + self.counts["LWLock"]
         return {"samples": dict(self.counts),
-                "lock_wait_share": round(waiting / total, 4) if total else None}
+                "lock_wait_share": round(waiting / total, 4) if total else None,
+                "lock_events": dict(self.lock_events.most_common(4))}
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -348,5 +353,7 @@ def measure(dsn: str, *, jobs: int, peer_jobs: int,
                  "figure pure queue machinery (fetch_job + finish_job). With more worker "
                  "processes than CPUs the time inside a call includes the wait for a CPU: "
                  "the servers' CPU per job and the share of the busy backends' samples spent "
-                 "waiting on a lock (pg_stat_activity) tell that from lock contention.")
+                 "waiting on a lock (pg_stat_activity) tell that from lock contention; the lock "
+                 "waits are named, with their samples (LWLock:WALWrite: a commit waiting for the "
+                 "WAL flush of another).")
     return {"status": "ok", "ours": ours, "peer": peer, "notes": notes}
