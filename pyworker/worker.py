@@ -68,7 +68,7 @@ class Worker:
         self._abort = threading.Event()  # aborts the call in flight
         self._signals = 0
         self.jobs_done = 0
-        self._walked_at: float | None = None  # when maintenance last walked every workspace
+        self._walked_at: float | None = None  # when maintenance last walked the due workspaces
         self._touched: str | None = None  # the workspace of the last job handled
         self._backlog = False  # the last walk left expired text for the next one
 

@@ -303,6 +303,7 @@ def test_the_job_targets_show_ours_against_the_peer_and_four_workers_against_one
     jobs = {"status": "ok", "notes": [],
             "ours": {"1": job_run(12.0, 11.0, 0.0), "4": job_run(48.0, 12.1, 0.025)},
             "peer": {"1": job_run(0.8, 0.5, 0.0), "4": job_run(4.0, None, 0.1)}}
+    jobs["peer"]["4"]["activity"]["lock_events"] = {"LWLock:WALWrite": 7}  # type: ignore[index]
     result = {"jobs": jobs, "profile": {"name": "quick"}, "command": "pimem bench"}
     rows = {r["name"]: r for r in verdict(result)}
     against_peer = rows["database ms per job, ours / procrastinate, 1 worker"]
@@ -319,7 +320,8 @@ def test_the_job_targets_show_ours_against_the_peer_and_four_workers_against_one
             "5.000) (server cpu per job 4 over 1: 1.100) (lock wait share 4 workers: 2.5%) | "
             "<= 1.500 | **no** |") in text
     assert "| 48.0 (commit_job 24.0) | 12.1 | 2.5% |" in text
-    assert "| 4.000 (commit_job 2.000) |  | 10.0% |" in text  # no CPU figure: left blank
+    # No CPU figure: left blank; the lock waits named with their samples.
+    assert "| 4.000 (commit_job 2.000) |  | 10.0% (LWLock:WALWrite 7) |" in text
 
 
 def test_without_the_peer_the_job_ratio_to_it_is_not_made_up() -> None:

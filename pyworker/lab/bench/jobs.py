@@ -94,7 +94,7 @@ def prepare_jobs(dsn: str, tag: str, n: int) -> int:
 
 # Ours --------------------------------------------------------------------------------------------
 
-def _ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
+def ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
     from pyworker.adapters.offline import OfflineAdapter
     from pyworker.worker import Worker, WorkerConfig
 
@@ -332,7 +332,7 @@ def measure(dsn: str, *, jobs: int, peer_jobs: int,
     notes = []
     for workers in WORKER_COUNTS:
         made = prepare_jobs(dsn, f"w{workers}", jobs + workers)  # one each before the clock
-        r = run_processes(_ours_process, dsn, workers, nodes)
+        r = run_processes(ours_process, dsn, workers, nodes)
         r["label"] = "pimem (offline model)"
         r["jobs_prepared"] = made
         ours[str(workers)] = r

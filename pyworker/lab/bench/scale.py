@@ -331,25 +331,16 @@ def invalid_in_sample(conn: psycopg.Connection, width: int, n: int) -> dict[str,
 # Measuring --------------------------------------------------------------------------------------
 
 def measure_pass(conn: psycopg.Connection) -> Section:
-    """The worker's maintenance walk over every workspace: memory.maintain_next_workspace from
-    NULL until it answers NULL, each call its own transaction, as the worker runs it."""
-    times: list[int] = []
-    jobs = 0
-    after: str | None = None
-    t0 = time.perf_counter_ns()
-    while True:
-        t = time.perf_counter_ns()
-        row = conn.execute("select memory.maintain_next_workspace(%s)", (after,),
-                           prepare=True).fetchone()
-        if row is None or row[0] is None:
-            break
-        times.append(time.perf_counter_ns() - t)
-        after = row[0]["workspace_id"]
-        jobs += int(row[0].get("extract_jobs_created", 0)) + int(
-            row[0].get("consolidate_jobs_created", 0))
-    seconds = (time.perf_counter_ns() - t0) / 1e9
-    return {"status": "ok", "workspaces": len(times), "seconds": round(seconds, 2),
-            "per_workspace": db.summarize(times), "jobs_created": jobs}
+    """The worker's maintenance walk over the due workspaces (``maintenance.walk``:
+    memory.maintain_next_workspace from NULL until it answers NULL, a transaction each)."""
+    from pyworker.lab.bench import maintenance
+
+    ms, ticks, each = maintenance.walk(conn)
+    jobs = sum(int(t.get("extract_jobs_created", 0)) + int(t.get("consolidate_jobs_created", 0))
+               for t in ticks)
+    return {"status": "ok", "workspaces": len(ticks), "seconds": round(ms / 1000, 2),
+            "per_workspace": db.summarize([int(x * 1e6) for x in each[:len(ticks)]]),
+            "jobs_created": jobs}
 
 
 def measure_jobs(dsn: str, width: int, n: int) -> Section:
@@ -358,7 +349,7 @@ def measure_jobs(dsn: str, width: int, n: int) -> Section:
     from pyworker.lab.bench import jobs as bench_jobs
 
     made = bench_jobs.prepare_jobs(dsn, f"s{width}", n)
-    r = bench_jobs.run_processes(bench_jobs._ours_process, dsn, 1)
+    r = bench_jobs.run_processes(bench_jobs.ours_process, dsn, 1)
     r["jobs_prepared"] = made
     return r
 
@@ -437,7 +428,7 @@ def measure_size(conn: psycopg.Connection, dsn: str, width: int, profile: ScaleP
     from pyworker.lab.bench import jobs as bench_jobs
 
     out["sweep"]["jobs_worked_after"] = bench_jobs.run_processes(
-        bench_jobs._ours_process, dsn, 1)["jobs"]
+        bench_jobs.ours_process, dsn, 1)["jobs"]
     return out
 
 
