@@ -1,63 +1,142 @@
--- 0002_since_0_1_0: every schema change since release 0.1.0, in one migration (docs/migrations.md:
--- unreleased changes collect here; `pimem freeze-release` freezes it with the next release).
--- CHANGELOG.md's Unreleased section says what changed and why. sql/ stays the schema to read.
--- 0002_query_speed: query_memories reads and writes less (issue 13's search target,
--- docs/benchmarks.md).
--- - Extended statistics: a scope belongs to one workspace, so the planner no longer takes a scope
---   for about one record and reads a whole scope to find a few records by id.
--- - The lines a search finds are found for all shown records in one pass (matching_lines in set
---   form) and shown_sources is one planned statement; query_memories writes its tool_calls row
---   once, at the end.
--- - The lines a literal search finds are read from the shown records' summaries, and the sources
---   they cite from the lines themselves (memory_private.cited_ids, the rule the record was written
---   with), instead of an index lookup per line in record_lines and record_line_sources; that
---   table goes (explain_record reads a line's sources from the summary too: one form of the fact).
--- - A record's sources in order, a record's dependencies with their hashes and the state of the
---   messages they are on are read from an index alone (record_sources' position key includes
---   message_id; record_dependencies' primary key includes content_hash; messages_state_idx
---   holds a message's hash, removal and retention).
--- - A tool call resolves its request once (memory_private.request_scope); the scope's checks are
---   one query (scope_checks in SQL, planned inside scope_reason); record_detail is inlined;
---   upsert_message reads its request through known_request, as the tools do; known_request
---   looks the request up first and checks the workspace only when it finds nothing.
--- - The literal search reads record_texts, the records' folded texts in narrow rows, instead of
---   records.search_text in the records themselves (nothing wide, nothing to decompress), and
---   reads the text only of records holding every three-character run of the query (their
---   signature, memory_private.text_grams, is scanned in the scope's index alone).
--- - A search or browse validates as many records as it shows first (was four more).
--- - A record carries a copy of its dependencies (ids and hashes) and sources, which the database
---   writes from record_dependencies (a trigger after each statement writing it): the validity
---   rule and query_memories read them from the record's own page.
--- - Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
---   of twelve whole records (their indexes, and their full pages in the WAL after a checkpoint).
---   Every record gets its row when it is made (a trigger; never used: count 0, no date), so
---   counting a use updates it: no insert whose foreign-key check locks the record's row.
+-- 0002_since_0_1_0: every schema change since release 0.1.0, in one migration
+-- (docs/migrations.md; CHANGELOG.md's Unreleased section says what changed and why).
+--
+-- The hand-written part holds what only a person writes: tables, columns, constraints, indexes,
+-- types, the data moved into the new shapes, and the released code that goes. The functions,
+-- views, triggers and their grants come from sql/ in the generated regions, which
+-- `pimem schema-bundle` writes and tests/test_migrations.py checks.
 
+-- The operator views of 0.1.0 read columns and functions that change below; the generated part
+-- makes them again (memory_private.*_of and the views over them).
+drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status,
+  memory.request_memory_charges;
+
+-- Released functions that go, or whose arguments or result change (made again from sql/).
+drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]),
+  memory_private.passages(text),
+  memory_private.repeated_sources(memory_private.jobs, text, text[]),
+  memory_private.shown_sources(text, bigint[], text),
+  memory_private.schedule_jobs(text),
+  memory_private.search_records(text, bigint, integer, text, text),
+  memory_private.record_detail(memory_private.records, jsonb, bigint),
+  memory_private.query_records(text, bigint, integer, text, text, bigint),
+  memory_private.erase_expired_messages(text),
+  memory_private.operator_job_stale_reason(memory_private.jobs),
+  memory_private.operator_job_retry_refusal(memory_private.jobs);
+
+-- The policy's new numbers (memory_private.policy() gives their values).
+alter type memory_private.policy_values
+  add attribute copy_run_words integer,
+  add attribute copy_message_words integer,
+  add attribute copy_token_chars integer,
+  add attribute copy_stock_records integer,
+  add attribute query_terms integer,
+  add attribute fuzzy_words integer,
+  add attribute fuzzy_neighbours integer;
+
+-- The policy's values come with its shape: the constraints of 0.1.0 read it while the tables
+-- change below.
+-- pimem:generated begin: memory_private.policy
+
+-- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, then run it again.
+
+set local check_function_bodies = off;
+
+create or replace function memory_private.policy() returns memory_private.policy_values
+  language sql immutable parallel safe security definer
+  -- Definer only so that the operator views may read it (their callers have no usage on this
+  -- schema); immutable, so every query folds it to constants when it is planned.
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select row(
+    200,                    -- id_bytes
+    100,                    -- id_list_entries
+    64000,                  -- message_bytes
+    43200,                  -- max_idle_minutes
+    30,                     -- default_idle_minutes
+    1000000,                -- max_dollars
+    24000,                  -- batch_bytes
+    4,                      -- existing_with_batch
+    300,                    -- title_bytes
+    4000,                   -- summary_bytes
+    48,                     -- candidates
+    4500,                   -- index_bytes
+    12,                     -- index_ids
+    3,                      -- max_claims
+    interval '2 minutes',   -- lease
+    interval '1 hour',      -- failure_backoff
+    2000,                   -- error_chars
+    8,                      -- directory_records
+    300,                    -- directory_summary_chars
+    12,                     -- query_limit
+    1000,                   -- query_bytes
+    20,                     -- shown_sources
+    60,                     -- note_title_chars
+    30,                     -- unused_days
+    256,                    -- workspace_records
+    8,                      -- copy_run_words
+    4,                      -- copy_message_words
+    4,                      -- copy_token_chars
+    48,                     -- copy_stock_records
+    32,                     -- query_terms
+    8,                      -- fuzzy_words
+    16                      -- fuzzy_neighbours
+  )::memory_private.policy_values
+$$;
+
+comment on function memory_private.policy() is
+  'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
+  'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
+  'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
+  'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
+  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records); the '
+  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side). Immutable: '
+  'changing one is a migration.';
+
+set local check_function_bodies = on;
+
+-- pimem:generated end
+
+-- The types query_memories builds its answer in (docs/benchmarks.md).
+create type memory_private.record_answer as (
+  -- A record as query_memories returns it, field by field (R5). The answer is a row
+  -- (memory_private.query_answer) holding these rows, turned into JSON once at the end: jsonb
+  -- built per record, then for the list, then for the answer would be read again, token by
+  -- token, at each step (docs/benchmarks.md).
+  id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
+  source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
+  last_used_at timestamptz, match text, rank integer
+);
+comment on type memory_private.record_answer is
+  'The fields of one query_memories result, in the order they are named (R5): '
+  'memory_private.record_detail makes it.';
+
+create type memory_private.query_answer as (
+  mode text, label text, scope text, records memory_private.record_answer[], count integer,
+  replayed boolean
+);
+comment on type memory_private.query_answer is
+  'A query_memories answer (mode, label, scope, records, count, replayed), made into JSON '
+  'with to_jsonb once.';
+
+-- A scope belongs to one workspace: the planner no longer takes a scope for about one record
+-- and reads a whole scope to find a few records by id.
 create statistics memory_private.records_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.records;
-
 comment on statistics memory_private.records_scope_stats is
   'scope_id depends on workspace_id: keeps plans on the primary key when records are asked by id.';
-
 create statistics memory_private.record_documents_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.record_documents;
-
 comment on statistics memory_private.record_documents_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
-analyze memory_private.records, memory_private.record_documents;
-
 -- A source is a cited dependency with its place among the sources: record_sources becomes a
--- view of record_dependencies (one row per message a record rests on, its hash and, for a
--- source, its position), so query_memories reads a record's sources in order from the pages
--- validation reads its dependencies from (the primary key includes hash and position).
+-- view of record_dependencies (generated part), and the repeated dependencies of 0.1.0 are
+-- copied ones found by a run of words.
 alter table memory_private.record_dependencies
   add column position integer constraint record_dependencies_position_check
-    check (position >= 1);
-
-comment on column memory_private.record_dependencies.position is
-  'For a source (via = cited): its place among the record''s sources, in the order the summary '
-  'uses them; NULL for any other dependency.';
+    check (position >= 1),
+  add column copied_by text[];
 
 update memory_private.record_dependencies d
    set position = s.position
@@ -65,9 +144,6 @@ update memory_private.record_dependencies d
  where s.workspace_id = d.workspace_id and s.record_id = d.record_id
    and s.message_id = d.message_id;
 
--- Every source was a cited dependency and every cited dependency a source (commit_job and
--- control_remember wrote both); a source without a dependency, and the constraint below,
--- refuse an upgrade of data where that fails, rather than lose a source.
 do $$
 begin
   if exists (select 1 from memory_private.record_sources s
@@ -81,34 +157,43 @@ begin
 end
 $$;
 
+alter table memory_private.record_dependencies drop constraint record_dependencies_via_check;
+
+update memory_private.record_dependencies set via = 'copied', copied_by = '{run}'
+ where via = 'repeated';
+
 alter table memory_private.record_dependencies
   drop constraint record_dependencies_pkey,
   add constraint record_dependencies_pkey
     primary key (workspace_id, record_id, message_id) include (content_hash, position),
   add constraint record_dependencies_cited_position
-    check ((via = 'cited') = (position is not null));
-
+    check ((via = 'cited') = (position is not null)),
+  add constraint record_dependencies_via_check check (via in ('cited', 'reused', 'copied')),
+  -- What the copy rule found a copied dependency by; a reused one has it when the memory it
+  -- came through was copied rather than declared; a cited one never.
+  add constraint record_dependencies_copied_by_check
+    check (case when copied_by is null then via <> 'copied'
+                else via in ('copied', 'reused') and cardinality(copied_by) > 0
+                     and copied_by <@ array['message', 'run', 'token'] end);
 comment on table memory_private.record_dependencies is
   'What a record''s content was made from: each message with the content hash it had when used, '
-  'and why it counts: cited (a source of the record), reused (a dependency of a memory the '
-  'output declared it reused) or repeated (an uncited message whose words the summary repeats). '
+  'and why it counts: cited (a source of the record), reused (a dependency of a memory shown '
+  'with the batch that the output declared it reused or copies) or copied (an uncited message '
+  'of the batch whose content the record copies: memory_private.copied_sources). '
   'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
   'source: position numbers the sources in the order the summary uses them (position 1 first; '
   'memory_private.record_sources lists them).';
+comment on column memory_private.record_dependencies.copied_by is
+  'Which parts of the copy rule (memory_private.copied_parts: message, run, token) found the '
+  'copied message, or the copied memory a reused dependency came through; NULL otherwise.';
+comment on column memory_private.record_dependencies.position is
+  'For a source (via = cited): its place among the record''s sources, in the order the summary '
+  'uses them; NULL for any other dependency.';
 
-alter table memory_private.record_sources rename to record_sources_moved;
+drop table memory_private.record_line_sources, memory_private.record_sources;
 
-create view memory_private.record_sources as
-  select d.workspace_id, d.record_id, d.message_id, d.position
-    from memory_private.record_dependencies d
-   where d.position is not null;
-
-comment on view memory_private.record_sources is
-  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
-  'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
-  'and its hash are one fact). What query_memories shows (from the records'' copy, '
-  'records.source_ids) and what enters the citation set (R5, R6).';
-
+-- Usage moves from records to record_usage: counting a call rewrites a few narrow rows instead
+-- of twelve whole records. Every record has its row (never used: count 0, no date).
 create table memory_private.record_usage (
   workspace_id text not null,
   record_id bigint not null,
@@ -118,7 +203,6 @@ create table memory_private.record_usage (
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   constraint record_usage_never_used check ((usage_count = 0) = (last_used_at is null))
 );
-
 comment on table memory_private.record_usage is
   'How often and when query_memories last returned a record (R7: once per tool call id); a row '
   'for every record, made with it (memory_private.records_add_usage_row: count 0, no date until '
@@ -128,212 +212,38 @@ comment on table memory_private.record_usage is
   'returned record''s row, writing its page. Retention prunes the least recently used '
   '(memory_private.prune_records).';
 
--- Every record has its row: the use it had, or never used.
 insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
 select workspace_id, record_id,
        case when usage_count > 0 and last_used_at is not null then last_used_at end,
        case when usage_count > 0 and last_used_at is not null then usage_count else 0 end
   from memory_private.records;
 
-create function memory_private.records_add_usage_row() returns trigger
-  language plpgsql
-  as $$
-begin
-  insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
-  select n.workspace_id, n.record_id, null, 0 from added n
-  on conflict do nothing;
-  return null;
-end
-$$;
-
-comment on function memory_private.records_add_usage_row() is
-  'Trigger: every new record gets its record_usage row (never used) in the same statement, so '
-  'that query_memories counts a use by updating it and never touches the records table.';
-
-create trigger records_add_usage_row after insert on memory_private.records
-  referencing new table as added
-  for each statement execute function memory_private.records_add_usage_row();
-
-create or replace view memory.record_status as
-select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-       r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-       (select count(*) from memory_private.record_sources rs
-         where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-       (select count(*) from memory_private.record_dependencies d
-         where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-       octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-       coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
-       v.reason is null as valid,
-       v.reason as invalid_reason
-  from memory_private.scopes s
- cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-  join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-  left join memory_private.record_usage u
-    on u.workspace_id = r.workspace_id and u.record_id = r.record_id;
-
-alter table memory_private.records drop column last_used_at, drop column usage_count;
-
--- A record carries its own copy of what it rests on (its dependencies with their hashes, its
--- sources in order), written by the database from record_dependencies after every statement
--- that writes it: the validity rule and query_memories read the record's own page instead of
--- an index leaf of record_dependencies per record.
+-- A record carries a copy of its dependencies and sources, written by the database from
+-- record_dependencies (filled after the generated part); its folded text moves to record_texts.
 alter table memory_private.records
+  drop column last_used_at,
+  drop column usage_count,
+  drop column search_text,
   add column dependency_ids text[] not null default '{}',
   add column dependency_hashes text[] not null default '{}',
   add column source_ids text[] not null default '{}',
   add constraint records_dependency_hashes_check
     check (cardinality(dependency_hashes) = cardinality(dependency_ids));
-
 comment on table memory_private.records is
   'Memories: a title and a historical summary (<= 4,000 bytes) with the speakers, threads and '
   'repositories they came from and the bot identity that made them, and what they rest on '
   '(dependency_ids, dependency_hashes, source_ids: the database''s copy of '
   'record_dependencies). Validity is decided from current facts on every read; the retention '
   'sweep deletes records that can never be valid again.';
-
 comment on column memory_private.records.dependency_ids is
   'The messages the record depends on (record_dependencies.message_id, in bytewise id '
   'order), kept by the database (memory_private.follow_record_dependencies); what the validity '
   'rule checks.';
-
 comment on column memory_private.records.dependency_hashes is
   'The content hash each of dependency_ids had when the record was made (same order).';
-
 comment on column memory_private.records.source_ids is
   'The record''s sources (its cited dependencies) in the order its summary uses them '
   '(record_dependencies.position), kept by the database; what query_memories shows.';
-
--- The records' own copy of what they rest on. record_dependencies is where every writer puts a
--- record's dependencies (and where forgetting and retention find the records of a message);
--- after each statement that writes it, the database copies the touched records' dependencies,
--- hashes and sources into the records themselves, which is what the validity rule and
--- query_memories read (the record's page, read anyway, instead of an index leaf per record).
-create function memory_private.copy_dependencies(p_workspace_ids text[], p_record_ids bigint[])
-  returns void
-  language sql volatile
-  as $$
-  update memory_private.records r
-     set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
-    from (select k.workspace_id, k.record_id,
-                 coalesce(array_agg(d.message_id order by d.message_id collate "C")
-                            filter (where d.message_id is not null), '{}') as ids,
-                 coalesce(array_agg(d.content_hash order by d.message_id collate "C")
-                            filter (where d.message_id is not null), '{}') as hashes,
-                 coalesce(array_agg(d.message_id order by d.position)
-                            filter (where d.position is not null), '{}') as sources
-            from (select distinct w, id from unnest(p_workspace_ids, p_record_ids) as u(w, id))
-                 as k(workspace_id, record_id)
-            left join memory_private.record_dependencies d
-              on d.workspace_id = k.workspace_id and d.record_id = k.record_id
-           group by k.workspace_id, k.record_id) x
-   where r.workspace_id = x.workspace_id and r.record_id = x.record_id
-     and (r.dependency_ids, r.dependency_hashes, r.source_ids)
-         is distinct from (x.ids, x.hashes, x.sources)
-$$;
-
-comment on function memory_private.copy_dependencies(text[], bigint[]) is
-  'Sets the given records'' dependency_ids, dependency_hashes (in bytewise message id order) '
-  'and source_ids (in source order) to what record_dependencies holds for them now.';
-
-create function memory_private.follow_record_dependencies() returns trigger
-  language plpgsql volatile
-  as $$
-begin
-  -- Statement-level, with the statement's rows: one copy for every record it touched.
-  if tg_op in ('INSERT', 'UPDATE') then
-    perform memory_private.copy_dependencies(array(select n.workspace_id from new_rows n),
-                                             array(select n.record_id from new_rows n));
-  end if;
-  if tg_op in ('UPDATE', 'DELETE') then
-    perform memory_private.copy_dependencies(array(select o.workspace_id from old_rows o),
-                                             array(select o.record_id from old_rows o));
-  end if;
-  return null;
-end
-$$;
-
-comment on function memory_private.follow_record_dependencies() is
-  'Trigger (after each statement writing record_dependencies): copies the touched records'' '
-  'dependencies into the records (memory_private.copy_dependencies).';
-
-create trigger record_dependencies_follow_insert
-  after insert on memory_private.record_dependencies
-  referencing new table as new_rows
-  for each statement execute function memory_private.follow_record_dependencies();
-
-create trigger record_dependencies_follow_update
-  after update on memory_private.record_dependencies
-  referencing old table as old_rows new table as new_rows
-  for each statement execute function memory_private.follow_record_dependencies();
-
-create trigger record_dependencies_follow_delete
-  after delete on memory_private.record_dependencies
-  referencing old table as old_rows
-  for each statement execute function memory_private.follow_record_dependencies();
-
-create function memory_private.refuse_dependency_copy() returns trigger
-  language plpgsql
-  as $$
-begin
-  raise exception 'records.dependency_ids, dependency_hashes and source_ids are the database''s '
-    'copy of record_dependencies; write record_dependencies instead'
-    using errcode = 'check_violation';
-end
-$$;
-
-comment on function memory_private.refuse_dependency_copy() is
-  'Trigger: refuses a statement that writes a record''s copy of its dependencies itself (only '
-  'memory_private.copy_dependencies, run by the record_dependencies triggers, does).';
-
--- Every record's copy, before the guards that keep anything else from writing it.
-select memory_private.copy_dependencies(array_agg(r.workspace_id), array_agg(r.record_id))
-  from memory_private.records r;
-
--- pg_trigger_depth() is 0 for a statement of its own, 1 inside the record_dependencies trigger.
-create trigger records_refuse_dependency_copy_insert
-  before insert on memory_private.records
-  for each row
-  when (pg_trigger_depth() = 0
-        and (cardinality(new.dependency_ids) > 0 or cardinality(new.dependency_hashes) > 0
-             or cardinality(new.source_ids) > 0))
-  execute function memory_private.refuse_dependency_copy();
-
-create trigger records_refuse_dependency_copy_update
-  before update of dependency_ids, dependency_hashes, source_ids on memory_private.records
-  for each row
-  when (pg_trigger_depth() = 0
-        and (new.dependency_ids, new.dependency_hashes, new.source_ids)
-            is distinct from (old.dependency_ids, old.dependency_hashes, old.source_ids))
-  execute function memory_private.refuse_dependency_copy();
-
--- The folded texts move to their own narrow table (filled from records.search_text), with the
--- three-character runs of title and summary that the literal search skips records by.
-create function memory_private.text_grams(p_text text) returns bit(1024)
-  language plpgsql immutable strict parallel safe
-  as $$
-begin
-  -- Every run of three characters of the text (at every offset: three passes of
-  -- non-overlapping matches, from the first, second and third character) sets one of 1021 bits,
-  -- chosen by its characters' code points: a text holding another holds all of its runs, so
-  -- its bits cover the other's. Code points, not a hash function of the server's, so that the
-  -- bits a record keeps mean the same after any upgrade. PL/pgSQL, so that its plan is kept for
-  -- the session (a SQL function reading FROM is planned again in every transaction).
-  return (
-    select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
-      from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
-                              * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
-              from (select regexp_matches(p_text, '...', 'g')
-                    union all
-                    select regexp_matches(substr(p_text, 2), '...', 'g')
-                    union all
-                    select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
-  );
-end
-$$;
-comment on function memory_private.text_grams(text) is
-  'The text''s three-character runs as a 1024-bit signature (a bit per run, by its code points): '
-  'if a text contains another, text_grams(text) & text_grams(other) = text_grams(other). '
-  'A text shorter than three characters sets no bit. What the literal search skips texts with.';
 
 create table memory_private.record_texts (
   workspace_id text not null,
@@ -345,59 +255,101 @@ create table memory_private.record_texts (
   primary key (workspace_id, record_id),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade
 );
-
 comment on table memory_private.record_texts is
-  'Each record''s title and summary case-folded at write time (search_text: lower(title), a '
-  'newline, lower(summary)) and the three-character runs of both (grams: '
-  'memory_private.text_grams of each, OR-ed), with its scope and date, written by a trigger on '
-  'records (memory_private.index_record): what query_memories'' literal search reads. It scans '
-  'the scope''s grams newest first in the index alone and reads the folded text only of the '
-  'records holding every run of the query. Kept apart from records so that nothing wide is read '
-  'and nothing is folded at search time.';
-
+  'Each record''s title and summary case-folded at write time (search_text: the folded title, '
+  'a newline, the folded summary: memory_private.fold) and the three-character runs of both '
+  '(grams: memory_private.text_grams of each, OR-ed), with its scope and date, written by a '
+  'trigger on records (memory_private.index_record): what query_memories'' literal search reads. '
+  'It scans the scope''s grams newest first in the index alone and reads the folded text only of '
+  'the records holding every run of the query. Kept apart from records so that nothing wide is '
+  'read and nothing is folded at search time.';
 create index record_texts_scope_idx
   on memory_private.record_texts (workspace_id, scope_id, created_at desc, record_id desc)
   include (grams);
-
 create statistics memory_private.record_texts_scope_stats (dependencies, ndistinct)
   on workspace_id, scope_id from memory_private.record_texts;
-
 comment on statistics memory_private.record_texts_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
-insert into memory_private.record_texts
-  (workspace_id, record_id, scope_id, created_at, search_text, grams)
-select workspace_id, record_id, scope_id, created_at, search_text,
-       memory_private.text_grams(lower(title)) | memory_private.text_grams(lower(summary))
-  from memory_private.records;
+create table memory_private.record_words (
+  workspace_id text not null,
+  scope_id bigint not null,
+  word text collate "C" not null,
+  record_id bigint not null,
+  primary key (workspace_id, scope_id, word, record_id),
+  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+);
+comment on table memory_private.record_words is
+  'The words of each record''s document of three characters or more (its lexemes, as written '
+  'and English-stemmed), with its scope, written by the same trigger as record_documents: what '
+  'the fuzzy search reads, a bounded number of a scope''s words nearest to a query word in '
+  'spelling order (the primary key, in byte order: collate "C"), so a search does bounded work '
+  'however many words the scope holds (memory_private.fuzzy_candidates).';
+comment on column memory_private.record_words.word is
+  'A lexeme of the record''s document (record_documents.document), three characters or more.';
+create index record_words_record_idx on memory_private.record_words (workspace_id, record_id);
+comment on index memory_private.record_words_record_idx is
+  'A record''s words, for rewriting them and for the cascade when the record is deleted.';
 
-analyze memory_private.record_texts;
-
-alter table memory_private.records drop column search_text;
-
--- What the validity rule reads of a message a record or an index depends on (its hash, removal
--- and retention; content_hash is NULL exactly when the text is gone, by the table's check), so
--- that validating a record reads the messages from this index alone, a few pages per scope
--- instead of a heap page per message (memory_private.record_reasons, index_holds).
+-- A message's hash, removal and retention are read from an index alone; the retention sweep
+-- reads one workspace's expired messages.
 create index messages_state_idx on memory_private.messages (workspace_id, message_id)
   include (content_hash, removed_at, retain_until);
+drop index memory_private.messages_retention_idx;
+create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
+  where body is not null and retain_until is not null;
 
-analyze memory_private.messages;
+comment on column memory_private.jobs.claims is
+  'The claims this input has used: those that reached start_attempt (a model call), and those '
+  'the worker broke on before it (fail_job worker_error, or a lease that expired with no '
+  'report); a refusal before the call (budget_exceeded, not_priced) does not count. Carried over '
+  'from a superseded job of the same input and config version. At most 3; the third failed or '
+  'lost claim stops the job.';
 
-drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]);
+-- Maintenance follows change: a tick visits only the workspaces a change or a foreseen event
+-- made due. Every workspace is due once after the upgrade.
+alter table memory_private.workspace_memory add column idle_window_seen interval;
+comment on table memory_private.workspace_memory is
+  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
+  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
+  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
+  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
+  'the conversations'' idle ends with). Created with the workspace by a trigger.';
 
-drop function memory_private.record_detail(memory_private.records, jsonb, bigint);
+create table memory_private.maintenance_due (
+  workspace_id text not null references memory_private.workspaces on delete cascade,
+  due_at timestamptz not null,
+  due_id bigint generated always as identity,
+  idle_at timestamptz,
+  request_id text,
+  scope_id bigint,
+  foreseen boolean not null default false,
+  primary key (workspace_id, due_at, due_id)
+);
+comment on table memory_private.maintenance_due is
+  'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
+  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
+  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
+  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
+  'what the change was confined to (a new message or request, a scope''s job or tool call), '
+  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
+  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
+  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
+  'deleted by the tick that runs at or after due_at.';
+create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
+insert into memory_private.maintenance_due (workspace_id, due_at)
+select workspace_id, memory_private.clock_now() from memory_private.workspaces;
 
-drop function memory_private.shown_sources(text, bigint[], text);
+-- A record's sources by line, generated from its summary (memory_private.line_sources, written
+-- here before the column that calls it), and the records' copy of their dependencies (written
+-- before the trigger that refuses any other writer of it).
+-- pimem:generated begin: memory_private.summary_lines memory_private.cited_ids memory_private.line_sources memory_private.copy_dependencies
 
--- Which line cites which source is read from the summary itself (memory_private.line_citations,
--- the rule the record was written with), not kept a second time.
-drop table memory_private.record_line_sources;
+-- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, then run it again.
 
--- The sources' old table (its rows are the cited dependencies' positions now).
-drop table memory_private.record_sources_moved;
+set local check_function_bodies = off;
 
-create function memory_private.summary_lines(p_summary text)
+create or replace function memory_private.summary_lines(p_summary text)
   returns table (line_no integer, line text)
   language sql immutable parallel safe
   as $$
@@ -409,7 +361,7 @@ comment on function memory_private.summary_lines(text) is
   'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
   'the lines'' stored documents (record_lines) and the lines a search finds share.';
 
-create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
+create or replace function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
   as $$
   -- The line's bracketed lists, [m1] or [m1, m2]; a token that is one of p_ids (the messages a
@@ -427,237 +379,169 @@ comment on function memory_private.cited_ids(text, text[]) is
   'record''s sources (memory_private.line_citations), explain_record''s lines, and the sources '
   'of the lines a search finds first.';
 
-create function memory_private.request_scope(
-  p_request memory_private.requests
-) returns memory_private.scopes
+create or replace function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  -- One element per line of the summary, from line 1: the ids of p_ids the line cites
+  -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
+  -- cites nothing; no element at all when there is nothing to cite (no p_ids: a record before
+  -- its sources are written). A line without a bracket cites nothing: the rule is not run on it.
+  -- PL/pgSQL, so that its plan is kept for the session: it runs whenever a record is written.
+  return (
+    select case when cardinality(p_ids) = 0 then '{}'::text[]
+                else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
+                                             else coalesce((select string_agg(c.id, ' ')
+                                                              from memory_private.cited_ids(
+                                                                     l.line, p_ids) as c(id)),
+                                                           '') end
+                                        order by l.line_no), '{}') end
+      from memory_private.summary_lines(p_summary) l
+  );
+end
+$$;
+
+comment on function memory_private.line_sources(text, text[]) is
+  'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
+  'per line from line 1, the ids joined by a space (empty when p_ids is): records.line_sources, '
+  'what a search reads to show first the sources of the lines it found.';
+
+create or replace function memory_private.copy_dependencies(p_workspace_ids text[], p_record_ids bigint[])
+  returns void
   language plpgsql volatile
   as $$
 declare
-  v_request memory_private.requests := p_request;
-  v_ws text := p_request.workspace_id;
-  v_chat memory_private.chats;
-  v_scope memory_private.scopes;
+  v_ws text;
 begin
-  if v_request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      v_request.request_id using errcode = 'MB005';
-  end if;
-  select * into v_chat from memory_private.chats
-   where workspace_id = v_ws and chat_id = v_request.chat_id;
-
-  if v_chat.kind = 'private' then
-    select * into v_scope from memory_private.scopes
-     where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
-       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
-    if not found then
-      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
-      values (v_ws, 'private', v_request.bot_id, v_chat.chat_id,
-              v_chat.private_user_id, memory_private.clock_now())
-      on conflict do nothing;
-      select * into strict v_scope from memory_private.scopes
-       where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
-         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
-    end if;
-  else
-    select * into v_scope from memory_private.scopes
-     where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
-       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
-    if not found then
-      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
-      values (v_ws, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
-              memory_private.clock_now())
-      on conflict do nothing;
-      select * into strict v_scope from memory_private.scopes
-       where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
-         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
-    end if;
-  end if;
-  return v_scope;
+  -- One workspace at a time: each update stays on the node holding the workspace (Citus).
+  foreach v_ws in array array(select distinct w from unnest(p_workspace_ids) w) loop
+    update memory_private.records r
+       set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
+      from (select k.workspace_id, k.record_id,
+                   coalesce(array_agg(d.message_id order by d.message_id collate "C")
+                              filter (where d.message_id is not null), '{}') as ids,
+                   coalesce(array_agg(d.content_hash order by d.message_id collate "C")
+                              filter (where d.message_id is not null), '{}') as hashes,
+                   coalesce(array_agg(d.message_id order by d.position)
+                              filter (where d.position is not null), '{}') as sources
+              from (select distinct u.w, u.id
+                      from unnest(p_workspace_ids, p_record_ids) as u(w, id)
+                     where u.w = v_ws) as k(workspace_id, record_id)
+              left join memory_private.record_dependencies d
+                on d.workspace_id = v_ws and d.workspace_id = k.workspace_id
+               and d.record_id = k.record_id
+             group by k.workspace_id, k.record_id) x
+     where r.workspace_id = v_ws and r.workspace_id = x.workspace_id
+       and r.record_id = x.record_id
+       and (r.dependency_ids, r.dependency_hashes, r.source_ids)
+           is distinct from (x.ids, x.hashes, x.sources);
+  end loop;
 end
 $$;
 
-comment on function memory_private.request_scope(memory_private.requests) is
-  'The one scope of an interactive request (a row the caller has read), created on first use: '
-  'private for a private chat, shared (group + topic) for a group. Raises MB005 for scheduled '
-  'requests (V5).';
+comment on function memory_private.copy_dependencies(text[], bigint[]) is
+  'Sets the given records'' dependency_ids, dependency_hashes (in bytewise message id order) '
+  'and source_ids (in source order) to what record_dependencies holds for them now.';
 
-create function memory_private.record_detail(
-  p_record memory_private.records, p_source_ids jsonb, p_source_count bigint,
-  p_last_used_at timestamptz, p_match text
-) returns jsonb
-  language sql stable
-  -- stable, not immutable: jsonb_build_object and to_jsonb are stable, and an immutable
-  -- function calling them is not inlined (a separate execution for every record shown).
+set local check_function_bodies = on;
+
+-- pimem:generated end
+
+alter table memory_private.records
+  add column line_sources text[] not null
+    generated always as (memory_private.line_sources(summary, source_ids)) stored;
+comment on column memory_private.records.line_sources is
+  'For each line of the summary (from line 1), the source ids it cites, joined by a space '
+  '(memory_private.line_sources of summary and source_ids: generated, never written): a search '
+  'shows first the sources of the lines it found (memory_private.answer_records).';
+
+select memory_private.copy_dependencies(array_agg(r.workspace_id), array_agg(r.record_id))
+  from memory_private.records r;
+
+-- pimem:generated begin
+
+-- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, then run it again.
+
+set local check_function_bodies = off;
+
+create or replace function memory_private.advance_clock(p_by interval) returns timestamptz
+  language plpgsql volatile
   as $$
-  select jsonb_build_object(
-           'id', p_record.record_id, 'kind', p_record.kind, 'title', p_record.title,
-           'summary', p_record.summary, 'speaker_ids', to_jsonb(p_record.speaker_ids),
-           'thread_ids', to_jsonb(p_record.thread_ids),
-           'source_ids', p_source_ids,
-           'source_count', p_source_count,
-           'sources_overflow', greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-           'created_at', p_record.created_at, 'last_used_at', p_last_used_at,
-           'match', p_match)
+begin
+  update memory_private.clock set time_offset = time_offset + p_by;
+  return memory_private.clock_now();
+end
 $$;
 
-comment on function memory_private.record_detail(memory_private.records, jsonb, bigint,
-                                                  timestamptz, text) is
-  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing). '
-  'query_memories ranks the sources of all shown records in one pass and passes them in, with '
-  'the record''s last use before the call (memory_private.record_usage).';
+comment on function memory_private.advance_clock(interval) is
+  'Moves the memory clock forward (tests only; granted to nobody).';
 
-create function memory_private.shown_sources(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches jsonb default '{}'
-) returns table (record_id bigint, source_ids text[], total integer)
-  language plpgsql stable
+create or replace function memory_private.policy_limit(p_name text) returns integer
+  language plpgsql immutable parallel safe
   as $$
 declare
-  v_terms tsquery[];
-  v_word_ids bigint[] := array(select m.key::bigint from jsonb_each_text(p_matches) m
-                                where m.value <> 'literal');
+  v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
 begin
-  -- Each record's sources in the order its summary uses them; for a search, those cited by the
-  -- lines the query finds (memory_private.matching_lines; a line's citations are its bracketed
-  -- ids, memory_private.cited_ids, as when the record was written) come first. The first
-  -- shown_sources of them are shown (R5). One statement for all the records, its plan kept for
-  -- the session (plpgsql); a record without sources has no row. The words are looked for only
-  -- in the records found by them (p_matches: record id -> how it matched), not in literal
-  -- matches.
-  if p_query is not null and cardinality(v_word_ids) > 0 then
-    v_terms := memory_private.search_terms(p_query);
+  if v_value is null then
+    raise exception 'memory_private.policy() has no integer named %', p_name
+      using errcode = 'MB001';
   end if;
-  return query
-    with src as materialized (
-      -- the records' copy of their sources, in order (memory_private.copy_dependencies)
-      select r.record_id, s.message_id, s.position
-        from memory_private.records r
-       cross join lateral unnest(r.source_ids) with ordinality as s(message_id, position)
-       where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-    ), first_line as materialized (
-      select f.record_id, c.id as message_id, min(f.line_no) as line_no
-        from memory_private.matching_lines(p_workspace_id, p_record_ids, p_query, v_word_ids,
-                                           v_terms) f
-        join (select s.record_id, array_agg(s.message_id) as ids
-                from src s group by s.record_id) k on k.record_id = f.record_id
-       cross join lateral memory_private.cited_ids(f.line, k.ids) as c(id)  -- inlined
-       group by f.record_id, c.id
-    )
-    select s.record_id,
-           (array_agg(s.message_id order by h.line_no nulls last, s.position))
-             [1:(memory_private.policy()).shown_sources],
-           count(*)::integer
-      from src s
-      left join first_line h on h.record_id = s.record_id and h.message_id = s.message_id
-     group by s.record_id;
+  return v_value;
 end
 $$;
 
-comment on function memory_private.shown_sources(text, bigint[], text, jsonb) is
-  'The source ids query_memories shows of each record (at most policy shown_sources), in the '
-  'order the summary uses them, the sources cited on the lines a search query finds first '
-  '(memory_private.matching_lines: literally in every record, by its words in those p_matches '
-  'says were found by words or fuzzy), and how many sources the record has.';
+comment on function memory_private.policy_limit(text) is
+  'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
+  'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
 
-create or replace function memory_private.line_citations(p_summary text, p_ids text[])
-  returns table (line_no integer, message_id text)
+create or replace function memory_private.sorted_set(p_values anyarray) returns anyarray
   language sql immutable parallel safe
-  as $$
-  -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
-  select distinct l.line_no, c.id
-    from memory_private.summary_lines(p_summary) l
-   cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
-$$;
+  as $$ select array(select distinct x from unnest(p_values) as x order by 1) $$;
 
-comment on function memory_private.line_citations(text, text[]) is
-  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
-  'a line ([m1] or [m1, m2], memory_private.cited_ids), with the line''s number (from 1).';
+comment on function memory_private.sorted_set(anyarray) is
+  'The distinct elements of an array, in order (what a tool call keeps of the ids it returned; '
+  'a function, so that Citus sees no subquery in the upsert that writes it).';
 
-create or replace function memory_private.scope_checks(
-  p_workspace_id text, p_scope_id bigint, p_requester text
-) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
-  language sql stable
-  as $$
-  -- One query (inlined into its callers' plans): the scope, its bot, its chat's link and the
-  -- reader's membership. The reader: the private scope's user, or the requester of a shared
-  -- scope (none for background work, which then checks no membership). No scope, no rows.
-  select c.rank, c.check_name, c.reason, c.ok, c.detail
-    from memory_private.scopes s
-    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-    left join memory_private.chats ch
-      on ch.workspace_id = s.workspace_id and ch.chat_id = s.chat_id
-    left join memory_private.members m
-      on m.workspace_id = s.workspace_id and m.user_id = coalesce(s.user_id, p_requester)
-   cross join lateral (values
-    (1, 'recall_enabled', 'recall_disabled', s.recall_enabled,
-     case when s.recall_enabled then 'recall is on in the scope'
-          else 'recall is off in the scope (records kept, not read)' end),
-    (2, 'bot_active', 'bot_inactive', coalesce(b.active, false),
-     case when b.bot_id is null then format('bot %s is unknown', s.bot_id)
-          when b.active then format('bot %s is active', b.bot_id)
-          else format('bot %s is inactive', b.bot_id) end),
-    (3, 'group_linked', 'group_unlinked', s.kind = 'private' or coalesce(ch.linked, false),
-     case when s.kind = 'private' then 'private scope: no group link needed'
-          when ch.linked then format('group %s is linked', s.chat_id)
-          else format('group %s is not linked', s.chat_id) end),
-    (4, 'membership', 'membership',
-     coalesce(s.user_id, p_requester) is null or coalesce(m.active, false),
-     case when coalesce(s.user_id, p_requester) is null
-            then 'shared scope and no requester: per-requester membership not checked'
-          when m.user_id is null
-            then format('user %s is not a member of the workspace',
-                        coalesce(s.user_id, p_requester))
-          when m.active then format('user %s is an active %s', m.user_id, m.role)
-          else format('user %s is an inactive member', m.user_id) end),
-    (4, 'requester_is_scope_user', 'membership',
-     p_requester is null or s.kind <> 'private' or p_requester = s.user_id,
-     case when p_requester is null then 'no requester given'
-          when s.kind <> 'private' then 'shared scope: any active member'
-          when p_requester = s.user_id then 'the requester owns the private scope'
-          else format('the private scope belongs to %s, not %s', s.user_id,
-                      p_requester) end)
-   ) as c(rank, check_name, reason, ok, detail)
-   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
-$$;
+create or replace function memory.schema_version() returns integer
+  language sql immutable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$ select 2 $$;
 
-comment on function memory_private.scope_checks(text, bigint, text) is
-  'The checks of the validity rule that depend on the scope and the reader, not on a record, '
-  'in rank order, each with ok and a detail: recall on, bot active, group linked, membership '
-  '(the reader is an active member; a requester of a private scope is its user). The reader is '
-  'the private scope''s user or the requester of a shared scope.';
+comment on function memory.schema_version() is
+  'The schema version of this database: the number of the last migration applied (0001 = 1). '
+  'pimem migrate fails when it differs from the version the package expects.';
 
-create or replace function memory_private.scope_reason(
-  p_workspace_id text, p_scope_id bigint, p_requester text
+create or replace function memory_private.note_change(
+  p_workspace_id text, p_outcome text, p_conversation boolean default false,
+  p_request_id text default null, p_scope_id bigint default null
 ) returns text
-  language plpgsql stable
-  as $$
-begin
-  -- plpgsql: the plan (scope_checks inlined) is kept for the session.
-  return (select c.reason
-            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
-           where not c.ok order by c.rank limit 1);
-end
-$$;
-
-comment on function memory_private.scope_reason(text, bigint, text) is
-  'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
-
-create or replace function memory_private.scope_of_request(
-  p_workspace_id text, p_request_id text
-) returns memory_private.scopes
   language plpgsql volatile
   as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_idle_at timestamptz;
 begin
-  return memory_private.request_scope(
-           memory_private.known_request(p_workspace_id, p_request_id));
+  -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
+  -- a tick that started before this transaction commits, and the change would be missed.
+  if p_outcome in ('inserted', 'updated') then
+    if p_conversation then
+      select v_now + idle_window into v_idle_at from memory_private.workspaces
+       where workspace_id = p_workspace_id;
+    end if;
+    insert into memory_private.maintenance_due
+      (workspace_id, due_at, idle_at, request_id, scope_id)
+    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
+  end if;
+  return p_outcome;
 end
 $$;
 
-comment on function memory_private.scope_of_request(text, text) is
-  'The one scope of an interactive request given by its ids (memory_private.known_request: '
-  'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
-  'scheduled requests (V5).';
+comment on function memory_private.note_change(text, text, boolean, text, bigint) is
+  'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
+  'updated), and, for a change to a conversation (a request or a message), again when the '
+  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'that request (a new message or request) or scope; neither: anything may have changed. '
+  'Returns p_outcome, so an upsert can return through it.';
 
 create or replace function memory_private.known_request(p_workspace_id text, p_request_id text)
   returns memory_private.requests
@@ -685,6 +569,375 @@ $$;
 comment on function memory_private.known_request(text, text) is
   'The request row after validating the workspace and request ids (MB001/MB002). The caller '
   'decides what a scheduled request gets.';
+
+create or replace function memory.upsert_workspace(
+  p_workspace_id text,
+  p_config_version integer,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_idle_minutes integer default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+  -- Not given (NULL): the policy's default idle window (P3).
+  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
+begin
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  if p_config_version is null or p_config_version < 0 then
+    raise exception 'config_version must be a non-negative integer' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
+    raise exception 'idle_minutes must be between 0 and %',
+      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
+  end if;
+  insert into memory_private.workspaces as w
+    (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
+  values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
+          make_interval(mins => v_idle),
+          memory_private.clock_now(), memory_private.clock_now())
+  on conflict (workspace_id) do update
+    set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, idle_window = excluded.idle_window,
+        updated_at = excluded.updated_at
+    where (w.config_version, w.budget_usd, w.spent_usd, w.idle_window)
+          is distinct from (excluded.config_version, excluded.budget_usd, excluded.spent_usd,
+                            excluded.idle_window)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+
+comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
+  'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
+  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
+  'left out: the default, 30).';
+
+create or replace function memory.upsert_member(
+  p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.members as m (workspace_id, user_id, role, active, updated_at)
+  values (p_workspace_id, p_user_id, p_role, p_active, memory_private.clock_now())
+  on conflict (workspace_id, user_id) do update
+    set role = excluded.role, active = excluded.active, updated_at = excluded.updated_at
+    where (m.role, m.active) is distinct from (excluded.role, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+
+comment on function memory.upsert_member(text, text, text, boolean) is
+  'Creates or updates a workspace member with role owner/admin/member and an active flag.';
+
+create or replace function memory.upsert_bot(
+  p_workspace_id text, p_bot_id text, p_identity text, p_active boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('identity', p_identity);
+  if p_active is null then
+    raise exception 'active is required' using errcode = 'MB001';
+  end if;
+  insert into memory_private.bots as b (workspace_id, bot_id, identity, active, updated_at)
+  values (p_workspace_id, p_bot_id, p_identity, p_active, memory_private.clock_now())
+  on conflict (workspace_id, bot_id) do update
+    set identity = excluded.identity, active = excluded.active, updated_at = excluded.updated_at
+    where (b.identity, b.active) is distinct from (excluded.identity, excluded.active)
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+
+comment on function memory.upsert_bot(text, text, text, boolean) is
+  'Creates or updates a bot: its platform identity (a new identity means a replaced bot) and '
+  'whether it is active.';
+
+create or replace function memory.upsert_chat(
+  p_workspace_id text, p_chat_id text, p_kind text,
+  p_private_user_id text default null, p_linked boolean default true
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+  v_old memory_private.chats;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
+  if p_kind = 'private' then
+    perform memory_private.check_id('private_user_id', p_private_user_id);
+  elsif p_private_user_id is not null then
+    raise exception 'a group chat has no private_user_id' using errcode = 'MB001';
+  end if;
+  if p_linked is null then
+    raise exception 'linked is required' using errcode = 'MB001';
+  end if;
+  select * into v_old from memory_private.chats
+   where workspace_id = p_workspace_id and chat_id = p_chat_id;
+  if found and (v_old.kind, v_old.private_user_id)
+               is distinct from (p_kind, p_private_user_id) then
+    raise exception 'chat % is a % chat%; its kind and user cannot change', p_chat_id, v_old.kind,
+      coalesce(' with user ' || v_old.private_user_id, '') using errcode = 'MB003';
+  end if;
+  insert into memory_private.chats as c
+    (workspace_id, chat_id, kind, private_user_id, linked, updated_at)
+  values (p_workspace_id, p_chat_id, p_kind, p_private_user_id, p_linked,
+          memory_private.clock_now())
+  on conflict (workspace_id, chat_id) do update
+    set linked = excluded.linked, updated_at = excluded.updated_at
+    where c.linked is distinct from excluded.linked
+  returning (xmax = 0) into v_inserted;
+  insert into memory_private.topics (workspace_id, chat_id, topic_id)
+  values (p_workspace_id, p_chat_id, 0) on conflict do nothing;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+
+comment on function memory.upsert_chat(text, text, text, text, boolean) is
+  'Creates or updates a chat: private (with its user) or group (with its linked flag). Topic 0 '
+  'is created with it. A chat''s kind and private user never change (MB003).';
+
+create or replace function memory.upsert_topic(
+  p_workspace_id text, p_chat_id text, p_topic_id bigint, p_title text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_inserted boolean;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  if p_title is not null then
+    perform memory_private.check_text('title', p_title, 400);
+  end if;
+  if not exists (select 1 from memory_private.chats
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id) then
+    raise exception 'chat % is unknown in workspace %', p_chat_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_chat.';
+  end if;
+  insert into memory_private.topics as t (workspace_id, chat_id, topic_id, title)
+  values (p_workspace_id, p_chat_id, p_topic_id, p_title)
+  on conflict (workspace_id, chat_id, topic_id) do update
+    set title = excluded.title
+    where t.title is distinct from excluded.title
+  returning (xmax = 0) into v_inserted;
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
+end
+$$;
+
+comment on function memory.upsert_topic(text, text, bigint, text) is
+  'Creates or renames a topic of a chat (topic 0 exists with every chat).';
+
+create or replace function memory.set_repository_grant(
+  p_workspace_id text, p_user_id text, p_repository_id text, p_granted boolean
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('repository_id', p_repository_id);
+  if p_granted is null then
+    raise exception 'granted is required' using errcode = 'MB001';
+  end if;
+  if p_granted then
+    insert into memory_private.repository_grants
+      (workspace_id, user_id, repository_id, granted_at)
+    values (p_workspace_id, p_user_id, p_repository_id, memory_private.clock_now())
+    on conflict do nothing;
+    return memory_private.note_change(p_workspace_id,
+                                      case when found then 'inserted' else 'unchanged' end);
+  end if;
+  delete from memory_private.repository_grants
+   where workspace_id = p_workspace_id and user_id = p_user_id
+     and repository_id = p_repository_id;
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end);
+end
+$$;
+
+comment on function memory.set_repository_grant(text, text, text, boolean) is
+  'Grants (true) or revokes (false) a user''s read access to a repository. Memories that drew '
+  'on a repository are recalled only for users who can read it now.';
+
+create or replace function memory.upsert_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_bot_id text,
+  p_chat_id text,
+  p_topic_id bigint,
+  p_user_id text,
+  p_kind text,
+  p_status text,
+  p_model_provider text,
+  p_model_id text,
+  p_budget_usd numeric,
+  p_spent_usd numeric default 0,
+  p_thread_id text default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_old memory_private.requests;
+  v_inserted boolean;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  perform memory_private.check_id('bot_id', p_bot_id);
+  perform memory_private.check_id('chat_id', p_chat_id);
+  perform memory_private.check_id('user_id', p_user_id);
+  perform memory_private.check_id('model_provider', p_model_provider);
+  perform memory_private.check_id('model_id', p_model_id);
+  if p_thread_id is not null then
+    perform memory_private.check_id('thread_id', p_thread_id);
+  end if;
+  if p_topic_id is null or p_topic_id < 0 then
+    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
+  end if;
+  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
+  perform memory_private.check_choice('status', p_status,
+    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
+  perform memory_private.check_money('budget_usd', p_budget_usd);
+  perform memory_private.check_money('spent_usd', p_spent_usd);
+  if not exists (select 1 from memory_private.bots
+                  where workspace_id = p_workspace_id and bot_id = p_bot_id) then
+    raise exception 'bot % is unknown in workspace %', p_bot_id, p_workspace_id
+      using errcode = 'MB002', hint = 'Report it first with memory.upsert_bot.';
+  end if;
+  if not exists (select 1 from memory_private.topics
+                  where workspace_id = p_workspace_id and chat_id = p_chat_id
+                    and topic_id = p_topic_id) then
+    raise exception 'topic % of chat % is unknown in workspace %', p_topic_id, p_chat_id,
+      p_workspace_id using errcode = 'MB002',
+      hint = 'Report the chat with memory.upsert_chat and the topic with memory.upsert_topic.';
+  end if;
+  if exists (select 1 from memory_private.chats
+              where workspace_id = p_workspace_id and chat_id = p_chat_id
+                and kind = 'private' and private_user_id <> p_user_id) then
+    raise exception 'user % is not the user of private chat %', p_user_id, p_chat_id
+      using errcode = 'MB003';
+  end if;
+
+  select * into v_old from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if found then
+    if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
+       is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
+      raise exception 'request % cannot move to another bot, chat, topic, user or kind',
+        p_request_id using errcode = 'MB003';
+    end if;
+    if v_old.status in ('succeeded', 'failed') and p_status <> v_old.status then
+      raise exception 'request % already finished as %; it cannot become %', p_request_id,
+        v_old.status, p_status using errcode = 'MB003';
+    end if;
+  end if;
+
+  insert into memory_private.requests as r
+    (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
+     model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
+     finished_at)
+  values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
+          p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
+          coalesce(p_thread_id, p_request_id), v_now, v_now,
+          case when p_status in ('succeeded', 'failed') then v_now end)
+  on conflict (workspace_id, request_id) do update
+    set status = excluded.status, model_provider = excluded.model_provider,
+        model_id = excluded.model_id, budget_usd = excluded.budget_usd,
+        spent_usd = excluded.spent_usd, thread_id = excluded.thread_id,
+        updated_at = excluded.updated_at,
+        finished_at = coalesce(r.finished_at, excluded.finished_at)
+    where (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
+          is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
+                            excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
+  returning (xmax = 0) into v_inserted;
+  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
+  -- sql/20_memory_state.sql).
+  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
+                                    true, p_request_id);
+end
+$$;
+
+comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
+                                          text, numeric, numeric, text) is
+  'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
+  'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
+  'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
+  'memory scope is created with it.';
+
+create or replace function memory.finish_request(
+  p_workspace_id text,
+  p_request_id text,
+  p_status text default 'succeeded',
+  p_spent_usd numeric default null
+) returns text
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_request memory_private.requests;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  -- The end of a request, without repeating where it ran: the status it ended with, and its
+  -- spend when given (NULL keeps the spend reported before). The same rules as upsert_request:
+  -- a finished request keeps its status (MB003).
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_choice('status', p_status, array['succeeded', 'failed']);
+  if p_spent_usd is not null then
+    perform memory_private.check_money('spent_usd', p_spent_usd);
+  end if;
+  if v_request.status in ('succeeded', 'failed') and p_status <> v_request.status then
+    raise exception 'request % already finished as %; it cannot become %', p_request_id,
+      v_request.status, p_status using errcode = 'MB003';
+  end if;
+  update memory_private.requests r
+     set status = p_status, spent_usd = coalesce(p_spent_usd, r.spent_usd),
+         updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
+   where r.workspace_id = p_workspace_id and r.request_id = p_request_id
+     and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end, true,
+                                    p_request_id);
+end
+$$;
+
+comment on function memory.finish_request(text, text, text, numeric) is
+  'Marks a request finished: succeeded (the default) or failed, with its final spend when given '
+  '(NULL keeps the spend reported before), without repeating the fields of upsert_request. A '
+  'succeeded interactive request becomes a memory once it has a user and an assistant message '
+  'and the workspace''s idle window has passed. Answers updated or unchanged (finishing again '
+  'with the same status). MB001 (ids, status, spend), MB002 (request unknown), MB003 (it already '
+  'finished with the other status).';
 
 create or replace function memory.upsert_message(
   p_workspace_id text,
@@ -778,6 +1031,7 @@ begin
   return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
 end
 $$;
+
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
                                           timestamptz, text[]) is
   'Creates or edits a message of a request (text <= 64,000 bytes). The content hash is computed '
@@ -785,540 +1039,60 @@ comment on function memory.upsert_message(text, text, text, text, text, text, bo
   'that is not directed at the bot is not stored and the call answers ''ignored'' (V10); one '
   'stored earlier as directed is removed as remove_message would remove it (''updated'').';
 
-create or replace function memory_private.begin_tool_call(
-  p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
-  p_allowed_keys text[],
-  out request memory_private.requests, out scope memory_private.scopes,
-  out previous memory_private.tool_calls
-)
-  language plpgsql volatile
-  as $$
-begin
-  -- What both tools do first: a known request, a tool call id, arguments that are a JSON
-  -- object of the tool's keys (their values are the tool's to check), an interactive request
-  -- (V5); then the workspace's memory lock (a tool call writes: usage, a change) and the
-  -- request's scope; and the earlier call with this id, which must have been the same tool
-  -- with the same arguments (MB003).
-  request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_id('tool_call_id', p_tool_call_id);
-  perform memory_private.check_tool_args(p_args, p_allowed_keys);
-  if request.kind <> 'interactive' then
-    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
-      p_request_id using errcode = 'MB005';
-  end if;
-  perform memory_private.lock_workspace(p_workspace_id);
-  scope := memory_private.request_scope(request);
-  select * into previous from memory_private.tool_calls c
-   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
-     and c.tool_call_id = p_tool_call_id;
-  if found and (previous.tool <> p_tool
-                or previous.args_hash <> memory_private.args_hash(p_args)) then
-    raise exception 'tool call % of request % was already made with other arguments',
-      p_tool_call_id, p_request_id using errcode = 'MB003',
-      hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
-  end if;
-end
-$$;
-
-comment on function memory_private.begin_tool_call(text, text, text, text, jsonb, text[]) is
-  'The start both memory tools share: validates the request (MB001/MB002), the tool call id, '
-  'the argument keys (MB001) and that the request is interactive (MB005); takes the workspace''s '
-  'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
-  'first call), raising MB003 when that was another tool or other arguments.';
-
-create or replace function memory.recall(p_workspace_id text, p_request_id text) returns jsonb
+create or replace function memory.remove_message(p_workspace_id text, p_message_id text) returns text
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
-  -- Every statement under it keeps one plan for the session (see query_memories).
-  set plan_cache_mode = force_generic_plan
   as $$
-declare
-  v_request memory_private.requests;
-  v_scope memory_private.scopes;
-  v_frozen memory_private.request_recall;
-  v_mode text;
-  v_index text;
-  v_ids bigint[];
-  v_basis bigint[] := '{}';
 begin
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  if v_request.kind <> 'interactive' then
-    return jsonb_build_object('mode', 'none');  -- V5: scheduled work reads no memories
-  end if;
-  v_scope := memory_private.request_scope(v_request);
-
-  select * into v_frozen from memory_private.request_recall
-   where workspace_id = p_workspace_id and request_id = p_request_id;
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('message_id', p_message_id);
+  update memory_private.messages
+     set body = null, content_hash = null, removed_at = memory_private.clock_now(),
+         removal_reason = 'removed', scrub_pending = true
+   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
   if found then
-    return memory_private.recall_payload(v_frozen, v_request.user_id);
+    return memory_private.note_change(p_workspace_id, 'updated', true);
   end if;
-
-  if not v_scope.recall_enabled then
-    v_mode := 'disabled';
-    v_ids := '{}';
-  else
-    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
-      -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them.
-      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
-        v_mode := 'index';
-        v_index := v_scope.index_text;
-        v_ids := v_scope.index_record_ids;
-        v_basis := v_scope.index_candidate_ids;
-      end if;
-    end if;
-    if v_mode is null then
-      -- Consolidation pending, no index, or the index rests on a record this reader may not
-      -- read now (R2).
-      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id,
-                                                   (memory_private.policy()).directory_records,
-                                                   v_request.user_id);
-      v_basis := v_ids;
-      v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
-    end if;
+  if not exists (select 1 from memory_private.messages
+                  where workspace_id = p_workspace_id and message_id = p_message_id) then
+    raise exception 'message % is unknown in workspace %', p_message_id, p_workspace_id
+      using errcode = 'MB002';
   end if;
-  insert into memory_private.request_recall
-    (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
-     created_at)
-  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
-          memory_private.clock_now())
-  on conflict (workspace_id, request_id) do nothing
-  returning * into v_frozen;
-  if found then
-    -- Frozen now from records validated above: the payload does not validate them again.
-    return memory_private.recall_payload(v_frozen, v_request.user_id, v_basis);
-  end if;
-  -- A concurrent first call froze it first: show what it froze, checked now.
-  select * into strict v_frozen from memory_private.request_recall
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  return memory_private.recall_payload(v_frozen, v_request.user_id);
+  return 'unchanged';
 end
 $$;
 
-comment on function memory.recall(text, text) is
-  'The memories a new interactive request starts with, labelled as historical reference data '
-  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, when every '
-  'record it was built from is valid for the requester, or {"mode":"directory"} with up to '
-  'eight valid records, newest first, while a consolidation is pending or the index rests on a '
-  'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
-  'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
-  'call: later calls return the same content minus records no longer valid, and the index text '
-  'only while every record it was built from still is (R3). Those records are the request''s '
-  'provenance (T2).';
+comment on function memory.remove_message(text, text) is
+  'Records that a message was removed: its text and hash are erased at once, every memory '
+  'that depends on it stops being recalled, and the next retention sweep erases what was made '
+  'from it.';
 
-create or replace function memory_private.control_remember(
-  p_request memory_private.requests, p_scope memory_private.scopes, p_source_id text,
-  p_title text, out outcome jsonb, out authority text
-)
-  language plpgsql volatile
+create or replace function memory_private.records_add_usage_row() returns trigger
+  language plpgsql
   as $$
 declare
-  v_ws text := p_request.workspace_id;
-  v_now timestamptz := memory_private.clock_now();
-  v_source memory_private.messages;
-  v_refusal text;
-  v_record memory_private.records;
-  v_summary text;
-  v_title text;
-  c_action constant text := 'remember';
+  v_new record;
 begin
-  select * into strict v_source from memory_private.messages
-   where workspace_id = v_ws and message_id = p_source_id;
-  authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
-  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
-  if v_refusal is not null then
-    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
-      'Not remembered: ' || v_refusal || '.');
-    return;
-  end if;
-  if not p_scope.recall_enabled then
-    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
-      'Memory is turned off in this chat, so nothing is stored; turn it on first.');
-    return;
-  end if;
-  if exists (select 1 from memory_private.tombstones
-              where workspace_id = v_ws and scope_id = p_scope.scope_id
-                and message_id = v_source.message_id) then
-    outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
-      'This message was forgotten in this chat and is not stored again.');
-    return;
-  end if;
-  select r.* into v_record from memory_private.records r
-    join memory_private.record_dependencies d
-      on d.workspace_id = r.workspace_id and d.record_id = r.record_id
-   where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
-     and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
-   limit 1;
-  if found then
-    outcome := memory_private.control_outcome('done', c_action, 'already_remembered',
-      format('This message is already remembered as memory %s.', v_record.record_id),
-      v_record.record_id);
-    return;
-  end if;
-  v_summary := memory_private.note_redact(v_source.body);
-  if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
-    outcome := memory_private.control_outcome('refused', c_action, 'too_long',
-      format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
-             'for a shorter message to remember.', octet_length(v_summary),
-             (memory_private.policy()).summary_bytes));
-    return;
-  end if;
-  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
-  v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
-  insert into memory_private.records
-    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
-     bot_identity, origin_request_id, created_at)
-  select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
-         array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
-         v_now
-    from memory_private.bots b
-   where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
-  returning * into strict v_record;
-  -- A note cites, and rests on, exactly the message that asked for it (C3).
-  insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via, position)
-  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited', 1);
-  update memory_private.scopes
-     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
-   where workspace_id = v_ws and scope_id = p_scope.scope_id;
-  outcome := memory_private.control_outcome('done', c_action, 'remembered',
-    format('Saved the message as memory %s, attributed to %s. It is historical reference, '
-           'not an instruction.', v_record.record_id, v_source.speaker_id),
-    v_record.record_id);
-end
-$$;
-
-comment on function memory_private.control_remember(memory_private.requests,
-                                                    memory_private.scopes, text, text) is
-  'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
-  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
-  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
-
-create or replace function memory_private.first_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
-  p_requester text
-) returns bigint[]
-  language plpgsql stable
-  as $$
-declare
-  v_valid bigint[] := '{}';
-  v_chunk bigint[];
-  v_from integer := 1;
-  v_size integer := p_limit;
-begin
-  -- Candidates are validated in growing chunks (limit, then four times more each round), so a
-  -- scope whose newest records are valid costs one set validation of just the records shown.
-  while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
-    v_chunk := p_record_ids[v_from:v_from + v_size - 1];
-    v_valid := v_valid || array(
-      select c.record_id
-        from unnest(v_chunk) with ordinality as c(record_id, pos)
-        join memory_private.invalid_records(p_workspace_id, p_scope_id, v_chunk, p_requester) v
-          on v.record_id = c.record_id and v.reason is null
-       order by c.pos);
-    v_from := v_from + v_size;
-    v_size := v_size * 4;
+  -- A row at a time: on Citus a statement may not join the transition table with a
+  -- distributed table (and a statement adds one record, or a few).
+  for v_new in select n.workspace_id, n.record_id from added n loop
+    insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
+    values (v_new.workspace_id, v_new.record_id, null, 0)
+    on conflict do nothing;
   end loop;
-  return v_valid[1:p_limit];
-end
-$$;
-
-comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
-  'The first p_limit of the given record ids (in their order) that are records of the scope '
-  'and valid now for the requester (memory_private.invalid_records).';
-
-create or replace function memory.query_memories(
-  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
-) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  -- One plan per statement for the session (re-planning cost ms: docs/benchmarks.md).
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_request memory_private.requests;
-  v_scope memory_private.scopes;
-  v_query text;
-  v_id bigint;
-  v_limit integer;
-  v_call memory_private.tool_calls;
-  v_start record;
-  v_first boolean;
-  v_ids bigint[] := '{}';
-  v_records jsonb;
-  v_matches jsonb := '{}';
-  v_shown text[];
-  v_now timestamptz := memory_private.clock_now();
-begin
-  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
-                                        'query_memories', p_args,
-                                        array['query', 'id', 'limit']);
-  v_request := v_start.request;
-  v_scope := v_start.scope;
-  v_call := v_start.previous;
-  v_query := nullif(btrim(memory_private.arg_text(p_args, 'query',
-                                                  (memory_private.policy()).query_bytes)), '');
-  v_id := memory_private.arg_integer(p_args, 'id', 1, 9223372036854775807);
-  v_limit := coalesce(memory_private.arg_integer(p_args, 'limit', 1,
-                                                 (memory_private.policy()).query_limit),
-                      (memory_private.policy()).query_limit);
-  v_first := v_call.tool_call_id is null;
-
-  -- Recall turned off in the scope: nothing is read (C8); the call is still kept, so that a
-  -- replay is recognised.
-  if v_scope.recall_enabled then
-    select q.ids, q.matches into v_ids, v_matches
-      from memory_private.query_records(p_workspace_id, v_scope.scope_id, v_limit,
-                                        v_request.user_id, v_query, v_id) q;
-  end if;
-
-  -- The shown records with their sources (R5): what the call shows makes the citations it
-  -- authorizes (R6, memory.request_citations).
-  with shown as materialized (
-    select * from memory_private.shown_sources(p_workspace_id, v_ids, v_query, v_matches)
-  )
-  select coalesce(jsonb_agg(memory_private.record_detail(r,
-                    to_jsonb(coalesce(d.source_ids, '{}')), coalesce(d.total, 0), u.last_used_at,
-                    v_matches ->> f.record_id::text)
-                  order by f.pos), '[]'::jsonb),
-         (select coalesce(array_agg(distinct x), '{}') from shown, unnest(shown.source_ids) x)
-    into v_records, v_shown
-    from unnest(v_ids) with ordinality as f(record_id, pos)
-    join memory_private.records r
-      on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-    left join memory_private.record_usage u
-      on u.workspace_id = p_workspace_id and u.record_id = f.record_id
-    left join shown d on d.record_id = f.record_id;
-
-  -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
-  -- the tool call (one write: the workspace's memory lock, taken by begin_tool_call, keeps a
-  -- concurrent call with the same id out); a replay adds what it returned.
-  insert into memory_private.tool_calls as c
-    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, record_ids, source_ids,
-     created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'query_memories', v_scope.scope_id,
-          memory_private.args_hash(p_args), array(select distinct x from unnest(v_ids) x order by 1),
-          array(select distinct x from unnest(v_shown) x order by 1), v_now, v_now)
-  on conflict (workspace_id, request_id, tool_call_id) do update
-    set record_ids = array(select distinct x from unnest(c.record_ids || v_ids) x order by 1),
-        source_ids = array(select distinct x from unnest(c.source_ids || v_shown) x order by 1),
-        updated_at = v_now;
-  -- Usage once per tool call id (R7; a replay counts nothing): updates the row made with the record.
-  if v_first then
-    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
-                                                  usage_count)
-    select p_workspace_id, x, v_now, 1 from unnest(v_ids) x
-    on conflict (workspace_id, record_id)
-      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
-  end if;
-
-  if not v_scope.recall_enabled then
-    return jsonb_build_object('mode', 'disabled', 'records', '[]'::jsonb, 'count', 0,
-                              'replayed', not v_first,
-                              'note', 'Memory is turned off in this chat; nothing is read.');
-  end if;
-  return jsonb_build_object(
-           'mode', case when v_query is not null then 'search'
-                        when v_id is not null then 'id' else 'browse' end,
-           'label', memory_private.recall_label(v_scope.kind),
-           'scope', v_scope.kind,
-           'records', v_records,
-           'count', cardinality(v_ids),
-           'replayed', not v_first);
-end
-$$;
-
-comment on function memory.query_memories(text, text, text, jsonb) is
-  'The query_memories tool: args {query?, id?, limit?} (validated here, MB001). Browses newest '
-  'first, or searches the records of the request''s scope that are valid now: literal, '
-  'case-insensitive matches of the query in title or summary first, then ranked matches of its '
-  'words, then typo and partial-word matches (memory_private.search_records); at most limit '
-  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
-  'ids (the messages its summary cites, in the order it uses them), the source count and '
-  'overflow, dates, and match: how it matched (literal, words, fuzzy; null when browsing) (R4, '
-  'R5). The source ids join the request''s citation set (R6); the returned records are the '
-  'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
-  'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
-  'scheduled request.';
-
-create or replace function memory_private.prune_records(p_workspace_id text) returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_ids bigint[];
-begin
-  select coalesce(array_agg(record_id), '{}') into v_ids
-    from (select r.record_id,
-                 coalesce(u.last_used_at, r.created_at) as used,
-                 row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
-                                             r.record_id desc) as rank
-            from memory_private.records r
-            left join memory_private.record_usage u
-              on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-           where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
-      or r.rank > (memory_private.policy()).workspace_records;
-  return memory_private.delete_records(p_workspace_id, v_ids);
-end
-$$;
-
-comment on function memory_private.prune_records(text) is
-  'Prunes records unused for 30 days and, beyond 256 records in the workspace, the least '
-  'recently used; their scopes are marked for consolidation (T5).';
-
-create or replace function memory_private.index_record() returns trigger
-  language plpgsql volatile
-  as $$
-begin
-  perform memory_private.index_records(
-            new.workspace_id, array[new.record_id],
-            tg_op = 'INSERT' or new.summary is distinct from old.summary);
   return null;
 end
 $$;
 
-comment on function memory_private.index_record() is
-  'Trigger: memory_private.index_records for a record that was inserted or whose title, '
-  'summary, scope or date changed; its lines only when the summary is new.';
+comment on function memory_private.records_add_usage_row() is
+  'Trigger: every new record gets its record_usage row (never used) in the same statement, so '
+  'that query_memories counts a use by updating it and never touches the records table.';
 
-comment on function memory.schema_version() is
-  'The schema version of this database: the number of the last migration applied (0001 = 1). '
-  'pimem migrate fails when it differs from the version the package expects.';
+create or replace trigger records_add_usage_row after insert on memory_private.records
+  referencing new table as added
+  for each statement execute function memory_private.records_add_usage_row();
 
--- 0003_cheaper_maintenance: maintenance does less work per tick, with the same results.
--- - The retention sweep asks the validity rule once per scope that has records, not once per
---   scope of the workspace (memory_private.purge_permanently_invalid).
--- - Scheduling reads a scope's conversations from its requests, then each conversation's
---   messages, instead of the workspace's every message for every scope
---   (memory_private.extraction_units).
--- - Adding counts returns at once when there is nothing to add (memory_private.add_counts).
-
-create or replace function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_ids bigint[];
-begin
-  -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
-  -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
-  -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
-  -- it was made from.
-  -- The rule is asked once per scope that has records (a scope without any has nothing to
-  -- purge: the sweep runs every tick, and most scopes of a workspace may hold no record).
-  v_ids := array(
-    select distinct x.record_id
-      from (select r.scope_id, array_agg(r.record_id) as record_ids
-              from memory_private.records r
-             where r.workspace_id = p_workspace_id
-             group by r.scope_id) s
-     cross join lateral memory_private.record_reasons(p_workspace_id, s.scope_id,
-                                                      s.record_ids) x
-      join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
-  return memory_private.delete_records(p_workspace_id, v_ids);
-end
-$$;
-
-comment on function memory_private.purge_permanently_invalid(text) is
-  'Deletes the records that can never be valid again: a dependency removed, expired, edited or '
-  'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
-  'link, grants) hides them. Reversible reasons alone keep the record.';
-
-create or replace function memory_private.extraction_units(
-  p_workspace_id text, p_scope memory_private.scopes, p_now timestamptz, p_cutoff timestamptz
-) returns table (request_id text, bytes integer, sources jsonb)
-  language sql stable
-  as $$
-  -- The qualifying conversations of the scope (P2, P3, V10), newest first: one request each,
-  -- with its retained, directed, untombstoned messages as {id, hash}, when it has a user and an
-  -- assistant message, something not yet extracted at its hash, and has been idle itself.
-  -- The scope's finished requests are read first (requests_scope_idx), then the messages of
-  -- each (messages_request_idx): never every message of the workspace for one scope, whatever
-  -- the planner believes of the tables' sizes (a plan for a small tenant read the workspace's
-  -- every message for every scope).
-  select r.request_id, u.bytes, u.sources
-    from memory_private.requests r
-   cross join lateral (
-     select sum(octet_length(m.body))::integer as bytes,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
-                      order by m.created_at, m.message_id) as sources,
-            bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
-              and bool_or(e.message_id is null) as qualifies
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or p_scope.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id
-                           and t.scope_id = p_scope.scope_id and t.message_id = m.message_id)
-   ) u
-   where r.workspace_id = p_workspace_id and r.bot_id = p_scope.bot_id
-     and r.chat_id = p_scope.chat_id
-     and (p_scope.kind = 'private' or r.topic_id = p_scope.topic_id)
-     and r.kind = 'interactive' and r.status = 'succeeded' and r.finished_at <= p_cutoff
-     and u.qualifies
-     -- Idle window, per conversation: its own last activity (the request's update or finish,
-     -- its messages' creation or edit; removed messages count too).
-     and greatest(r.updated_at, r.finished_at,
-                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
-                     from memory_private.messages a
-                    where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
-         <= p_cutoff
-   order by r.finished_at desc, r.created_at desc, r.request_id desc
-$$;
-
-comment on function memory_private.extraction_units(text, memory_private.scopes, timestamptz,
-                                                    timestamptz) is
-  'The conversations of a scope that qualify for extraction now, newest first, each with its '
-  'byte size and its sources ({id, hash}).';
-
-create or replace function memory_private.add_counts(p_total jsonb, p_more jsonb) returns jsonb
-  language plpgsql immutable
-  as $$
-declare
-  v_key text;
-  v_value jsonb;
-  v_total jsonb := coalesce(p_total, '{}'::jsonb);
-begin
-  if p_more is null or p_more = '{}'::jsonb then
-    return v_total;  -- most steps of most ticks count nothing
-  end if;
-  for v_key, v_value in select key, value from jsonb_each(p_more) loop
-    if jsonb_typeof(v_value) = 'number'
-       and jsonb_typeof(coalesce(v_total -> v_key, '0'::jsonb)) = 'number' then
-      v_total := v_total || jsonb_build_object(
-        v_key, coalesce((v_total ->> v_key)::numeric, 0) + (v_value #>> '{}')::numeric);
-    else
-      v_total := v_total || jsonb_build_object(v_key, v_value);
-    end if;
-  end loop;
-  return v_total;
-end
-$$;
-
-comment on function memory_private.add_counts(jsonb, jsonb) is
-  'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
-
--- 0004_answer_once: query_memories does less work per call, with the same answers
--- (docs/benchmarks.md, "The session of 2026-12-01, sixth").
--- - The answer is made into JSON once: record_detail makes a row of memory_private.record_answer,
---   the answer is a memory_private.query_answer row holding them, and to_jsonb turns the whole
---   into JSON at the end (jsonb per record, then per list, then per answer was read again, token
---   by token, at each step).
--- - Usage is counted with an update of the rows made with the records
---   (memory_private.count_usage), not an upsert, which locked each row before updating it (a WAL
---   record more per row).
--- - The lines a search finds are searched in each summary folded whole, once
---   (memory_private.matching_lines), not line by line.
--- - The literal search's folding has one home, memory_private.fold: lower() as before, computed
---   byte by byte for ASCII text where that gives the same result. What record_texts holds is
---   unchanged, so nothing is rewritten.
-
-
-create function memory_private.fold(p_text text) returns text
+create or replace function memory_private.fold(p_text text) returns text
   language sql immutable parallel safe
   as $$
   -- The literal search's case folding: lower() in the database's collation, the same wherever
@@ -1338,145 +1112,265 @@ comment on function memory_private.fold(text) is
   'The case folding of the literal search: lower(p_text) in the database''s collation '
   '(computed byte by byte for ASCII text in a UTF-8 database where that gives the same).';
 
-comment on table memory_private.record_texts is
-  'Each record''s title and summary case-folded at write time (search_text: the folded title, '
-  'a newline, the folded summary: memory_private.fold) and the three-character runs of both '
-  '(grams: memory_private.text_grams of each, OR-ed), with its scope and date, written by a '
-  'trigger on records (memory_private.index_record): what query_memories'' literal search reads. '
-  'It scans the scope''s grams newest first in the index alone and reads the folded text only of '
-  'the records holding every run of the query. Kept apart from records so that nothing wide is '
-  'read and nothing is folded at search time.';
-
-create or replace function memory_private.within_a_part(p_title text, p_summary text, p_query text)
-  returns boolean
-  language sql immutable parallel safe
+create or replace function memory_private.text_grams(p_text text) returns bit(1024)
+  language plpgsql immutable strict parallel safe
   as $$
-  -- Inlined (no SET clause). A folded query found in search_text (the folded title, a newline,
-  -- the folded summary) is a literal match only within one part: a query holding a newline may
-  -- have matched across the title's end, so it is looked for in each part apart.
-  select strpos(p_query, e'\n') = 0
-      or strpos(memory_private.fold(p_title), p_query) > 0
-      or strpos(memory_private.fold(p_summary), p_query) > 0
-$$;
-
-comment on function memory_private.within_a_part(text, text, text) is
-  'Whether a folded query that search_text holds is a literal match of the record: it holds no '
-  'newline, or the folded title or the folded summary holds it (a match across the title''s end '
-  'is none). The literal search''s re-check (recent_valid_records).';
-
-drop function memory_private.record_detail(memory_private.records, jsonb, bigint, timestamptz,
-                                           text);
-
-create type memory_private.record_answer as (
-  -- A record as query_memories returns it, field by field (R5). The answer is a row
-  -- (memory_private.query_answer) holding these rows, turned into JSON once at the end: jsonb
-  -- built per record, then for the list, then for the answer would be read again, token by
-  -- token, at each step (docs/benchmarks.md).
-  id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
-  source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text, rank integer
-);
-
-comment on type memory_private.record_answer is
-  'The fields of one query_memories result, in the order they are named (R5): '
-  'memory_private.record_detail makes it.';
-
-create type memory_private.query_answer as (
-  mode text, label text, scope text, records memory_private.record_answer[], count integer,
-  replayed boolean
-);
-
-comment on type memory_private.query_answer is
-  'A query_memories answer (mode, label, scope, records, count, replayed), made into JSON '
-  'with to_jsonb once.';
-
-create function memory_private.count_usage(
-  p_workspace_id text, p_record_ids bigint[], p_now timestamptz
-) returns void
-  language plpgsql volatile
-  as $$
-declare
-  v_counted bigint;
 begin
-  -- One use of each record (R7): an update of the usage rows made with the records (an upsert
-  -- would lock each row before updating it: a WAL record more per row). A row someone removed
-  -- is made again, used once.
-  update memory_private.record_usage u
-     set last_used_at = p_now, usage_count = u.usage_count + 1
-   where u.workspace_id = p_workspace_id and u.record_id = any(p_record_ids);
-  get diagnostics v_counted = row_count;
-  if v_counted < cardinality(p_record_ids) then
-    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
-                                                  usage_count)
-    select p_workspace_id, x, p_now, 1 from unnest(p_record_ids) x
-     where not exists (select 1 from memory_private.record_usage e
-                        where e.workspace_id = p_workspace_id and e.record_id = x)
-    on conflict (workspace_id, record_id)
-      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
-  end if;
+  -- Every run of three characters of the text (at every offset: three passes of
+  -- non-overlapping matches, from the first, second and third character) sets one of 1021 bits,
+  -- chosen by its characters' code points: a text holding another holds all of its runs, so
+  -- its bits cover the other's. Code points, not a hash function of the server's, so that the
+  -- bits a record keeps mean the same after any upgrade. PL/pgSQL, so that its plan is kept for
+  -- the session (a SQL function reading FROM is planned again in every transaction).
+  return (
+    select coalesce(bit_or(B'1'::bit(1024) >> g.bit), B'0'::bit(1024))
+      from (select distinct (((ascii(m.run[1]) * 7919::bigint + ascii(substr(m.run[1], 2)))
+                              * 104729 + ascii(substr(m.run[1], 3))) % 1021)::integer as bit
+              from (select regexp_matches(p_text, '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 2), '...', 'g')
+                    union all
+                    select regexp_matches(substr(p_text, 3), '...', 'g')) as m(run)) g
+  );
 end
 $$;
 
-comment on function memory_private.count_usage(text, bigint[], timestamptz) is
-  'Counts one use of each given record at p_now (record_usage: usage_count + 1, last_used_at): '
-  'query_memories calls it once per tool call id (R7). The given ids are distinct records.';
+comment on function memory_private.text_grams(text) is
+  'The text''s three-character runs as a 1024-bit signature (a bit per run, by its code points): '
+  'if a text contains another, text_grams(text) & text_grams(other) = text_grams(other). '
+  'A text shorter than three characters sets no bit. What the literal search skips texts with.';
 
-create or replace function memory_private.matching_lines(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_word_ids bigint[],
-  p_terms tsquery[]
-) returns table (record_id bigint, line_no integer, line text)
-  language sql stable
+create or replace view memory_private.record_sources as
+  select d.workspace_id, d.record_id, d.message_id, d.position
+    from memory_private.record_dependencies d
+   where d.position is not null;
+
+comment on view memory_private.record_sources is
+  'The messages a record cites, numbered in the order its summary uses them (position 1 first): '
+  'its cited dependencies (memory_private.record_dependencies, one row per message, so a source '
+  'and its hash are one fact). What query_memories shows (from the records'' copy, '
+  'records.source_ids) and what enters the citation set (R5, R6).';
+
+create or replace function memory_private.follow_record_dependencies() returns trigger
+  language plpgsql volatile
   as $$
-  -- The lines (from 1) of the records' summaries that a query finds, with their text: the query
-  -- is part of the line (case-folded), or, in the records found by their words (p_word_ids), the
-  -- line holds one of the words (p_terms, memory_private.search_terms of the query, against the
-  -- line's stored document in record_lines: as written or English-stemmed, CJK bigrams). One
-  -- pass over the lines of the summaries themselves (the records a call shows, in pages it has
-  -- just read). Each summary is folded whole, once, and its folded lines are searched: folding
-  -- maps characters and never makes or removes a newline, so folded line n is line n (folding
-  -- line by line costs a call per line). A found line's text is cut from the summary as written.
-  select r.record_id, l.line_no, split_part(r.summary, e'\n', l.line_no)
-    from memory_private.records r
-   cross join lateral memory_private.summary_lines(memory_private.fold(r.summary)) l
-   where p_query is not null
-     and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-     and (strpos(l.line, (select memory_private.fold(p_query))) > 0  -- the query folded once
-          -- not correlated: one index read of the word-found records' lines, then a hash
-          -- probe per line (a correlated EXISTS may be hashed over every line of the table)
-          or (r.record_id, l.line_no) in (
-               select d.record_id, d.line_no
-                 from memory_private.record_lines d
-                where d.workspace_id = p_workspace_id and d.record_id = any(p_word_ids)
-                  and d.document @@ any(p_terms)))
+begin
+  -- Statement-level, with the statement's rows: one copy for every record it touched.
+  if tg_op in ('INSERT', 'UPDATE') then
+    perform memory_private.copy_dependencies(array(select n.workspace_id from new_rows n),
+                                             array(select n.record_id from new_rows n));
+  end if;
+  if tg_op in ('UPDATE', 'DELETE') then
+    perform memory_private.copy_dependencies(array(select o.workspace_id from old_rows o),
+                                             array(select o.record_id from old_rows o));
+  end if;
+  return null;
+end
 $$;
 
-comment on function memory_private.matching_lines(text, bigint[], text, bigint[], tsquery[]) is
-  'The summary lines (record, line number, text) a query_memories search finds among the given '
-  'records: those holding the query (case-insensitive), and in the records found by their words '
-  '(p_word_ids) those holding one of the words given as p_terms, read from the lines'' stored '
-  'documents (record_lines).';
+comment on function memory_private.follow_record_dependencies() is
+  'Trigger (after each statement writing record_dependencies): copies the touched records'' '
+  'dependencies into the records (memory_private.copy_dependencies).';
 
--- 0005_read_once: a query_memories call reads its records fewer times, with the same answers
--- (docs/benchmarks.md, "The session of 2026-12-01, seventh").
--- - The newest-first walk (memory_private.recent_valid_records: browse, the literal search,
---   recall's directory, the consolidation candidates) checks the scope once, then each record
---   of a page in one statement (memory_private.record_failures: its own reasons and its missing
---   repository grants), instead of handing each page to invalid_records (two statements and the
---   scope's checks again, the records read three more times).
--- - A record's own reasons are read from the columns its reader has in hand
---   (memory_private.own_reasons; record_reasons applies it to a set of records read by id), and
---   each dependency is looked up by its key.
--- - The repository-grant check has one home, memory_private.missing_grants (invalid_records,
---   index_holds, record_checks and record_failures use it).
--- - The answer reads each shown record once (memory_private.answer_records): its sources, the
---   lines a search finds (memory_private.found_lines, per record) and the answer row in one
---   statement. memory_private.shown_sources and memory_private.matching_lines are gone.
--- - The search hands its records on as arrays (ids, and how each matched at the same
---   positions), not as rows gathered again by a statement at each level
---   (memory_private.search_records, memory_private.query_records).
+create or replace trigger record_dependencies_follow_insert
+  after insert on memory_private.record_dependencies
+  referencing new table as new_rows
+  for each statement execute function memory_private.follow_record_dependencies();
 
+create or replace trigger record_dependencies_follow_update
+  after update on memory_private.record_dependencies
+  referencing old table as old_rows new table as new_rows
+  for each statement execute function memory_private.follow_record_dependencies();
 
-create function memory_private.own_reasons(
+create or replace trigger record_dependencies_follow_delete
+  after delete on memory_private.record_dependencies
+  referencing old table as old_rows
+  for each statement execute function memory_private.follow_record_dependencies();
+
+create or replace function memory_private.refuse_dependency_copy() returns trigger
+  language plpgsql
+  as $$
+begin
+  raise exception 'records.dependency_ids, dependency_hashes and source_ids are the database''s '
+    'copy of record_dependencies; write record_dependencies instead'
+    using errcode = 'check_violation';
+end
+$$;
+
+comment on function memory_private.refuse_dependency_copy() is
+  'Trigger: refuses a statement that writes a record''s copy of its dependencies itself (only '
+  'memory_private.copy_dependencies, run by the record_dependencies triggers, does).';
+
+create or replace trigger records_refuse_dependency_copy_insert
+  before insert on memory_private.records
+  for each row
+  when (pg_trigger_depth() = 0
+        and (cardinality(new.dependency_ids) > 0 or cardinality(new.dependency_hashes) > 0
+             or cardinality(new.source_ids) > 0))
+  execute function memory_private.refuse_dependency_copy();
+
+create or replace trigger records_refuse_dependency_copy_update
+  before update of dependency_ids, dependency_hashes, source_ids on memory_private.records
+  for each row
+  when (pg_trigger_depth() = 0
+        and (new.dependency_ids, new.dependency_hashes, new.source_ids)
+            is distinct from (old.dependency_ids, old.dependency_hashes, old.source_ids))
+  execute function memory_private.refuse_dependency_copy();
+
+create or replace function memory_private.line_citations(p_summary text, p_ids text[])
+  returns table (line_no integer, message_id text)
+  language sql immutable parallel safe
+  as $$
+  -- Each line's citations (memory_private.cited_ids), once each, with the line's number.
+  select distinct l.line_no, c.id
+    from memory_private.summary_lines(p_summary) l
+   cross join lateral memory_private.cited_ids(l.line, p_ids) as c(id)
+$$;
+
+comment on function memory_private.line_citations(text, text[]) is
+  'The citations of a summary, line by line: every id of p_ids written in square brackets on '
+  'a line ([m1] or [m1, m2], memory_private.cited_ids), with the line''s number (from 1).';
+
+create or replace function memory_private.request_scope(
+  p_request memory_private.requests
+) returns memory_private.scopes
+  language plpgsql volatile
+  as $$
+declare
+  v_request memory_private.requests := p_request;
+  v_ws text := p_request.workspace_id;
+  v_chat memory_private.chats;
+  v_scope memory_private.scopes;
+begin
+  if v_request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      v_request.request_id using errcode = 'MB005';
+  end if;
+  select * into v_chat from memory_private.chats
+   where workspace_id = v_ws and chat_id = v_request.chat_id;
+
+  if v_chat.kind = 'private' then
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, user_id, created_at)
+      values (v_ws, 'private', v_request.bot_id, v_chat.chat_id,
+              v_chat.private_user_id, memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'private' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and user_id = v_chat.private_user_id;
+    end if;
+  else
+    select * into v_scope from memory_private.scopes
+     where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+       and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    if not found then
+      insert into memory_private.scopes (workspace_id, kind, bot_id, chat_id, topic_id, created_at)
+      values (v_ws, 'shared', v_request.bot_id, v_chat.chat_id, v_request.topic_id,
+              memory_private.clock_now())
+      on conflict do nothing;
+      select * into strict v_scope from memory_private.scopes
+       where workspace_id = v_ws and kind = 'shared' and bot_id = v_request.bot_id
+         and chat_id = v_chat.chat_id and topic_id = v_request.topic_id;
+    end if;
+  end if;
+  return v_scope;
+end
+$$;
+
+comment on function memory_private.request_scope(memory_private.requests) is
+  'The one scope of an interactive request (a row the caller has read), created on first use: '
+  'private for a private chat, shared (group + topic) for a group. Raises MB005 for scheduled '
+  'requests (V5).';
+
+create or replace function memory_private.scope_of_request(
+  p_workspace_id text, p_request_id text
+) returns memory_private.scopes
+  language plpgsql volatile
+  as $$
+begin
+  return memory_private.request_scope(
+           memory_private.known_request(p_workspace_id, p_request_id));
+end
+$$;
+
+comment on function memory_private.scope_of_request(text, text) is
+  'The one scope of an interactive request given by its ids (memory_private.known_request: '
+  'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
+  'scheduled requests (V5).';
+
+create or replace function memory_private.scope_checks(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
+  language sql stable
+  as $$
+  -- One query (inlined into its callers' plans): the scope, its bot, its chat's link and the
+  -- reader's membership. The reader: the private scope's user, or the requester of a shared
+  -- scope (none for background work, which then checks no membership). No scope, no rows.
+  select c.rank, c.check_name, c.reason, c.ok, c.detail
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+    left join memory_private.chats ch
+      on ch.workspace_id = s.workspace_id and ch.chat_id = s.chat_id
+    left join memory_private.members m
+      on m.workspace_id = s.workspace_id and m.user_id = coalesce(s.user_id, p_requester)
+   cross join lateral (values
+    (1, 'recall_enabled', 'recall_disabled', s.recall_enabled,
+     case when s.recall_enabled then 'recall is on in the scope'
+          else 'recall is off in the scope (records kept, not read)' end),
+    (2, 'bot_active', 'bot_inactive', coalesce(b.active, false),
+     case when b.bot_id is null then format('bot %s is unknown', s.bot_id)
+          when b.active then format('bot %s is active', b.bot_id)
+          else format('bot %s is inactive', b.bot_id) end),
+    (3, 'group_linked', 'group_unlinked', s.kind = 'private' or coalesce(ch.linked, false),
+     case when s.kind = 'private' then 'private scope: no group link needed'
+          when ch.linked then format('group %s is linked', s.chat_id)
+          else format('group %s is not linked', s.chat_id) end),
+    (4, 'membership', 'membership',
+     coalesce(s.user_id, p_requester) is null or coalesce(m.active, false),
+     case when coalesce(s.user_id, p_requester) is null
+            then 'shared scope and no requester: per-requester membership not checked'
+          when m.user_id is null
+            then format('user %s is not a member of the workspace',
+                        coalesce(s.user_id, p_requester))
+          when m.active then format('user %s is an active %s', m.user_id, m.role)
+          else format('user %s is an inactive member', m.user_id) end),
+    (4, 'requester_is_scope_user', 'membership',
+     p_requester is null or s.kind <> 'private' or p_requester = s.user_id,
+     case when p_requester is null then 'no requester given'
+          when s.kind <> 'private' then 'shared scope: any active member'
+          when p_requester = s.user_id then 'the requester owns the private scope'
+          else format('the private scope belongs to %s, not %s', s.user_id,
+                      p_requester) end)
+   ) as c(rank, check_name, reason, ok, detail)
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+$$;
+
+comment on function memory_private.scope_checks(text, bigint, text) is
+  'The checks of the validity rule that depend on the scope and the reader, not on a record, '
+  'in rank order, each with ok and a detail: recall on, bot active, group linked, membership '
+  '(the reader is an active member; a requester of a private scope is its user). The reader is '
+  'the private scope''s user or the requester of a shared scope.';
+
+create or replace function memory_private.scope_reason(
+  p_workspace_id text, p_scope_id bigint, p_requester text
+) returns text
+  language plpgsql stable
+  as $$
+begin
+  -- plpgsql: the plan (scope_checks inlined) is kept for the session.
+  return (select c.reason
+            from memory_private.scope_checks(p_workspace_id, p_scope_id, p_requester) c
+           where not c.ok order by c.rank limit 1);
+end
+$$;
+
+comment on function memory_private.scope_reason(text, bigint, text) is
+  'The first failing scope check for the reader (memory_private.scope_checks), or NULL.';
+
+create or replace function memory_private.own_reasons(
   p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_record_identity text,
   p_dependency_ids text[], p_dependency_hashes text[], p_now timestamptz
 ) returns table (reason text, message_id text)
@@ -1545,7 +1439,7 @@ comment on function memory_private.record_reasons(text, bigint, bigint[], timest
   'current (removed, expired, edited, forgotten) with the message. A record that fails none has '
   'no row. The retention sweep deletes the records with a permanent one.';
 
-create function memory_private.missing_grants(
+create or replace function memory_private.missing_grants(
   p_workspace_id text, p_reader text, p_repositories text[]
 ) returns table (repository_id text)
   language sql stable
@@ -1742,7 +1636,57 @@ comment on function memory_private.record_checks(text, bigint, text) is
   'detail (explain_record shows them): the scope''s checks, the bot identity, the dependencies, '
   'the repository grants. The first failing one is what memory_private.invalid_records answers.';
 
-create function memory_private.record_failures(
+create or replace function memory_private.first_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_record_ids bigint[], p_limit integer,
+  p_requester text
+) returns bigint[]
+  language plpgsql stable
+  as $$
+declare
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_from integer := 1;
+  v_size integer := p_limit;
+begin
+  -- Candidates are validated in growing chunks (limit, then four times more each round), so a
+  -- scope whose newest records are valid costs one set validation of just the records shown.
+  while v_from <= coalesce(cardinality(p_record_ids), 0) and cardinality(v_valid) < p_limit loop
+    v_chunk := p_record_ids[v_from:v_from + v_size - 1];
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.invalid_records(p_workspace_id, p_scope_id, v_chunk, p_requester) v
+          on v.record_id = c.record_id and v.reason is null
+       order by c.pos);
+    v_from := v_from + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid[1:p_limit];
+end
+$$;
+
+comment on function memory_private.first_valid_records(text, bigint, bigint[], integer, text) is
+  'The first p_limit of the given record ids (in their order) that are records of the scope '
+  'and valid now for the requester (memory_private.invalid_records).';
+
+create or replace function memory_private.within_a_part(p_title text, p_summary text, p_query text)
+  returns boolean
+  language sql immutable parallel safe
+  as $$
+  -- Inlined (no SET clause). A folded query found in search_text (the folded title, a newline,
+  -- the folded summary) is a literal match only within one part: a query holding a newline may
+  -- have matched across the title's end, so it is looked for in each part apart.
+  select strpos(p_query, e'\n') = 0
+      or strpos(memory_private.fold(p_title), p_query) > 0
+      or strpos(memory_private.fold(p_summary), p_query) > 0
+$$;
+
+comment on function memory_private.within_a_part(text, text, text) is
+  'Whether a folded query that search_text holds is a literal match of the record: it holds no '
+  'newline, or the folded title or the folded summary holds it (a match across the title''s end '
+  'is none). The literal search''s re-check (recent_valid_records).';
+
+create or replace function memory_private.record_failures(
   p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_record_identity text,
   p_dependency_ids text[], p_dependency_hashes text[], p_repositories text[], p_reader text,
   p_now timestamptz
@@ -1769,285 +1713,747 @@ comment on function memory_private.record_failures(text, bigint, text, text, tex
   'grant_revoked for each repository the reader lacks. No row: valid, once the scope''s checks '
   'pass. memory_private.invalid_records, one record at a time.';
 
-create or replace function memory_private.record_detail(
-  p_record memory_private.records, p_source_ids text[], p_source_count bigint,
-  p_last_used_at timestamptz, p_match text, p_rank integer
-) returns memory_private.record_answer
-  language sql stable
-  -- One expression, so that it is inlined into answer_records' statement.
-  as $$
-  select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
-             p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
-             greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
-$$;
-
-comment on function memory_private.record_detail(memory_private.records, text[], bigint,
-                                                  timestamptz, text, integer) is
-  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
-  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
-  'record''s last use before the call (memory_private.record_usage).';
-
-create function memory_private.found_lines(
-  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
-  p_terms tsquery[]
-) returns table (line_no integer, line text)
-  language sql stable
-  as $$
-  -- Inlined (no SET clause), for one record at a time. The lines (from 1) of the record's
-  -- summary a search finds, with their text as written: the folded query is part of the folded
-  -- line, or (p_terms: the record was found by its words) the line holds one of the words
-  -- (memory_private.search_terms of the query, against the line's stored document in
-  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
-  -- once: folding maps characters and never makes or removes a newline, so folded line n is
-  -- line n (folding line by line costs a call per line). The lines holding a word are read
-  -- once, as an array, only when there are words.
-  select l.line_no, split_part(p_summary, e'\n', l.line_no)
-    from memory_private.summary_lines(memory_private.fold(p_summary)) l
-   cross join (select case when p_terms is not null
-                           then array(select d.line_no from memory_private.record_lines d
-                                       where d.workspace_id = p_workspace_id
-                                         and d.record_id = p_record_id
-                                         and d.document @@ any(p_terms)) end as ids) w
-   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
-$$;
-
-comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
-  'The lines (number, text as written) of one record''s summary a query_memories search finds: '
-  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
-  'record was found by its words), those holding one of them, read from the lines'' stored '
-  'documents (record_lines).';
-
-create function memory_private.answer_records(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
-) returns memory_private.record_answer[]
+create or replace function memory_private.recent_valid_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
+  p_query text default null, p_record_id bigint default null
+) returns bigint[]
   language plpgsql stable
   as $$
 declare
-  v_folded text := memory_private.fold(p_query);
-  v_terms tsquery[];
+  v_valid bigint[] := '{}';
+  v_chunk bigint[];
+  v_size integer := p_limit;
+  v_offset integer := 0;
+  v_query text := memory_private.fold(p_query);
+  v_grams bit(1024);
+  v_scope_reason text;
+  v_reader text;
+  v_identity text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  -- The given records, in their order, as query_memories returns them (R5): each with its
-  -- sources in the order its summary uses them, those cited on the lines a search finds first
-  -- (memory_private.found_lines; a line's citations are its bracketed ids,
-  -- memory_private.cited_ids, as when the record was written), the first shown_sources of
-  -- them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
-  -- last use before the call. The words are looked for only in the records found by them. One
-  -- statement, each record read once; its plan kept for the session (plpgsql).
-  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
-    v_terms := memory_private.search_terms(p_query);
+  -- Newest first, a page at a time (limit, then four times more); a page's records checked
+  -- in one statement (record_failures: invalid_records' verdict, tests/test_validity_set.py)
+  -- after the scope's checks (scope_reason), asked with the reader and the bot's identity. A
+  -- scope whose newest records are valid costs one short index scan and one pass over just
+  -- those, never a read of the whole scope. One snapshot throughout (stable).
+  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
+  select s.user_id, b.identity into v_reader, v_identity
+    from memory_private.scopes s
+    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
+  v_reader := coalesce(v_reader, p_requester);
+  if v_scope_reason is not null then
+    return '{}';
   end if;
-  return array(
-    select memory_private.record_detail(r, coalesce(src.ids, '{}'), src.total, u.last_used_at,
-                                        p_matches[f.pos], f.pos::integer)
-      from unnest(p_record_ids) with ordinality as f(record_id, pos)
-      join memory_private.records r
-        on r.workspace_id = p_workspace_id and r.record_id = f.record_id
-      left join memory_private.record_usage u
-        on u.workspace_id = p_workspace_id and u.record_id = f.record_id
-     cross join lateral (
-       -- the record's copy of its sources, in order (memory_private.copy_dependencies)
-       select (array_agg(s.message_id order by h.line_no nulls last, s.position))
-                [1:(memory_private.policy()).shown_sources] as ids,
-              count(*) as total
-         from unnest(r.source_ids) with ordinality as s(message_id, position)
-         left join (select c.id, min(l.line_no) as line_no
-                      from memory_private.found_lines(
-                             p_workspace_id, r.record_id, r.summary, v_folded,
-                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
-                     cross join lateral memory_private.cited_ids(l.line, r.source_ids) as c(id)
-                     where v_folded is not null
-                     group by c.id) h on h.id = s.message_id) src
-     order by f.pos);
-end
-$$;
-
-comment on function memory_private.answer_records(text, bigint[], text, text[]) is
-  'The records a query_memories call shows, in the given order, as it shows them '
-  '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
-  'the summary uses them, those cited on the lines a search query finds first '
-  '(memory_private.found_lines: literally in every record, by its words in those p_matches '
-  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
-  'the last use before the call.';
-
-drop function memory_private.search_records(text, bigint, integer, text, text);
-
-drop function memory_private.query_records(text, bigint, integer, text, text, bigint);
-
-create function memory_private.query_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
-  p_record_id bigint, out ids bigint[], out matches text[]
-)
-  language plpgsql stable
-  as $$
-declare
-  v_found record;
-begin
-  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
-  -- browse newest first, or one id (with a query: only if it matches literally); valid records
-  -- only. Arrays passed along, not rows: no statement of its own.
-  if p_query is not null and p_record_id is null then
-    v_found := memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
-                                             p_query);
-    ids := v_found.ids;
-    matches := v_found.matches;
-  else
-    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
-                                               p_requester, p_query, p_record_id);
-    if p_query is not null then
-      matches := array_fill('literal'::text, array[cardinality(ids)]);
+  if char_length(v_query) >= 3 then
+    v_grams := memory_private.text_grams(v_query);
+  end if;
+  loop
+    if v_query is null then
+      v_chunk := array(
+        select r.record_id from memory_private.records r
+         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+           and (p_record_id is null or r.record_id = p_record_id)
+         order by r.created_at desc, r.record_id desc
+         limit v_size offset v_offset);
+    elsif v_grams is null then
+      -- Too short for a three-character run (a two-character Chinese word): every folded text
+      -- of the scope newest first (narrow rows).
+      v_chunk := array(
+        select t.record_id from memory_private.record_texts t
+         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+           and (p_record_id is null or t.record_id = p_record_id)
+           and strpos(t.search_text, v_query) > 0
+           and (strpos(v_query, e'\n') = 0
+                or exists (select 1 from memory_private.records r
+                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
+                              and memory_private.within_a_part(r.title, r.summary, v_query)))
+         order by t.created_at desc, t.record_id desc
+         limit v_size offset v_offset);
+    else
+      -- The scope's grams newest first from the index alone; then, of the records holding
+      -- every three-character run of the query, the record: the query as typed in its title or
+      -- summary matches; else the folded text decides (search_text; a query holding a newline
+      -- is re-checked in each part, within_a_part: across the title's end is no match).
+      v_chunk := array(
+        select g.record_id
+          from (select g.record_id, g.created_at from memory_private.record_texts g
+                 where g.workspace_id = p_workspace_id and g.scope_id = p_scope_id
+                   and (p_record_id is null or g.record_id = p_record_id)
+                   and g.grams & v_grams = v_grams
+                 order by g.created_at desc, g.record_id desc
+                 offset 0) g  -- kept apart: PostgreSQL 18 would merge it into a full read
+          join memory_private.records r
+            on r.workspace_id = p_workspace_id and r.record_id = g.record_id
+         where strpos(r.title, v_query) > 0 or strpos(r.summary, v_query) > 0
+            or exists (select 1 from memory_private.record_texts t
+                        where t.workspace_id = r.workspace_id and t.record_id = r.record_id
+                          and strpos(t.search_text, v_query) > 0
+                          and memory_private.within_a_part(r.title, r.summary, v_query))
+         order by g.created_at desc, g.record_id desc
+         limit v_size offset v_offset);
     end if;
-  end if;
+    v_valid := v_valid || array(
+      select c.record_id
+        from unnest(v_chunk) with ordinality as c(record_id, pos)
+        join memory_private.records r
+          on r.workspace_id = p_workspace_id and r.record_id = c.record_id
+       where r.scope_id = p_scope_id
+         and not exists (select 1 from memory_private.record_failures(
+                           p_workspace_id, p_scope_id, v_identity, r.bot_identity,
+                           r.dependency_ids, r.dependency_hashes, r.repositories, v_reader,
+                           v_now))
+       order by c.pos);
+    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
+    v_offset := v_offset + v_size;
+    v_size := v_size * 4;
+  end loop;
+  return v_valid[1:p_limit];
 end
 $$;
 
-comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
-  'The records a query_memories call returns, in order (ids), with how each matched (matches, '
-  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
-  '(memory_private.search_records), the newest valid ones, or one by id.';
+comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
+  is
+  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
+  'p_limit; optionally only those whose title or summary contains p_query (literal, '
+  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
+  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
+  'and searches with it. Read a page at a time; the scope''s checks once, then each record of '
+  'a page (memory_private.record_failures).';
 
-drop function memory_private.shown_sources(text, bigint[], text, jsonb);
-
-drop function memory_private.matching_lines(text, bigint[], text, bigint[], tsquery[]);
-
--- 0006_line_sources: a search reads the citations of the lines it found from the record
--- instead of out of the text (docs/benchmarks.md, "The session of 2026-12-01, eighth").
--- - records.line_sources: for each line of the summary, the source ids it cites, a generated
---   column (memory_private.line_sources of summary and source_ids), so PostgreSQL derives it
---   whenever either is written and nothing else can write it. Adding it rewrites records once.
--- - memory_private.answer_records reads it for the lines memory_private.found_lines found,
---   instead of running the citation rule (memory_private.cited_ids) on each of them per call;
---   found_lines gives the lines' numbers only (re-created: its result changed).
-
-create function memory_private.line_sources(p_summary text, p_ids text[]) returns text[]
-  language plpgsql immutable parallel safe
+create or replace function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
+  returns numeric
+  language plpgsql stable
   as $$
 begin
-  -- One element per line of the summary, from line 1: the ids of p_ids the line cites
-  -- (memory_private.cited_ids), joined by a space (a cited id holds none), '' for a line that
-  -- cites nothing; no element at all when there is nothing to cite (no p_ids: a record before
-  -- its sources are written). A line without a bracket cites nothing: the rule is not run on it.
-  -- PL/pgSQL, so that its plan is kept for the session: it runs whenever a record is written.
   return (
-    select case when cardinality(p_ids) = 0 then '{}'::text[]
-                else coalesce(array_agg(case when strpos(l.line, '[') = 0 then ''
-                                             else coalesce((select string_agg(c.id, ' ')
-                                                              from memory_private.cited_ids(
-                                                                     l.line, p_ids) as c(id)),
-                                                           '') end
-                                        order by l.line_no), '{}') end
-      from memory_private.summary_lines(p_summary) l
+    select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
+     where c.workspace_id = p_workspace_id and c.request_id = p_request_id
   );
 end
 $$;
-comment on function memory_private.line_sources(text, text[]) is
-  'Each line''s citations of a summary (memory_private.cited_ids against p_ids), one element '
-  'per line from line 1, the ids joined by a space (empty when p_ids is): records.line_sources, '
-  'what a search reads to show first the sources of the lines it found.';
 
-alter table memory_private.records
-  add column line_sources text[] not null
-    generated always as (memory_private.line_sources(summary, source_ids)) stored;
+comment on function memory_private.request_memory_spent(text, text) is
+  'What memory jobs charged to a request: the sum of its request_charges. Derived, not stored '
+  'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
+  'every charge is made under the workspace''s memory lock.';
 
-comment on column memory_private.records.line_sources is
-  'For each line of the summary (from line 1), the source ids it cites, joined by a space '
-  '(memory_private.line_sources of summary and source_ids: generated, never written): a search '
-  'shows first the sources of the lines it found (memory_private.answer_records).';
-
--- found_lines gives the numbers alone: the lines' text was read only for the citation rule.
-drop function memory_private.found_lines(text, bigint, text, text, tsquery[]);
-
-create function memory_private.found_lines(
-  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
-  p_terms tsquery[]
-) returns table (line_no integer)
-  language sql stable
+create or replace function memory_private.jobs_note_finished_run() returns trigger
+  language plpgsql
   as $$
-  -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
-  -- the record's summary a search finds (their citations are the record's line_sources): the
-  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
-  -- (memory_private.search_terms of the query, against the line's stored document in
-  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
-  -- once: folding maps characters and never makes or removes a newline, so folded line n is
-  -- line n (folding line by line costs a call per line). The lines holding a word are read
-  -- once, as an array, only when there are words.
-  select l.line_no
-    from memory_private.summary_lines(memory_private.fold(p_summary)) l
-   cross join (select case when p_terms is not null
-                           then array(select d.line_no from memory_private.record_lines d
-                                       where d.workspace_id = p_workspace_id
-                                         and d.record_id = p_record_id
-                                         and d.document @@ any(p_terms)) end as ids) w
-   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
+begin
+  -- What a run ends with is maintenance's to follow up: a commit's records call for a
+  -- consolidation, a scope whose job was running may have newer input to schedule.
+  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
+  return null;
+end
 $$;
 
-comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
-  'The numbers of the lines of one record''s summary a query_memories search finds: '
-  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
-  'record was found by its words), those holding one of them, read from the lines'' stored '
-  'documents (record_lines).';
+comment on function memory_private.jobs_note_finished_run() is
+  'Trigger: a job leaving running (committed, failed, stopped, released) makes its workspace '
+  'due for maintenance (memory_private.maintenance_due).';
 
--- 0007_copied_content: provenance by content (issue 31; docs/retention.md, "What a record
--- copies"). A record depends on every batch message and every memory shown with the batch whose
--- content its title or summary copies, cited or not: a non-trivial message copied whole, eight
--- consecutive words, or a distinctive token (a number, code, identifier, URL, e-mail address), on
--- text normalised first (format characters removed, NFKC, lower case; CJK by characters).
--- - memory_private.copied_sources (with copy_normal, copy_words, word_runs, distinctive_tokens,
---   is_trivial, copied_parts, stock_runs, copy_counts) replaces the eight-word rule of the
---   summary (memory_private.passages, memory_private.repeated_sources: dropped).
--- - record_dependencies.via: 'copied' replaces 'repeated' (existing rows are renamed: they were
---   found by eight consecutive words, a part of the copy rule); copied_by says by which part.
---   A copied memory's dependencies join as 'reused', as a declared reuse does.
--- - Four policy numbers: copy_run_words, copy_message_words, copy_token_chars,
---   copy_stock_records.
--- - memory_private.write_extraction writes them; commit_job answers copied, copied_memories and
---   copied_by (and repeated, the same number as copied, for readers of release 0.1.0);
---   memory.explain_record lists each dependency's copied_by.
+create or replace trigger jobs_note_finished_run after update of status on memory_private.jobs
+  for each row when (old.status = 'running' and new.status <> 'running')
+  execute function memory_private.jobs_note_finished_run();
 
-alter type memory_private.policy_values
-  add attribute copy_run_words integer,
-  add attribute copy_message_words integer,
-  add attribute copy_token_chars integer,
-  add attribute copy_stock_records integer;
+create or replace function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
+  returns void
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+begin
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+end
+$$;
 
-alter table memory_private.record_dependencies
-  drop constraint record_dependencies_via_check,
-  add column copied_by text[];
+comment on function memory_private.mark_consolidation_due(text, bigint) is
+  'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
+  'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
 
-update memory_private.record_dependencies set via = 'copied', copied_by = '{run}'
- where via = 'repeated';
+create or replace function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_identity text;
+  v_reason text;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  if not v_scope.recall_enabled then
+    return 'recall is disabled in the scope';
+  end if;
+  select case when b.active then b.identity end into v_identity from memory_private.bots b
+   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
+  if v_identity is distinct from p_job.input ->> 'bot_identity' then
+    return 'the bot was replaced or deactivated';
+  end if;
 
-alter table memory_private.record_dependencies
-  add constraint record_dependencies_via_check check (via in ('cited', 'reused', 'copied')),
-  -- What the copy rule found a copied dependency by; a reused one has it when the memory it
-  -- came through was copied rather than declared; a cited one never.
-  add constraint record_dependencies_copied_by_check
-    check (case when copied_by is null then via <> 'copied'
-                else via in ('copied', 'reused') and cardinality(copied_by) > 0
-                     and copied_by <@ array['message', 'run', 'token'] end);
+  if p_job.phase = 'extract' then
+    -- Each source of the batch must be current at the hash the snapshot took (the rule's
+    -- memory_private.dependency_state).
+    select format('source %s %s', x.id,
+             case when x.state = 'source_removed' then 'was removed'
+                  when x.state = 'source_expired' then 'is past its retention'
+                  when x.state = 'source_edited' then 'was edited'
+                  else 'was forgotten' end)
+      into v_reason
+      from (select s.id, memory_private.dependency_state(
+                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                           s.hash,
+                           exists (select 1 from memory_private.tombstones t
+                                    where t.workspace_id = p_job.workspace_id
+                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           v_now) as state
+              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+              left join memory_private.messages m
+                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
+     where x.state is not null
+     limit 1;
+    if v_reason is not null then
+      return v_reason;
+    end if;
+  end if;
 
-comment on table memory_private.record_dependencies is
-  'What a record''s content was made from: each message with the content hash it had when used, '
-  'and why it counts: cited (a source of the record), reused (a dependency of a memory shown '
-  'with the batch that the output declared it reused or copies) or copied (an uncited message '
-  'of the batch whose content the record copies: memory_private.copied_sources). '
-  'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
-  'source: position numbers the sources in the order the summary uses them (position 1 first; '
-  'memory_private.record_sources lists them).';
+  -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
+  -- must still exist in the scope and be valid (validated as one set).
+  select format('memory %s %s', e.id,
+           coalesce('is no longer valid (' || v.reason || ')', 'is gone'))
+    into v_reason
+    from jsonb_array_elements_text(
+           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates'))
+         with ordinality as e(id, pos)
+    left join memory_private.invalid_records(
+                p_job.workspace_id, p_job.scope_id,
+                array(select x::bigint from jsonb_array_elements_text(
+                        coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) x),
+                null) v
+      on v.record_id = e.id::bigint
+   where v.record_id is null or v.reason is not null
+   order by e.pos
+   limit 1;
+  return v_reason;
+end
+$$;
 
-comment on column memory_private.record_dependencies.copied_by is
-  'Which parts of the copy rule (memory_private.copied_parts: message, run, token) found the '
-  'copied message, or the copied memory a reused dependency came through; NULL otherwise.';
+comment on function memory_private.job_stale_reason(memory_private.jobs) is
+  'Why a job''s input snapshot is no longer current, or NULL: recall disabled, bot replaced, '
+  'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
+  'longer valid.';
 
--- What a record copies ------------------------------------------------------------------------
--- A record depends on every message of its batch and every memory shown with the batch whose
--- content it copies, cited or not (docs/retention.md, "What a record copies"). The record's
--- text is its title and summary: everything else it stores (record_texts, record_documents,
--- record_lines, line_sources) is derived from those two.
+create or replace function memory_private.owned_job(
+  p_workspace_id text, p_job_id bigint, p_token text
+) returns memory_private.jobs
+  language plpgsql volatile
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_token uuid;
+  v_config integer;
+begin
+  -- The memory lock first (memory_private.lock_workspace's statement): a known workspace always
+  -- has the row it locks, so the workspace's checks run only when it finds none, and raise
+  -- there what they would have raised first.
+  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
+     for no key update;
+  if not found then
+    perform memory_private.require_workspace(p_workspace_id);
+    perform memory_private.lock_workspace(p_workspace_id);
+  end if;
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  v_token := memory_private.check_token(p_token);
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  if v_job.token is distinct from v_token then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
+  if v_job.status = 'superseded' then
+    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
+      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
+      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
+  end if;
+  if v_job.status = 'stopped' then
+    select config_version into v_config from memory_private.workspaces
+     where workspace_id = p_workspace_id;
+    if v_job.config_version <> v_config then
+      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+        hint = 'Drop the work: maintenance stopped the job.';
+    end if;
+  end if;
+  if v_job.status <> 'running' then
+    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
+      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
+  end if;
+  if v_job.lease_expires_at <= memory_private.clock_now() then
+    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
+      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
+  end if;
+  return v_job;
+end
+$$;
 
-create function memory_private.copy_normal(p_text text) returns text
+comment on function memory_private.owned_job(text, bigint, text) is
+  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
+  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
+  'when maintenance ended this claim because the input or the configuration changed.';
+
+create or replace function memory_private.close_attempt(
+  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
+) returns boolean
+  language plpgsql volatile
+  as $$
+declare
+  v_attempt memory_private.job_attempts;
+  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
+  v_cost numeric;
+begin
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
+     for update;
+  if not found then
+    return false;
+  end if;
+  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
+  v_cost := case
+              -- the provider may have run and charged anything up to what was reserved
+              when p_outcome = 'unknown' then v_attempt.reserved_usd
+              -- the provider answered with no usage (an error status): nothing was billed
+              when p_usage is null then 0
+              -- it answered, but its cost could not be read: assume the reserve
+              when v_reported is null then v_attempt.reserved_usd
+              else least(v_reported, v_attempt.reserved_usd)
+            end;
+  update memory_private.job_attempts
+     set outcome = p_outcome,
+         input_tokens = (p_usage ->> 'input_tokens')::integer,
+         output_tokens = (p_usage ->> 'output_tokens')::integer,
+         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
+         finished_at = memory_private.clock_now()
+   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
+     and attempt_no = v_attempt.attempt_no;
+  insert into memory_private.request_charges
+    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
+     cost_usd, created_at)
+  values (p_job.workspace_id, p_job.origin_request_id,
+          -- searched CASE: Citus deparses a simple one (CASE x WHEN) into text = boolean
+          case when p_job.phase = 'extract' then 'memory_extract' else 'memory_consolidate' end,
+          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
+          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
+  update memory_private.workspace_memory
+     set memory_spent_usd = memory_spent_usd + v_cost
+   where workspace_id = p_job.workspace_id;
+  return true;
+end
+$$;
+
+comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
+  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
+  'could read (memory_private.check_usage) and a failure code, and charges it to the '
+  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
+  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
+  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
+
+create or replace function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_stopped integer := 0;
+  v_superseded integer := 0;
+begin
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  for v_job in
+    -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
+    -- workspace's finished and stopped jobs are history a tick does not read.
+    select j.* from memory_private.jobs j
+     where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
+       and (j.status = 'pending'
+            or (j.status = 'running'
+                and not exists (select 1 from memory_private.job_attempts a
+                                 where a.workspace_id = p_workspace_id and a.job_id = j.job_id
+                                   and a.outcome = 'open')))
+     order by j.job_id
+       for update
+  loop
+    if v_job.config_version <> v_config then
+      perform memory_private.release_job(v_job, 'stopped',
+        format('the model/provider configuration changed (version %s -> %s)',
+               v_job.config_version, v_config));
+      v_stopped := v_stopped + 1;
+      continue;
+    end if;
+    v_reason := memory_private.job_stale_reason(v_job);
+    if v_reason is not null then
+      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      v_superseded := v_superseded + 1;
+    end if;
+  end loop;
+  return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
+                            'jobs_superseded_stale', v_superseded);
+end
+$$;
+
+comment on function memory_private.retire_stale_jobs(text) is
+  'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
+  'config version changed (P20), and supersedes those whose input is no longer current (a '
+  'fresh snapshot is scheduled). Returns counts.';
+
+create or replace function memory_private.expire_leases(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_expired integer := 0;
+  v_unknown integer := 0;
+  v_lost integer := 0;
+begin
+  for v_job in
+    select * from memory_private.jobs
+     where workspace_id = p_workspace_id and status = 'running'
+       and lease_expires_at <= memory_private.clock_now()
+     order by job_id
+       for update
+  loop
+    v_expired := v_expired + 1;
+    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
+      v_unknown := v_unknown + 1;
+      perform memory_private.release_job(v_job, 'stopped',
+        'the lease expired while a model call was open: outcome unknown, not replayed');
+    elsif v_job.checkpoint is not null then
+      -- A valid answer was paid for: the next claim commits it without a model call, whatever
+      -- the number of calls the input has made.
+      perform memory_private.release_job(v_job, 'pending',
+        'the lease expired after the checkpoint; the next claim commits it',
+        memory_private.clock_now());
+    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
+      -- No report and no model call: the worker died or hung holding the job, perhaps on its
+      -- content. That claim counts, so a job that kills every worker stops (issue 31).
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = (memory_private.policy()).max_claims
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'stopped', format(
+        'the lease expired without a report on claim %s of %s (a worker died or hung holding '
+        'the job, perhaps on its content): not replayed', v_job.claims,
+        (memory_private.policy()).max_claims));
+    else
+      v_lost := v_lost + 1;
+      update memory_private.jobs set claims = claims + 1
+       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+      returning * into v_job;
+      perform memory_private.release_job(v_job, 'pending', format(
+        'the lease expired without a report on claim %s of %s (the claim counts)',
+        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
+    end if;
+  end loop;
+  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
+                            'claims_lost', v_lost);
+end
+$$;
+
+comment on function memory_private.expire_leases(text) is
+  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
+  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
+  'to pending due now with its checkpoint when it has one (committed by the next claim without '
+  'a model call, even after the third call), and otherwise counts the lost claim (the worker '
+  'died or hung holding it, perhaps on its content: claims_lost) and goes back to pending due '
+  'now, or stops, not replayed, when that was the input''s third claim. Returns counts.';
+
+create or replace function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  if p_job.phase = 'extract' then
+    return memory_private.validate_extraction(p_job, p_output);
+  end if;
+  return memory_private.validate_index(p_job, p_output);
+end
+$$;
+
+comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
+  'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
+  'extract (memory_private.validate_extraction): {"title", "summary", "source_ids", '
+  '"reused_ids"?} (all empty = no-op; title and summary within the policy''s byte limits; '
+  'source ids within the batch, kept in the order given; a batch id cited in a summary line''s '
+  'brackets must be among them; reused ids among the memories shown with the batch). '
+  'consolidate (memory_private.validate_index): {"index", "record_ids"} (index non-empty, within '
+  'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
+  'records). No other keys. The limits are memory_private.policy()''s.';
+
+create or replace function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_token uuid;
+begin
+  -- The workspace's memory lock, without waiting: another claim or a memory write holds it
+  -- briefly.
+  if not memory_private.try_lock_workspace(p_workspace_id) then
+    return null;
+  end if;
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id and not paused;
+  if not found then
+    return null;
+  end if;
+  -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
+  if exists (select 1 from memory_private.jobs j
+              where j.workspace_id = p_workspace_id and j.status = 'running') then
+    return null;
+  end if;
+  loop
+    select * into v_job from memory_private.jobs j
+     where j.workspace_id = p_workspace_id and j.status = 'pending'
+       and j.next_attempt_at <= v_now
+       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+     order by j.next_attempt_at, j.job_id
+     limit 1
+       for update skip locked;
+    exit when not found;
+    if v_job.config_version <> v_config then
+      perform memory_private.release_job(v_job, 'stopped',
+        format('the model/provider configuration changed (version %s -> %s)',
+               v_job.config_version, v_config));
+      continue;
+    end if;
+    v_reason := memory_private.job_stale_reason(v_job);
+    if v_reason is not null then
+      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      continue;
+    end if;
+    -- The claim is counted by start_attempt, when it can reach the provider. The token is
+    -- drawn first: Citus takes no volatile function in an UPDATE of a distributed table.
+    v_token := gen_random_uuid();
+    update memory_private.jobs
+       set status = 'running', token = v_token, worker_id = p_worker_id,
+           lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
+     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+    returning * into v_job;
+    return memory_private.job_payload(v_job);
+  end loop;
+  return null;
+end
+$$;
+
+comment on function memory_private.claim_workspace_job(text, text) is
+  'Claims the next due job of one workspace under its memory lock (not waiting for it): NULL '
+  'when the lock is busy, the workspace is paused, a job of it is running, or none is due. '
+  'Jobs found stale on the way are superseded or stopped. memory.claim_job calls it for the '
+  'workspaces it picks; on Citus the call runs on the node holding the workspace.';
+
+create or replace function memory.claim_job(p_worker_id text) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  -- The pick reads the due jobs of every workspace (jobs_claimable_idx) without locking them:
+  -- on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist, and the candidates may be
+  -- stale by the time they are tried. A job with calls left is claimable, and so is one holding
+  -- a checkpoint whatever its count: its claim only commits. A workspace comes at its earliest
+  -- due job (the order of the workspaces by their earliest due job) and is tried once. A
+  -- declared cursor is planned to start fast: the jobs are read in the index's order and the
+  -- first claim ends the walk, so a claim reads the jobs ahead of the one it takes, not every
+  -- due job.
+  c_due cursor (p_now timestamptz) for
+    select j.workspace_id
+      from memory_private.jobs j
+      join memory_private.workspaces w on w.workspace_id = j.workspace_id
+     where j.status = 'pending' and j.next_attempt_at <= p_now
+       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and not w.paused
+       and not exists (select 1 from memory_private.jobs r
+                        where r.workspace_id = j.workspace_id and r.status = 'running')
+     order by j.next_attempt_at, j.workspace_id;
+  v_tried text[] := '{}';
+  v_payload jsonb;
+begin
+  perform memory_private.check_id('worker_id', p_worker_id);
+  -- The claim itself is one workspace's business (claim_workspace_job), which re-checks
+  -- everything under the workspace's lock; the FROM form lets Citus run it on the workspace's
+  -- node.
+  for v_due in c_due(memory_private.clock_now()) loop
+    continue when v_due.workspace_id = any (v_tried);
+    v_tried := v_tried || v_due.workspace_id;
+    select c into v_payload
+      from memory_private.claim_workspace_job(v_due.workspace_id, p_worker_id) c;
+    if v_payload is not null then
+      return v_payload;
+    end if;
+  end loop;
+  return null;
+end
+$$;
+
+comment on function memory.claim_job(text) is
+  'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
+  'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
+  'with no running job. Issues a fresh token and a two-minute lease and returns the payload: '
+  'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
+  'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
+  'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
+  'opens its model call.';
+
+create or replace function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
+  returns timestamptz
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_until timestamptz := memory_private.clock_now() + (memory_private.policy()).lease;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  update memory_private.jobs
+     set lease_expires_at = v_until, updated_at = memory_private.clock_now()
+   where workspace_id = v_job.workspace_id and job_id = v_job.job_id;
+  return v_until;
+end
+$$;
+
+comment on function memory.extend_lease(text, bigint, text) is
+  'Extends the lease of a job the caller holds to two minutes from now and returns the new '
+  'expiry; MB020 when the token is not current or the lease already expired.';
+
+create or replace function memory.start_attempt(
+  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
+) returns integer
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_request_left numeric;
+  v_workspace_left numeric;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  perform memory_private.check_money('reserve_usd', p_reserve_usd);
+  if v_job.checkpoint is not null then
+    raise exception 'job % already has a checkpoint: commit it without calling the model',
+      p_job_id using errcode = 'MB025';
+  end if;
+  if exists (select 1 from memory_private.job_attempts
+              where workspace_id = p_workspace_id and job_id = p_job_id
+                and (token = v_job.token or outcome = 'open')) then
+    raise exception 'job % already made its attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
+  end if;
+  if v_job.claims >= (memory_private.policy()).max_claims then
+    raise exception 'the input of job % has made its three model calls', p_job_id
+      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select budget_usd - spent_usd
+         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
+    into v_request_left
+    from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  if p_reserve_usd > v_request_left then
+    raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
+      greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
+    from memory_private.workspaces w
+    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+   where w.workspace_id = p_workspace_id;
+  if p_reserve_usd > v_workspace_left then
+    raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
+      greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
+      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
+  end if;
+  -- This claim can reach the provider now: it counts against the input's three calls.
+  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+  insert into memory_private.job_attempts
+    (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
+  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
+          memory_private.clock_now());
+  return v_job.claims + 1;
+end
+$$;
+
+comment on function memory.start_attempt(text, bigint, text, numeric) is
+  'Opens the model call of the current claim after checking that the input has a call left (at '
+  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
+  'originating request''s remaining budget (budget - spent - memory charges) and the '
+  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
+  'Returns the attempt number (the input''s call number, 1 to 3).';
+
+create or replace function memory.save_checkpoint(
+  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
+) returns void
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_attempt memory_private.job_attempts;
+  v_usage jsonb;
+  v_output jsonb;
+  v_reason text;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select * into v_attempt from memory_private.job_attempts
+   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
+     and outcome = 'open';
+  if not found then
+    raise exception 'job % has no open attempt for this claim', p_job_id
+      using errcode = 'MB025', hint = 'Call memory.start_attempt before the model call.';
+  end if;
+  v_usage := memory_private.check_usage(p_usage);
+  v_output := memory_private.validate_output(v_job, p_output);
+  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
+  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
+             'supersedes the job.';
+  end if;
+  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
+  update memory_private.jobs
+     set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
+         updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+end
+$$;
+
+comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
+  'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
+  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
+  'the attempt as ok and charges the originating request the reported cost, at most the '
+  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
+  '(MB021: the output could never be committed and may carry the text that changed) changes '
+  'nothing: report it with fail_job(..., ''failed'', code, usage).';
+
+create or replace function memory_private.copy_normal(p_text text) returns text
   language sql immutable strict parallel safe
   as $$
   -- Without invisible characters (every format character, Unicode category Cf, and the other
@@ -2065,7 +2471,7 @@ comment on function memory_private.copy_normal(text) is
   'A text as the copy rule compares it: format characters (Unicode category Cf) and the other '
   'default-ignorable code points removed, NFKC (compatibility form), lower case.';
 
-create function memory_private.copy_words(p_text text) returns text[]
+create or replace function memory_private.copy_words(p_text text) returns text[]
   language plpgsql immutable strict parallel safe
   as $$
 begin
@@ -2082,11 +2488,12 @@ begin
   );
 end
 $$;
+
 comment on function memory_private.copy_words(text) is
   'The words of a text in order, normalised (memory_private.copy_normal): runs of letters and '
   'digits, each CJK character a word of its own.';
 
-create function memory_private.word_runs(p_words text[]) returns text[]
+create or replace function memory_private.word_runs(p_words text[]) returns text[]
   language plpgsql immutable strict parallel safe
   as $$
 begin
@@ -2098,11 +2505,12 @@ begin
   );
 end
 $$;
+
 comment on function memory_private.word_runs(text[]) is
   'Every run of policy copy_run_words (8) consecutive words of a word list '
   '(memory_private.copy_words), joined by a space; none when the list is shorter.';
 
-create function memory_private.distinctive_tokens(p_text text) returns text[]
+create or replace function memory_private.distinctive_tokens(p_text text) returns text[]
   language plpgsql immutable strict parallel safe
   as $$
 begin
@@ -2122,13 +2530,14 @@ begin
   );
 end
 $$;
+
 comment on function memory_private.distinctive_tokens(text) is
   'The distinctive tokens of a text, normalised (memory_private.copy_normal): blank-separated '
   'runs trimmed to a letter or digit at both ends, of at least policy copy_token_chars (4) '
   'characters, holding a digit, one of @ _ / \ : = # $ % & + ~ |, or a dot between letters '
   'or digits: numbers, codes, identifiers, URLs, e-mail addresses, credential-shaped strings.';
 
-create function memory_private.is_trivial(p_words text[]) returns boolean
+create or replace function memory_private.is_trivial(p_words text[]) returns boolean
   language sql immutable strict parallel safe
   as $$
   select cardinality(p_words) < (memory_private.policy()).copy_message_words
@@ -2141,7 +2550,7 @@ comment on function memory_private.is_trivial(text[]) is
   'fewer than policy copy_message_words (4; a CJK character is a word), or English stop words '
   'only ("ok", "thanks", "sounds good", "it is what it is").';
 
-create function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
+create or replace function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
   returns table (n integer, parts text[])
   language plpgsql immutable strict parallel safe
   as $$
@@ -2173,6 +2582,7 @@ begin
      where cardinality(x.parts) > 0;
 end
 $$;
+
 comment on function memory_private.copied_parts(text, text[], text[]) is
   'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
   'parts of the rule, on normalised text (memory_private.copy_normal): message (all its words, '
@@ -2181,7 +2591,7 @@ comment on function memory_private.copied_parts(text, text[], text[]) is
   'memory_private.distinctive_tokens); runs and tokens of p_common do not count. Texts it '
   'copies nothing of are left out.';
 
-create function memory_private.stock_runs(
+create or replace function memory_private.stock_runs(
   p_workspace_id text, p_scope_id bigint, p_runs text[]
 ) returns text[]
   language plpgsql stable
@@ -2213,13 +2623,14 @@ begin
   );
 end
 $$;
+
 comment on function memory_private.stock_runs(text, bigint, text[]) is
   'Those of p_runs (runs of words: memory_private.word_runs) that two of the scope''s newest '
   'records (policy copy_stock_records) hold although they cite no message in common: stock '
   'phrasing of the model (a label, a set phrase), which the copy rule does not take as '
   'copying a shown memory.';
 
-create function memory_private.copied_sources(p_job memory_private.jobs, p_output jsonb)
+create or replace function memory_private.copied_sources(p_job memory_private.jobs, p_output jsonb)
   returns table (message_id text, content_hash text, record_id bigint, copied_by text[])
   language sql stable
   as $$
@@ -2287,6 +2698,7 @@ create function memory_private.copied_sources(p_job memory_private.jobs, p_outpu
     join memories m on m.n = c.n
    where exists (select from memories)
 $$;
+
 comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
   'The batch messages (message_id, with the hash the job saw) and the memories shown with the '
   'batch (record_id) that a validated extraction output (its title and summary) copies '
@@ -2296,11 +2708,7 @@ comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
   'phrasing (memory_private.stock_runs) do not count. write_extraction makes the messages '
   'dependencies (via copied) and the memories reused.';
 
-drop function memory_private.repeated_sources(memory_private.jobs, text, text[]);
-
-drop function memory_private.passages(text);
-
-create function memory_private.copy_counts(p_copied jsonb, p_via text[]) returns jsonb
+create or replace function memory_private.copy_counts(p_copied jsonb, p_via text[]) returns jsonb
   language sql immutable
   as $$
   -- p_copied: memory_private.copied_sources as a JSON array; p_via: the record's dependencies'.
@@ -2424,6 +2832,7 @@ begin
          || memory_private.copy_counts(v_copied, v_dep_via);
 end
 $$;
+
 comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
   'Writes the record of a validated, non-empty extraction output: its sources (the cited '
   'messages in the order given), its dependencies (cited; reused: of the memories it declared '
@@ -2431,6 +2840,68 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
   'memory_private.copied_sources) with the hashes the job saw, speakers, threads and '
   'repositories taken from the dependencies; marks the scope due for consolidation. Returns '
   'the record id and the counts (memory_private.copy_counts).';
+
+create or replace function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_config integer;
+  v_reason text;
+  v_output jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_result jsonb;
+begin
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  if v_job.config_version <> v_config then
+    raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
+      p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
+      hint = 'Drop the work: maintenance stops the job.';
+  end if;
+  v_reason := memory_private.job_stale_reason(v_job);
+  if v_reason is not null then
+    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
+      hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
+  end if;
+  if v_job.checkpoint is null then
+    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
+      hint = 'Call memory.save_checkpoint with the model output first.';
+  end if;
+  -- The checkpoint is the output as save_checkpoint validated and redacted it against this
+  -- job's input; only save_checkpoint writes one, and the one place that rewrites an input
+  -- (memory_private.scrub_erased) drops it. So it is not validated again.
+  v_output := v_job.checkpoint -> 'output';
+
+  if v_job.phase = 'extract' then
+    v_result := jsonb_build_object('record_id', null);
+    if v_output ->> 'title' <> '' then
+      v_result := memory_private.write_extraction(v_job, v_output);
+    end if;
+    -- The batch is handled at these hashes, also by an empty (no-op) output.
+    insert into memory_private.extracted_sources
+      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
+    select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
+      from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
+    on conflict do nothing;
+    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
+                                               'noop', v_result ->> 'record_id' is null);
+  else
+    v_result := memory_private.write_index(v_job, v_output)
+                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
+  end if;
+
+  update memory_private.jobs
+     set status = 'succeeded', token = null, worker_id = null, lease_expires_at = null,
+         checkpoint = null, result = v_result, finished_at = v_now, updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+  return v_result || jsonb_build_object('job_id', p_job_id);
+end
+$$;
 
 comment on function memory.commit_job(text, bigint, text) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
@@ -2440,210 +2911,457 @@ comment on function memory.commit_job(text, bigint, text) is
   'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
   'depending on every candidate. All or nothing.';
 
-create or replace function memory.explain_record(
-  p_workspace_id text, p_record_id bigint, p_requester text default null
+create or replace function memory.fail_job(
+  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
+  p_usage jsonb default null
 ) returns jsonb
-  language plpgsql stable security definer
+  language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
+  set plan_cache_mode = force_generic_plan
   as $$
 declare
-  v_record memory_private.records;
-  v_usage memory_private.record_usage;
-  v_scope memory_private.scopes;
+  v_job memory_private.jobs;
+  v_open boolean;
+  v_usage jsonb;
   v_now timestamptz := memory_private.clock_now();
-  v_checks jsonb;
-  v_reason text;
-  v_forgotten jsonb;
 begin
-  perform memory_private.require_workspace(p_workspace_id);
-  if p_record_id is null then
-    raise exception 'record_id is required' using errcode = 'MB001';
+  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
+  if p_outcome is null or p_outcome not in ('failed', 'unknown') then
+    raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
   end if;
-  if p_requester is not null then
-    perform memory_private.check_id('requester', p_requester);
+  -- A code, never text: what a worker would write here can carry the model's output.
+  if p_error is null
+     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
+    raise exception 'error must be a failure code (see docs/errors.md), not a message'
+      using errcode = 'MB001',
+      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
   end if;
-  select * into v_record from memory_private.records
-   where workspace_id = p_workspace_id and record_id = p_record_id;
-  if not found then
-    v_forgotten := memory_private.record_forgotten(p_workspace_id, p_record_id);
-    if v_forgotten is not null then
-      return jsonb_build_object('workspace_id', p_workspace_id, 'record_id', p_record_id,
-                                'requester', p_requester, 'exists', false, 'valid', false,
-                                'invalid_reason', 'forgotten', 'forgotten', v_forgotten);
-    end if;
-    raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
-      using errcode = 'MB002', hint = 'It was never made, or was pruned, deleted by the '
-                                      'retention sweep or purged; see memory.record_status.';
+  if p_usage is not null then
+    v_usage := memory_private.check_usage(p_usage, false);
   end if;
-  select * into v_usage from memory_private.record_usage
-   where workspace_id = p_workspace_id and record_id = p_record_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
-  -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
-  select jsonb_agg(jsonb_build_object('check', c.check_name, 'reason', c.reason, 'ok', c.ok,
-                                      'detail', c.detail) order by c.rank, c.check_name <> 'membership')
-    into v_checks
-    from memory_private.record_checks(p_workspace_id, p_record_id, p_requester) c;
-  v_reason := memory_private.record_invalid_reason(v_record, p_requester);
-  return jsonb_build_object(
-    'workspace_id', p_workspace_id,
-    'record_id', v_record.record_id,
-    'requester', p_requester,
-    'exists', true,
-    'valid', v_reason is null,
-    'invalid_reason', v_reason,
-    'record', jsonb_build_object(
-      'kind', v_record.kind, 'created_at', v_record.created_at,
-      'last_used_at', v_usage.last_used_at, 'usage_count', coalesce(v_usage.usage_count, 0),
-      'title_bytes', octet_length(v_record.title),
-      'summary_bytes', octet_length(v_record.summary),
-      'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
-      'repositories', to_jsonb(v_record.repositories),
-      'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
-      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
-    'scope', jsonb_build_object(
-      'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
-      'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
-      'recall_enabled', v_scope.recall_enabled),
-    'checks', v_checks,
-    -- The sources: what the summary cites, in the order it uses them.
-    'sources', to_jsonb(array(select rs.message_id from memory_private.record_sources rs
-                               where rs.workspace_id = p_workspace_id
-                                 and rs.record_id = p_record_id
-                               order by rs.position)),
-    -- Which line of the summary cites which source (by number, never the text): read from the
-    -- summary by the rule the record was written with (memory_private.line_citations).
-    'lines', coalesce((
-      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
-        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
-                from memory_private.line_citations(
-                       v_record.summary,
-                       array(select s.message_id from memory_private.record_sources s
-                              where s.workspace_id = p_workspace_id
-                                and s.record_id = p_record_id)) l
-                join memory_private.record_sources rs
-                  on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
-                 and rs.message_id = l.message_id
-               group by l.line_no) x), '[]'),
-    -- Each dependency with its state by the rule (no text).
-    'dependencies', memory_private.record_dependency_states(p_workspace_id, p_record_id,
-                                                            v_record.scope_id, v_now));
+  v_open := exists (select 1 from memory_private.job_attempts
+                     where workspace_id = p_workspace_id and job_id = p_job_id
+                       and outcome = 'open');
+  if not v_open and p_outcome = 'unknown' then
+    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
+      using errcode = 'MB025', hint = 'Report failed instead.';
+  end if;
+  if not v_open and v_usage is not null then
+    raise exception 'job % has no open model call to charge the usage to', p_job_id
+      using errcode = 'MB025';
+  end if;
+
+  if p_outcome = 'unknown' then
+    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
+    perform memory_private.release_job(v_job, 'stopped',
+      'outcome unknown, not replayed: ' || p_error);
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
+                              'why', 'unknown_outcome');
+  end if;
+
+  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
+  -- A claim that broke before its model call counts like one that made it (the worker failed
+  -- on the job's content: a job that breaks every worker stops); a refusal costs nothing.
+  if not v_open and v_job.checkpoint is null
+     and p_error not in ('budget_exceeded', 'not_priced') then
+    update memory_private.jobs
+       set claims = least(claims + 1, (memory_private.policy()).max_claims)
+     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
+    returning * into v_job;
+  end if;
+  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
+  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
+    perform memory_private.release_job(v_job, 'stopped',
+      case when v_open then 'failed on its third model call, not replayed: '
+           else 'failed on its third claim, before its model call, not replayed: ' end
+      || p_error);
+    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
+  end if;
+  perform memory_private.release_job(v_job, 'pending', p_error,
+                                     v_now + (memory_private.policy()).failure_backoff);
+  return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
+                            'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
 end
 $$;
-comment on function memory.explain_record(text, bigint, text) is
-  'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
-  'recall decides them (for the given requester, or for the scope''s own user when NULL), '
-  'every check in the order the rule applies them (recall on, bot '
-  'active, group linked, membership, requester owns the private scope, bot identity, '
-  'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
-  'reused or copied, with copied_by: the parts of the copy rule that found it) with the hash it had when used, the hash it has now and its state '
-  '(current, source_removed, source_expired, source_edited, forgotten). A record forgotten '
-  'through manage_memory answers exists false, invalid_reason forgotten and forgotten: when, '
-  'by which user, in which request and tool call, with which other records (ids only). MB001, '
-  'MB002 when the record is unknown (never made, pruned, swept or purged).';
 
--- 0008_bounded_work: every query_memories call does bounded work, whatever the scope holds and
--- whatever the query asks (issue 31). A member who filled a scope with notes of distinct words
--- sharing one three-letter prefix made a query of 32 such words take 24.8 s at 256 notes: the
--- fuzzy stage compared every query word with every word of every record.
--- - The policy holds the bounds of one search: query_terms (32, what search_terms wrote down
---   itself), fuzzy_words (8 query words) and fuzzy_neighbours (16 scope words on each side).
--- - memory_private.record_words: each record's words, keyed by scope and word in byte order,
---   written by index_records (the records trigger) and filled here for the existing records.
--- - memory_private.fuzzy_candidates: the scope's words nearest to a query word, two bounded
---   index scans; search_records' fuzzy stage reads them instead of every record's document.
--- - Claims that never end: a claim that breaks before its model call counts against the input's
---   three claims, so a job whose content kills every worker stops, with its reason in
---   memory.job_status, instead of coming back for ever. memory_private.expire_leases counts a
---   lease that expired with no report and no open call (claims_lost); memory.fail_job counts a
---   failed claim with no open call unless it was a refusal (budget_exceeded, not_priced).
+comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
+  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
+  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
+  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
+  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
+  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
+  'third claim; a claim that failed before its model call counts too, unless it was a refusal '
+  '(budget_exceeded, not_priced); a job holding a checkpoint keeps it and stays pending. '
+  'unknown: the '
+  'provider may have run, so the open attempt is charged at its reserve and the job stops '
+  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
+  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
 
-alter type memory_private.policy_values
-  add attribute query_terms integer,
-  add attribute fuzzy_words integer,
-  add attribute fuzzy_neighbours integer;
-
-create or replace function memory_private.policy() returns memory_private.policy_values
-  language sql immutable parallel safe security definer
-  -- Definer only so that the operator views may read it (their callers have no usage on this
-  -- schema); immutable, so every query folds it to constants when it is planned.
-  set search_path = pg_catalog, pg_temp
+create or replace function memory_private.add_counts(p_total jsonb, p_more jsonb) returns jsonb
+  language plpgsql immutable
   as $$
-  select row(
-    200,                    -- id_bytes
-    100,                    -- id_list_entries
-    64000,                  -- message_bytes
-    43200,                  -- max_idle_minutes
-    30,                     -- default_idle_minutes
-    1000000,                -- max_dollars
-    24000,                  -- batch_bytes
-    4,                      -- existing_with_batch
-    300,                    -- title_bytes
-    4000,                   -- summary_bytes
-    48,                     -- candidates
-    4500,                   -- index_bytes
-    12,                     -- index_ids
-    3,                      -- max_claims
-    interval '2 minutes',   -- lease
-    interval '1 hour',      -- failure_backoff
-    2000,                   -- error_chars
-    8,                      -- directory_records
-    300,                    -- directory_summary_chars
-    12,                     -- query_limit
-    1000,                   -- query_bytes
-    20,                     -- shown_sources
-    60,                     -- note_title_chars
-    30,                     -- unused_days
-    256,                    -- workspace_records
-    8,                      -- copy_run_words
-    4,                      -- copy_message_words
-    4,                      -- copy_token_chars
-    48,                     -- copy_stock_records
-    32,                     -- query_terms
-    8,                      -- fuzzy_words
-    16                      -- fuzzy_neighbours
-  )::memory_private.policy_values
+declare
+  v_key text;
+  v_value jsonb;
+  v_total jsonb := coalesce(p_total, '{}'::jsonb);
+begin
+  if p_more is null or p_more = '{}'::jsonb then
+    return v_total;  -- most steps of most ticks count nothing
+  end if;
+  for v_key, v_value in select key, value from jsonb_each(p_more) loop
+    if jsonb_typeof(v_value) = 'number'
+       and jsonb_typeof(coalesce(v_total -> v_key, '0'::jsonb)) = 'number' then
+      v_total := v_total || jsonb_build_object(
+        v_key, coalesce((v_total ->> v_key)::numeric, 0) + (v_value #>> '{}')::numeric);
+    else
+      v_total := v_total || jsonb_build_object(v_key, v_value);
+    end if;
+  end loop;
+  return v_total;
+end
 $$;
 
-comment on function memory_private.policy() is
-  'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
-  'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
-  'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
-  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records); the '
-  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side). Immutable: '
-  'changing one is a migration.';
+comment on function memory_private.add_counts(jsonb, jsonb) is
+  'Adds the numeric counts of one JSON object to another (other values: the newer wins).';
 
-create table memory_private.record_words (
-  workspace_id text not null,
-  scope_id bigint not null,
-  word text collate "C" not null,
-  record_id bigint not null,
-  primary key (workspace_id, scope_id, word, record_id),
-  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
-);
+create or replace function memory_private.input_carryover(
+  p_workspace_id text, p_scope_id bigint, p_phase text, p_input_hash text,
+  p_config_version integer,
+  out blocked boolean, out claims integer, out next_attempt_at timestamptz
+)
+  language plpgsql stable
+  as $$
+  -- The most recent earlier job of the same input (scope, phase, input hash) under the same
+  -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
+  -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
+  -- a source edited and edited back) hands its model calls and its backoff on, so the count is
+  -- per unchanged input whatever happened in between; anything else starts afresh.
+begin
+  select coalesce(bool_or(j.status = 'stopped'
+                          or (j.status = 'superseded'
+                              and j.claims >= (memory_private.policy()).max_claims)), false),
+         coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
+         greatest(memory_private.clock_now(),
+                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+    into blocked, claims, next_attempt_at
+    from (select * from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+             and j.phase = p_phase and j.input_hash = p_input_hash
+             and j.config_version = p_config_version and j.status <> 'skipped'
+           order by j.job_id desc
+           limit 1) j;
+end
+$$;
 
-comment on table memory_private.record_words is
-  'The words of each record''s document of three characters or more (its lexemes, as written '
-  'and English-stemmed), with its scope, written by the same trigger as record_documents: what '
-  'the fuzzy search reads, a bounded number of a scope''s words nearest to a query word in '
-  'spelling order (the primary key, in byte order: collate "C"), so a search does bounded work '
-  'however many words the scope holds (memory_private.fuzzy_candidates).';
+comment on function memory_private.input_carryover(text, bigint, text, text, integer) is
+  'What an input (scope, phase, input hash, config version) carries into a new job from its '
+  'most recent earlier job: blocked (it stopped, or was superseded after its three model '
+  'calls), and otherwise the model calls already made and the backoff of a superseded job. '
+  'This keeps "at most three model calls per unchanged input" across transient supersedes.';
 
-comment on column memory_private.record_words.word is
-  'A lexeme of the record''s document (record_documents.document), three characters or more.';
+create or replace function memory_private.create_job(
+  p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
+  p_origin_request_id text, p_config_version integer, p_skipped_because text default null
+) returns bigint
+  language plpgsql volatile
+  as $$
+declare
+  v_job_id bigint;
+  v_now timestamptz := memory_private.clock_now();
+begin
+  insert into memory_private.jobs
+    (workspace_id, scope_id, phase, status, input, input_hash, origin_request_id,
+     model_provider, model_id, config_version, claims, next_attempt_at, last_error, created_at,
+     updated_at, finished_at)
+  select p_workspace_id, p_scope_id, p_phase,
+         case when p_skipped_because is null then 'pending' else 'skipped' end, p_input,
+         p_input_hash, r.request_id, r.model_provider, r.model_id, p_config_version, c.claims,
+         c.next_attempt_at, p_skipped_because, v_now, v_now,
+         case when p_skipped_because is not null then v_now end
+    from memory_private.requests r
+   cross join memory_private.input_carryover(p_workspace_id, p_scope_id, p_phase, p_input_hash,
+                                             p_config_version) c
+   where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
+  returning job_id into v_job_id;
+  return v_job_id;
+end
+$$;
 
-create index record_words_record_idx on memory_private.record_words (workspace_id, record_id);
+comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer,
+                                              text) is
+  'Creates a pending job pinned to the originating request''s model/provider and the workspace '
+  'configuration version it was made under (P17, P20), carrying over the model calls and '
+  'backoff its input already had (memory_private.input_carryover): due now otherwise. The '
+  'caller checks that the input is not blocked. With p_skipped_because, the job is recorded as '
+  'skipped instead (a batch that cannot fit one user/assistant pair, P4), never claimed.';
 
-comment on index memory_private.record_words_record_idx is
-  'A record''s words, for rewriting them and for the cascade when the record is deleted.';
+create or replace function memory_private.extraction_units(
+  p_workspace_id text, p_scope memory_private.scopes, p_now timestamptz, p_cutoff timestamptz
+) returns table (request_id text, bytes integer, sources jsonb)
+  language sql stable
+  as $$
+  -- The qualifying conversations of the scope (P2, P3, V10), newest first: one request each,
+  -- with its retained, directed, untombstoned messages as {id, hash}, when it has a user and an
+  -- assistant message, something not yet extracted at its hash, and has been idle itself.
+  -- The scope's finished requests are read first (requests_scope_idx), then the messages of
+  -- each (messages_request_idx): never every message of the workspace for one scope, whatever
+  -- the planner believes of the tables' sizes (a plan for a small tenant read the workspace's
+  -- every message for every scope).
+  select r.request_id, u.bytes, u.sources
+    from memory_private.requests r
+   cross join lateral (
+     select sum(octet_length(m.body))::integer as bytes,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
+                      order by m.created_at, m.message_id) as sources,
+            bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
+              and bool_or(e.message_id is null) as qualifies
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or p_scope.kind = 'private')
+        and not exists (select 1 from memory_private.tombstones t
+                         where t.workspace_id = m.workspace_id
+                           and t.scope_id = p_scope.scope_id and t.message_id = m.message_id)
+   ) u
+   where r.workspace_id = p_workspace_id and r.bot_id = p_scope.bot_id
+     and r.chat_id = p_scope.chat_id
+     and (p_scope.kind = 'private' or r.topic_id = p_scope.topic_id)
+     and r.kind = 'interactive' and r.status = 'succeeded' and r.finished_at <= p_cutoff
+     and u.qualifies
+     -- Idle window, per conversation: its own last activity (the request's update or finish,
+     -- its messages' creation or edit; removed messages count too).
+     and greatest(r.updated_at, r.finished_at,
+                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
+                     from memory_private.messages a
+                    where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
+         <= p_cutoff
+   order by r.finished_at desc, r.created_at desc, r.request_id desc
+$$;
 
-insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
-select d.workspace_id, d.scope_id, l.word, d.record_id
-  from memory_private.record_documents d
- cross join lateral unnest(tsvector_to_array(d.document)) l(word)
- where char_length(l.word) >= 3;
+comment on function memory_private.extraction_units(text, memory_private.scopes, timestamptz,
+                                                    timestamptz) is
+  'The conversations of a scope that qualify for extraction now, newest first, each with its '
+  'byte size and its sources ({id, hash}).';
+
+create or replace function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_ws memory_private.workspaces;
+  v_scope memory_private.scopes;
+  v_identity text;
+  v_candidates bigint[];
+  v_origin text;
+  v_job memory_private.jobs;
+begin
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  if v_ws.paused or not v_scope.recall_enabled or v_scope.consolidation_due_at is null then
+    return '{}';
+  end if;
+  select identity into v_identity from memory_private.bots
+   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
+  if v_identity is null
+     or exists (select 1 from memory_private.jobs
+                 where workspace_id = p_workspace_id and scope_id = p_scope_id
+                   and phase = 'consolidate' and status = 'running') then
+    return '{}';
+  end if;
+
+  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
+                                                       (memory_private.policy()).candidates);
+  if cardinality(v_candidates) = 0 then
+    for v_job in
+      select * from memory_private.jobs j
+       where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
+         and j.phase = 'consolidate' and j.status = 'pending'
+    loop
+      perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
+    end loop;
+    update memory_private.scopes
+       set consolidation_due_at = null, index_text = null, index_record_ids = null,
+           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
+           index_repositories = null
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    delete from memory_private.index_dependencies
+     where workspace_id = p_workspace_id and scope_id = p_scope_id;
+    return jsonb_build_object('indexes_cleared', 1);
+  end if;
+
+  -- The originating request: the most recent candidate's, preferring succeeded requests.
+  select rec.origin_request_id into v_origin
+    from memory_private.records rec
+    join memory_private.requests r
+      on r.workspace_id = rec.workspace_id and r.request_id = rec.origin_request_id
+   where rec.workspace_id = p_workspace_id and rec.record_id = any(v_candidates)
+   order by (r.status = 'succeeded') desc, rec.created_at desc, rec.record_id desc
+   limit 1;
+  if v_origin is null then
+    return jsonb_build_object('consolidations_without_origin', 1);
+  end if;
+  return memory_private.renew_open_job(
+    p_workspace_id, p_scope_id, 'consolidate',
+    jsonb_build_object('bot_identity', v_identity, 'candidates', to_jsonb(v_candidates)),
+    v_origin, v_ws.config_version);
+end
+$$;
+
+comment on function memory_private.schedule_consolidation(text, bigint) is
+  'Creates (or renews) the consolidation job of a scope whose index is due, over its 48 most '
+  'recent valid records, charged to the most recent candidate''s originating request; with no '
+  'valid record, clears the index and the due flag instead. Returns counts.';
+
+create or replace function memory_private.schedule_jobs(
+  p_workspace_id text, p_changed_requests text[] default null,
+  p_changed_scopes bigint[] default null
+) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_ws memory_private.workspaces;
+  v_now timestamptz := memory_private.clock_now();
+  v_request text;
+  v_requests text[];
+  v_scope memory_private.scopes;
+  v_scope_id bigint;
+  v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                       'batches_skipped', 0);
+begin
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  if v_ws.paused then
+    return v_counts;
+  end if;
+  -- After a change confined to some requests and scopes, only their scopes can have a new
+  -- extraction input: every other scope's input is what the last tick derived (a job made,
+  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
+  -- comes as a change of its own (a job leaving running names its scope; a conversation's
+  -- idle end, its request). So a tick costs what the change touched, not the workspace's
+  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is not null then
+    v_requests := p_changed_requests || array(
+      select r.request_id
+        from memory_private.scopes s
+        join memory_private.requests r
+          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+         and (case when s.kind = 'private' then r.user_id = s.user_id
+                   else r.topic_id = s.topic_id end)
+       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  end if;
+  -- One representative request per scope that has something new to extract.
+  for v_request in
+    select min(r.request_id)
+      from memory_private.requests r
+      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
+     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
+       and (v_requests is null or r.request_id = any (v_requests))
+       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
+       and exists (select 1 from memory_private.messages m
+                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
+                      and memory_private.is_retained(m.body is not null, m.retain_until,
+                                                     v_now)
+                      and not exists (select 1 from memory_private.extracted_sources e
+                                       where e.workspace_id = m.workspace_id
+                                         and e.message_id = m.message_id
+                                         and e.content_hash = m.content_hash))
+     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
+     order by 1
+  loop
+    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
+  end loop;
+  for v_scope_id in
+    select scope_id from memory_private.scopes
+     where workspace_id = p_workspace_id and consolidation_due_at is not null
+     order by scope_id
+  loop
+    v_counts := memory_private.add_counts(v_counts,
+                  memory_private.schedule_consolidation(p_workspace_id, v_scope_id));
+  end loop;
+  return v_counts;
+end
+$$;
+
+comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
+  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
+  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
+  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
+  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
+  'counts.';
+
+create or replace function memory_private.index_records(
+  p_workspace_id text, p_record_ids bigint[], p_lines boolean
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- What the searches read of the given records, derived from their title and summary: the
+  -- word search's document, the fuzzy search's words, the literal search's folded text and,
+  -- with p_lines, the documents of the summary's lines.
+  insert into memory_private.record_documents
+    (workspace_id, record_id, scope_id, created_at, document)
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         memory_private.search_document(r.title, r.summary)
+    from memory_private.records r
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        document = excluded.document;
+  insert into memory_private.record_texts
+    (workspace_id, record_id, scope_id, created_at, search_text, grams)
+  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
+         f.title || e'\n' || f.summary,
+         memory_private.text_grams(f.title) | memory_private.text_grams(f.summary)
+    from memory_private.records r
+   cross join lateral (select memory_private.fold(r.title) as title,
+                              memory_private.fold(r.summary) as summary) f
+   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+  on conflict (workspace_id, record_id) do update
+    set scope_id = excluded.scope_id, created_at = excluded.created_at,
+        search_text = excluded.search_text, grams = excluded.grams;
+  delete from memory_private.record_words
+   where workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
+  select d.workspace_id, d.scope_id, l.word, d.record_id
+    from memory_private.record_documents d
+   cross join lateral unnest(tsvector_to_array(d.document)) l(word)
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+     and char_length(l.word) >= 3;
+  delete from memory_private.record_lines
+   where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
+  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
+  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
+    from memory_private.records r
+   cross join lateral memory_private.summary_lines(r.summary) l
+   where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
+end
+$$;
+
+comment on function memory_private.index_records(text, bigint[], boolean) is
+  'Writes what the searches read of the given records: their documents (record_documents) and '
+  'words (record_words), their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
+  'documents (record_lines). The records trigger calls it for one record; a bulk load with '
+  'triggers off calls it for all it loaded.';
+
+create or replace function memory_private.index_record() returns trigger
+  language plpgsql volatile
+  as $$
+begin
+  perform memory_private.index_records(
+            new.workspace_id, array[new.record_id],
+            tg_op = 'INSERT' or new.summary is distinct from old.summary);
+  return null;
+end
+$$;
+
+comment on function memory_private.index_record() is
+  'Trigger: memory_private.index_records for a record that was inserted or whose title, '
+  'summary, scope or date changed; its lines only when the summary is new.';
 
 create or replace function memory_private.search_terms(p_query text, p_weight text default '')
   returns tsquery[]
@@ -2697,7 +3415,7 @@ comment on function memory_private.fuzzy_words(text) is
   'The words of a query that fuzzy matching compares: three characters or more, not an English '
   'stop word, case-folded, distinct; the first (policy fuzzy_words) in the query''s order.';
 
-create function memory_private.fuzzy_candidates(
+create or replace function memory_private.fuzzy_candidates(
   p_workspace_id text, p_scope_id bigint, p_words text[]
 ) returns table (query_word text, word text, similarity real)
   language sql stable
@@ -2840,1033 +3558,67 @@ comment on function memory_private.search_records(text, bigint, integer, text, t
   'scope''s words nearest to it: memory_private.fuzzy_candidates; most similar, then newest). A '
   'stage runs only while fewer than p_limit were found; each does bounded work.';
 
--- Claims that never end ------------------------------------------------------------------
-
-comment on column memory_private.jobs.claims is
-  'The claims this input has used: those that reached start_attempt (a model call), and those '
-  'the worker broke on before it (fail_job worker_error, or a lease that expired with no '
-  'report); a refusal before the call (budget_exceeded, not_priced) does not count. Carried over '
-  'from a superseded job of the same input and config version. At most 3; the third failed or '
-  'lost claim stops the job.';
-
-create or replace function memory_private.expire_leases(p_workspace_id text) returns jsonb
-  language plpgsql volatile
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_expired integer := 0;
-  v_unknown integer := 0;
-  v_lost integer := 0;
-begin
-  for v_job in
-    select * from memory_private.jobs
-     where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
-     order by job_id
-       for update
-  loop
-    v_expired := v_expired + 1;
-    if memory_private.close_attempt(v_job, 'unknown', null, 'lease_expired') then
-      v_unknown := v_unknown + 1;
-      perform memory_private.release_job(v_job, 'stopped',
-        'the lease expired while a model call was open: outcome unknown, not replayed');
-    elsif v_job.checkpoint is not null then
-      -- A valid answer was paid for: the next claim commits it without a model call, whatever
-      -- the number of calls the input has made.
-      perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
-    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
-      -- No report and no model call: the worker died or hung holding the job, perhaps on its
-      -- content. That claim counts, so a job that kills every worker stops (issue 31).
-      v_lost := v_lost + 1;
-      update memory_private.jobs set claims = (memory_private.policy()).max_claims
-       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-      returning * into v_job;
-      perform memory_private.release_job(v_job, 'stopped', format(
-        'the lease expired without a report on claim %s of %s (a worker died or hung holding '
-        'the job, perhaps on its content): not replayed', v_job.claims,
-        (memory_private.policy()).max_claims));
-    else
-      v_lost := v_lost + 1;
-      update memory_private.jobs set claims = claims + 1
-       where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-      returning * into v_job;
-      perform memory_private.release_job(v_job, 'pending', format(
-        'the lease expired without a report on claim %s of %s (the claim counts)',
-        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
-    end if;
-  end loop;
-  return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
-                            'claims_lost', v_lost);
-end
-$$;
-
-comment on function memory_private.expire_leases(text) is
-  'Maintenance step: a running job whose lease passed is stopped when a model call was open '
-  '(the attempt becomes unknown and is charged at its reserve; no automatic replay), goes back '
-  'to pending due now with its checkpoint when it has one (committed by the next claim without '
-  'a model call, even after the third call), and otherwise counts the lost claim (the worker '
-  'died or hung holding it, perhaps on its content: claims_lost) and goes back to pending due '
-  'now, or stops, not replayed, when that was the input''s third claim. Returns counts.';
-
-create or replace function memory.fail_job(
-  p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,
-  p_usage jsonb default null
-) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_open boolean;
-  v_usage jsonb;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  if p_outcome is null or p_outcome not in ('failed', 'unknown') then
-    raise exception 'outcome must be failed or unknown' using errcode = 'MB001';
-  end if;
-  -- A code, never text: what a worker would write here can carry the model's output.
-  if p_error is null
-     or not exists (select 1 from memory_private.failure_codes() c where c.code = p_error) then
-    raise exception 'error must be a failure code (see docs/errors.md), not a message'
-      using errcode = 'MB001',
-      hint = 'e.g. provider_error, reply_not_json, reply_invalid, output_refused, worker_error.';
-  end if;
-  if p_usage is not null then
-    v_usage := memory_private.check_usage(p_usage, false);
-  end if;
-  v_open := exists (select 1 from memory_private.job_attempts
-                     where workspace_id = p_workspace_id and job_id = p_job_id
-                       and outcome = 'open');
-  if not v_open and p_outcome = 'unknown' then
-    raise exception 'job % has no open model call whose outcome could be unknown', p_job_id
-      using errcode = 'MB025', hint = 'Report failed instead.';
-  end if;
-  if not v_open and v_usage is not null then
-    raise exception 'job % has no open model call to charge the usage to', p_job_id
-      using errcode = 'MB025';
-  end if;
-
-  if p_outcome = 'unknown' then
-    perform memory_private.close_attempt(v_job, 'unknown', v_usage, p_error);
-    perform memory_private.release_job(v_job, 'stopped',
-      'outcome unknown, not replayed: ' || p_error);
-    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped',
-                              'why', 'unknown_outcome');
-  end if;
-
-  perform memory_private.close_attempt(v_job, 'failed', v_usage, p_error);
-  -- A claim that broke before its model call counts like one that made it (the worker failed
-  -- on the job's content: a job that breaks every worker stops); a refusal costs nothing.
-  if not v_open and v_job.checkpoint is null
-     and p_error not in ('budget_exceeded', 'not_priced') then
-    update memory_private.jobs
-       set claims = least(claims + 1, (memory_private.policy()).max_claims)
-     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-    returning * into v_job;
-  end if;
-  -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
-    perform memory_private.release_job(v_job, 'stopped',
-      case when v_open then 'failed on its third model call, not replayed: '
-           else 'failed on its third claim, before its model call, not replayed: ' end
-      || p_error);
-    return jsonb_build_object('job_id', p_job_id, 'status', 'stopped', 'why', 'third_claim');
-  end if;
-  perform memory_private.release_job(v_job, 'pending', p_error,
-                                     v_now + (memory_private.policy()).failure_backoff);
-  return jsonb_build_object('job_id', p_job_id, 'status', 'pending',
-                            'next_attempt_at', v_now + (memory_private.policy()).failure_backoff);
-end
-$$;
-comment on function memory.fail_job(text, bigint, text, text, text, jsonb) is
-  'Reports that the current claim failed, with a failure code (memory_private.failure_codes; '
-  'MB001 for anything else, so no text reaches storage) and the usage the worker could read '
-  '(null values for what it could not). failed: the open attempt (if any) closes as failed and '
-  'is charged (the reported cost, at most the reserve; the reserve when the cost could not be '
-  'read; nothing without usage), and the job backs off one hour, or stops after the input''s '
-  'third claim; a claim that failed before its model call counts too, unless it was a refusal '
-  '(budget_exceeded, not_priced); a job holding a checkpoint keeps it and stays pending. '
-  'unknown: the '
-  'provider may have run, so the open attempt is charged at its reserve and the job stops '
-  'without automatic replay (P13). Answers the job''s new status: {"status": "pending", '
-  '"next_attempt_at"} or {"status": "stopped", "why": "unknown_outcome" | "third_claim"}.';
-
--- 0009_citus: the schema distributable on a Citus cluster (docs/scaling.md).
--- - memory_private.policy_limit(name): the tables' CHECK constraints and defaults read their
---   policy numbers through it, not as fields of policy()'s composite type, which Citus took for a
---   circular dependency of policy() and refused to distribute.
--- - SQL-language functions that write, or read with their arguments in a way Citus cannot plan
---   without values, are PL/pgSQL (Citus plans those with the arguments' values).
--- - The cross-workspace functions pick without locks and leave the claim or the tick to a
---   function of one workspace (claim_workspace_job, maintain_workspace_unless_busy), which
---   Citus runs on the node holding it: a multi-shard FOR UPDATE SKIP LOCKED does not exist.
--- - The operator views read one workspace at a time (memory_private.<view>_of), each on its node.
--- - memory_private.distribute() (85_distribution.sql): what `pimem migrate` calls on a Citus
---   coordinator.
-
-create or replace function memory_private.policy_limit(p_name text) returns integer
-  language plpgsql immutable parallel safe
-  as $$
-declare
-  v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
-begin
-  if v_value is null then
-    raise exception 'memory_private.policy() has no integer named %', p_name
-      using errcode = 'MB001';
-  end if;
-  return v_value;
-end
-$$;
-
-comment on function memory_private.policy_limit(text) is
-  'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
-  'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
-
-create or replace function memory_private.sorted_set(p_values anyarray) returns anyarray
-  language sql immutable parallel safe
-  as $$ select array(select distinct x from unnest(p_values) as x order by 1) $$;
-
-comment on function memory_private.sorted_set(anyarray) is
-  'The distinct elements of an array, in order (what a tool call keeps of the ids it returned; '
-  'a function, so that Citus sees no subquery in the upsert that writes it).';
-
-alter table memory_private.workspaces
-  alter column idle_window
-    set default make_interval(mins => memory_private.policy_limit('default_idle_minutes')),
-  drop constraint workspaces_idle_window_check,
-  add constraint workspaces_idle_window_check
-    check (idle_window >= interval '0'
-           and idle_window <= make_interval(mins => memory_private.policy_limit('max_idle_minutes')));
-
-alter table memory_private.job_attempts
-  drop constraint job_attempts_attempt_no_check,
-  add constraint job_attempts_attempt_no_check check (((attempt_no >= 1) and (attempt_no <= memory_private.policy_limit('max_claims'::text))));
-
-alter table memory_private.jobs
-  drop constraint jobs_claims_check,
-  add constraint jobs_claims_check check (((claims >= 0) and (claims <= memory_private.policy_limit('max_claims'::text))));
-
-alter table memory_private.messages
-  drop constraint messages_body_check,
-  add constraint messages_body_check check ((octet_length(body) <= memory_private.policy_limit('message_bytes'::text)));
-
-alter table memory_private.records
-  drop constraint records_summary_check,
-  add constraint records_summary_check check (((octet_length(summary) >= 1) and (octet_length(summary) <= memory_private.policy_limit('summary_bytes'::text))));
-
-alter table memory_private.records
-  drop constraint records_title_check,
-  add constraint records_title_check check (((octet_length(title) >= 1) and (octet_length(title) <= memory_private.policy_limit('title_bytes'::text))));
-
-alter table memory_private.request_recall
-  drop constraint request_recall_basis_record_ids_check,
-  add constraint request_recall_basis_record_ids_check check ((cardinality(basis_record_ids) <= memory_private.policy_limit('candidates'::text)));
-
-alter table memory_private.request_recall
-  drop constraint request_recall_index_text_check,
-  add constraint request_recall_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text)));
-
-alter table memory_private.request_recall
-  drop constraint request_recall_record_ids_check,
-  add constraint request_recall_record_ids_check check ((cardinality(record_ids) <= memory_private.policy_limit('index_ids'::text)));
-
-alter table memory_private.scopes
-  drop constraint scopes_index_candidate_ids_check,
-  add constraint scopes_index_candidate_ids_check check ((cardinality(index_candidate_ids) <= memory_private.policy_limit('candidates'::text)));
-
-alter table memory_private.scopes
-  drop constraint scopes_index_record_ids_check,
-  add constraint scopes_index_record_ids_check check ((cardinality(index_record_ids) <= memory_private.policy_limit('index_ids'::text)));
-
-alter table memory_private.scopes
-  drop constraint scopes_index_text_check,
-  add constraint scopes_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text)));
-
-create or replace function memory_private.advance_clock(p_by interval) returns timestamptz
-  language plpgsql volatile
-  as $$
-begin
-  update memory_private.clock set time_offset = time_offset + p_by;
-  return memory_private.clock_now();
-end
-$$;
-
-comment on function memory_private.advance_clock(interval) is
-  'Moves the memory clock forward (tests only; granted to nobody).';
-
-create or replace function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
-  returns numeric
-  language plpgsql stable
-  as $$
-begin
-  return (
-    select coalesce(sum(c.cost_usd), 0) from memory_private.request_charges c
-     where c.workspace_id = p_workspace_id and c.request_id = p_request_id
-  );
-end
-$$;
-
-comment on function memory_private.request_memory_spent(text, text) is
-  'What memory jobs charged to a request: the sum of its request_charges. Derived, not stored '
-  'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
-  'every charge is made under the workspace''s memory lock.';
-
-create or replace function memory_private.with_dependencies(
-  p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
-) returns text[]
-  language plpgsql stable
-  as $$
-begin
-  return (
-    select array(select x from unnest(p_kept) as x
-                 union
-                 select d.message_id from memory_private.record_dependencies d
-                  where d.workspace_id = p_workspace_id
-                    and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
-                 order by 1)
-  );
-end
-$$;
-
-comment on function memory_private.with_dependencies(text, text[], bigint[], bigint[]) is
-  'p_kept plus the dependencies (message ids) of the shown records that are being deleted: the '
-  'provenance delete_records keeps for a request.';
-
-create or replace function memory_private.forget_set(
-  p_workspace_id text, p_scope_id bigint, p_record_id bigint
-) returns bigint[]
-  language plpgsql stable
-  as $$
-  -- The selected record and every record of the scope that shares a dependency with it (T7).
-  -- One step only: a record that shares a message with such a neighbour but not with the
-  -- selected record stays.
-begin
-  return (
-    select array(
-      select r.record_id from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and (r.record_id = p_record_id
-              or exists (select 1
-                           from memory_private.record_dependencies mine
-                           join memory_private.record_dependencies d
-                             on d.workspace_id = mine.workspace_id
-                            and d.message_id = mine.message_id
-                          where mine.workspace_id = p_workspace_id
-                            and mine.record_id = p_record_id
-                            and d.record_id = r.record_id))
-       order by r.record_id)
-  );
-end
-$$;
-
-comment on function memory_private.forget_set(text, bigint, bigint) is
-  'The records a forget of one record removes: it and every record of its scope that shares a '
-  'dependency with it (T7).';
-
-create or replace function memory_private.mark_consolidation_due(p_workspace_id text, p_scope_id bigint)
-  returns void
-  language plpgsql volatile
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-begin
-  update memory_private.scopes
-     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-end
-$$;
-
-comment on function memory_private.mark_consolidation_due(text, bigint) is
-  'Marks a scope''s index as out of date (a new record, a note, a prune, a forget): the next '
-  'maintenance schedules a consolidation (P10). Keeps the earliest due time.';
-
-create or replace function memory_private.index_records(
-  p_workspace_id text, p_record_ids bigint[], p_lines boolean
-) returns void
-  language plpgsql volatile
-  as $$
-begin
-  -- What the searches read of the given records, derived from their title and summary: the
-  -- word search's document, the fuzzy search's words, the literal search's folded text and,
-  -- with p_lines, the documents of the summary's lines.
-  insert into memory_private.record_documents
-    (workspace_id, record_id, scope_id, created_at, document)
-  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
-         memory_private.search_document(r.title, r.summary)
-    from memory_private.records r
-   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-  on conflict (workspace_id, record_id) do update
-    set scope_id = excluded.scope_id, created_at = excluded.created_at,
-        document = excluded.document;
-  insert into memory_private.record_texts
-    (workspace_id, record_id, scope_id, created_at, search_text, grams)
-  select r.workspace_id, r.record_id, r.scope_id, r.created_at,
-         f.title || e'\n' || f.summary,
-         memory_private.text_grams(f.title) | memory_private.text_grams(f.summary)
-    from memory_private.records r
-   cross join lateral (select memory_private.fold(r.title) as title,
-                              memory_private.fold(r.summary) as summary) f
-   where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-  on conflict (workspace_id, record_id) do update
-    set scope_id = excluded.scope_id, created_at = excluded.created_at,
-        search_text = excluded.search_text, grams = excluded.grams;
-  delete from memory_private.record_words
-   where workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
-  select d.workspace_id, d.scope_id, l.word, d.record_id
-    from memory_private.record_documents d
-   cross join lateral unnest(tsvector_to_array(d.document)) l(word)
-   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and char_length(l.word) >= 3;
-  delete from memory_private.record_lines
-   where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
-    from memory_private.records r
-   cross join lateral memory_private.summary_lines(r.summary) l
-   where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
-end
-$$;
-
-comment on function memory_private.index_records(text, bigint[], boolean) is
-  'Writes what the searches read of the given records: their documents (record_documents) and '
-  'words (record_words), their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
-  'documents (record_lines). The records trigger calls it for one record; a bulk load with '
-  'triggers off calls it for all it loaded.';
-
--- It answers the requests whose messages it erased as well as how many.
-drop function memory_private.erase_expired_messages(text);
-create or replace function memory_private.erase_expired_messages(
-  p_workspace_id text, out erased integer, out request_ids text[]
+create or replace function memory_private.begin_tool_call(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
+  p_allowed_keys text[],
+  out request memory_private.requests, out scope memory_private.scopes,
+  out previous memory_private.tool_calls
 )
   language plpgsql volatile
   as $$
-declare
-  -- A batch per tick, so that a tick holds the workspace's memory lock for tens of
-  -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
-  -- it erased, so they are bounded by it too); the tick leaves the workspace due while
-  -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
-  v_batch constant integer := 50;
-  v_ids text[];
 begin
-  select coalesce(array_agg(e.message_id), '{}'),
-         coalesce(array_agg(distinct e.request_id), '{}')
-    into v_ids, request_ids
-    from (select message_id, request_id from memory_private.messages
-           where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
-           order by retain_until
-           limit v_batch) e;
-  update memory_private.messages
-     set body = null, content_hash = null, scrub_pending = true
-   where workspace_id = p_workspace_id and message_id = any (v_ids);
-  erased := cardinality(v_ids);
-end
-$$;
-comment on function memory_private.erase_expired_messages(text) is
-  'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
-  'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
-  'requests they belong to (whose conversations changed).';
-
-create or replace function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_count integer;
-begin
-  delete from memory_private.tombstones t
-   using memory_private.messages m
-   where t.workspace_id = p_workspace_id and m.workspace_id = t.workspace_id
-     and m.message_id = t.message_id and m.body is null;
-  get diagnostics v_count = row_count;
-  return v_count;
-end
-$$;
-
-comment on function memory_private.drop_stale_tombstones(text) is
-  'Drops tombstones whose original message is no longer retained: nothing is left to restore.';
-
-create or replace function memory_private.input_carryover(
-  p_workspace_id text, p_scope_id bigint, p_phase text, p_input_hash text,
-  p_config_version integer,
-  out blocked boolean, out claims integer, out next_attempt_at timestamptz
-)
-  language plpgsql stable
-  as $$
-  -- The most recent earlier job of the same input (scope, phase, input hash) under the same
-  -- configuration decides: stopped (unknown outcome, three failed calls; an operator retry is a
-  -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
-  -- a source edited and edited back) hands its model calls and its backoff on, so the count is
-  -- per unchanged input whatever happened in between; anything else starts afresh.
-begin
-  select coalesce(bool_or(j.status = 'stopped'
-                          or (j.status = 'superseded'
-                              and j.claims >= (memory_private.policy()).max_claims)), false),
-         coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
-    into blocked, claims, next_attempt_at
-    from (select * from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
-             and j.phase = p_phase and j.input_hash = p_input_hash
-             and j.config_version = p_config_version and j.status <> 'skipped'
-           order by j.job_id desc
-           limit 1) j;
-end
-$$;
-
-comment on function memory_private.input_carryover(text, bigint, text, text, integer) is
-  'What an input (scope, phase, input hash, config version) carries into a new job from its '
-  'most recent earlier job: blocked (it stopped, or was superseded after its three model '
-  'calls), and otherwise the model calls already made and the backoff of a superseded job. '
-  'This keeps "at most three model calls per unchanged input" across transient supersedes.';
-
-create or replace function memory_private.create_job(
-  p_workspace_id text, p_scope_id bigint, p_phase text, p_input jsonb, p_input_hash text,
-  p_origin_request_id text, p_config_version integer, p_skipped_because text default null
-) returns bigint
-  language plpgsql volatile
-  as $$
-declare
-  v_job_id bigint;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  insert into memory_private.jobs
-    (workspace_id, scope_id, phase, status, input, input_hash, origin_request_id,
-     model_provider, model_id, config_version, claims, next_attempt_at, last_error, created_at,
-     updated_at, finished_at)
-  select p_workspace_id, p_scope_id, p_phase,
-         case when p_skipped_because is null then 'pending' else 'skipped' end, p_input,
-         p_input_hash, r.request_id, r.model_provider, r.model_id, p_config_version, c.claims,
-         c.next_attempt_at, p_skipped_because, v_now, v_now,
-         case when p_skipped_because is not null then v_now end
-    from memory_private.requests r
-   cross join memory_private.input_carryover(p_workspace_id, p_scope_id, p_phase, p_input_hash,
-                                             p_config_version) c
-   where r.workspace_id = p_workspace_id and r.request_id = p_origin_request_id
-  returning job_id into v_job_id;
-  return v_job_id;
-end
-$$;
-
-comment on function memory_private.create_job(text, bigint, text, jsonb, text, text, integer,
-                                              text) is
-  'Creates a pending job pinned to the originating request''s model/provider and the workspace '
-  'configuration version it was made under (P17, P20), carrying over the model calls and '
-  'backoff its input already had (memory_private.input_carryover): due now otherwise. The '
-  'caller checks that the input is not blocked. With p_skipped_because, the job is recorded as '
-  'skipped instead (a batch that cannot fit one user/assistant pair, P4), never claimed.';
-
-create or replace function memory_private.copy_dependencies(p_workspace_ids text[], p_record_ids bigint[])
-  returns void
-  language plpgsql volatile
-  as $$
-declare
-  v_ws text;
-begin
-  -- One workspace at a time: each update stays on the node holding the workspace (Citus).
-  foreach v_ws in array array(select distinct w from unnest(p_workspace_ids) w) loop
-    update memory_private.records r
-       set dependency_ids = x.ids, dependency_hashes = x.hashes, source_ids = x.sources
-      from (select k.workspace_id, k.record_id,
-                   coalesce(array_agg(d.message_id order by d.message_id collate "C")
-                              filter (where d.message_id is not null), '{}') as ids,
-                   coalesce(array_agg(d.content_hash order by d.message_id collate "C")
-                              filter (where d.message_id is not null), '{}') as hashes,
-                   coalesce(array_agg(d.message_id order by d.position)
-                              filter (where d.position is not null), '{}') as sources
-              from (select distinct u.w, u.id
-                      from unnest(p_workspace_ids, p_record_ids) as u(w, id)
-                     where u.w = v_ws) as k(workspace_id, record_id)
-              left join memory_private.record_dependencies d
-                on d.workspace_id = v_ws and d.workspace_id = k.workspace_id
-               and d.record_id = k.record_id
-             group by k.workspace_id, k.record_id) x
-     where r.workspace_id = v_ws and r.workspace_id = x.workspace_id
-       and r.record_id = x.record_id
-       and (r.dependency_ids, r.dependency_hashes, r.source_ids)
-           is distinct from (x.ids, x.hashes, x.sources);
-  end loop;
-end
-$$;
-
-comment on function memory_private.copy_dependencies(text[], bigint[]) is
-  'Sets the given records'' dependency_ids, dependency_hashes (in bytewise message id order) '
-  'and source_ids (in source order) to what record_dependencies holds for them now.';
-
-create or replace function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
-  returns jsonb
-  language plpgsql volatile
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-  v_token uuid;
-begin
-  -- The workspace's memory lock, without waiting: another claim or a memory write holds it
-  -- briefly.
-  if not memory_private.try_lock_workspace(p_workspace_id) then
-    return null;
+  -- What both tools do first: a known request, a tool call id, arguments that are a JSON
+  -- object of the tool's keys (their values are the tool's to check), an interactive request
+  -- (V5); then the workspace's memory lock (a tool call writes: usage, a change) and the
+  -- request's scope; and the earlier call with this id, which must have been the same tool
+  -- with the same arguments (MB003).
+  request := memory_private.known_request(p_workspace_id, p_request_id);
+  perform memory_private.check_id('tool_call_id', p_tool_call_id);
+  perform memory_private.check_tool_args(p_args, p_allowed_keys);
+  if request.kind <> 'interactive' then
+    raise exception 'request % is scheduled; scheduled work neither feeds nor reads memories',
+      p_request_id using errcode = 'MB005';
   end if;
-  select config_version into v_config from memory_private.workspaces
-   where workspace_id = p_workspace_id and not paused;
-  if not found then
-    return null;
+  perform memory_private.lock_workspace(p_workspace_id);
+  scope := memory_private.request_scope(request);
+  select * into previous from memory_private.tool_calls c
+   where c.workspace_id = p_workspace_id and c.request_id = p_request_id
+     and c.tool_call_id = p_tool_call_id;
+  if found and (previous.tool <> p_tool
+                or previous.args_hash <> memory_private.args_hash(p_args)) then
+    raise exception 'tool call % of request % was already made with other arguments',
+      p_tool_call_id, p_request_id using errcode = 'MB003',
+      hint = 'A replay must repeat the same tool and arguments; a new call needs a new id.';
   end if;
-  -- Re-read under the lock: a concurrent claim may have committed a running job meanwhile.
-  if exists (select 1 from memory_private.jobs j
-              where j.workspace_id = p_workspace_id and j.status = 'running') then
-    return null;
-  end if;
-  loop
-    select * into v_job from memory_private.jobs j
-     where j.workspace_id = p_workspace_id and j.status = 'pending'
-       and j.next_attempt_at <= v_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
-     order by j.next_attempt_at, j.job_id
-     limit 1
-       for update skip locked;
-    exit when not found;
-    if v_job.config_version <> v_config then
-      perform memory_private.release_job(v_job, 'stopped',
-        format('the model/provider configuration changed (version %s -> %s)',
-               v_job.config_version, v_config));
-      continue;
-    end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
-      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
-      continue;
-    end if;
-    -- The claim is counted by start_attempt, when it can reach the provider. The token is
-    -- drawn first: Citus takes no volatile function in an UPDATE of a distributed table.
-    v_token := gen_random_uuid();
-    update memory_private.jobs
-       set status = 'running', token = v_token, worker_id = p_worker_id,
-           lease_expires_at = v_now + (memory_private.policy()).lease, updated_at = v_now
-     where workspace_id = v_job.workspace_id and job_id = v_job.job_id
-    returning * into v_job;
-    return memory_private.job_payload(v_job);
-  end loop;
-  return null;
 end
 $$;
-comment on function memory_private.claim_workspace_job(text, text) is
-  'Claims the next due job of one workspace under its memory lock (not waiting for it): NULL '
-  'when the lock is busy, the workspace is paused, a job of it is running, or none is due. '
-  'Jobs found stale on the way are superseded or stopped. memory.claim_job calls it for the '
-  'workspaces it picks; on Citus the call runs on the node holding the workspace.';
 
-create or replace function memory.claim_job(p_worker_id text) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
+comment on function memory_private.begin_tool_call(text, text, text, text, jsonb, text[]) is
+  'The start both memory tools share: validates the request (MB001/MB002), the tool call id, '
+  'the argument keys (MB001) and that the request is interactive (MB005); takes the workspace''s '
+  'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
+  'first call), raising MB003 when that was another tool or other arguments.';
+
+create or replace function memory_private.record_detail(
+  p_record memory_private.records, p_source_ids text[], p_source_count bigint,
+  p_last_used_at timestamptz, p_match text, p_rank integer
+) returns memory_private.record_answer
+  language sql stable
+  -- One expression, so that it is inlined into answer_records' statement.
   as $$
-declare
-  -- The pick reads the due jobs of every workspace (jobs_claimable_idx) without locking them:
-  -- on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist, and the candidates may be
-  -- stale by the time they are tried. A job with calls left is claimable, and so is one holding
-  -- a checkpoint whatever its count: its claim only commits. A workspace comes at its earliest
-  -- due job (the order of the workspaces by their earliest due job) and is tried once. A
-  -- declared cursor is planned to start fast: the jobs are read in the index's order and the
-  -- first claim ends the walk, so a claim reads the jobs ahead of the one it takes, not every
-  -- due job.
-  c_due cursor (p_now timestamptz) for
-    select j.workspace_id
-      from memory_private.jobs j
-      join memory_private.workspaces w on w.workspace_id = j.workspace_id
-     where j.status = 'pending' and j.next_attempt_at <= p_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
-       and not w.paused
-       and not exists (select 1 from memory_private.jobs r
-                        where r.workspace_id = j.workspace_id and r.status = 'running')
-     order by j.next_attempt_at, j.workspace_id;
-  v_tried text[] := '{}';
-  v_payload jsonb;
-begin
-  perform memory_private.check_id('worker_id', p_worker_id);
-  -- The claim itself is one workspace's business (claim_workspace_job), which re-checks
-  -- everything under the workspace's lock; the FROM form lets Citus run it on the workspace's
-  -- node.
-  for v_due in c_due(memory_private.clock_now()) loop
-    continue when v_due.workspace_id = any (v_tried);
-    v_tried := v_tried || v_due.workspace_id;
-    select c into v_payload
-      from memory_private.claim_workspace_job(v_due.workspace_id, p_worker_id) c;
-    if v_payload is not null then
-      return v_payload;
-    end if;
-  end loop;
-  return null;
-end
-$$;
-comment on function memory.claim_job(text) is
-  'Claims at most one memory job (NULL when there is none): pending, due, with a model call '
-  'left for its input (fewer than three) or a checkpoint to commit, workspace not paused and '
-  'with no running job. Issues a fresh token and a two-minute lease and returns the payload: '
-  'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
-  'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
-  'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
-  'opens its model call.';
-
-create or replace function memory.run_maintenance(p_workspace_id text default null) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-  v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
-                                      'leases_expired', 0);
-  v_workspaces integer := 0;
-begin
-  if p_workspace_id is not null then
-    perform memory_private.require_workspace(p_workspace_id);
-  end if;
-  -- The workspaces are read first, then ticked one by one (on Citus each statement of a tick
-  -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
-  foreach v_ws in array coalesce(case when p_workspace_id is not null
-                                      then array[p_workspace_id] end,
-                                 array(select memory_private.due_workspaces(null, null)))
-  loop
-    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
-    v_workspaces := v_workspaces + 1;
-  end loop;
-  return v_total || jsonb_build_object('workspaces', v_workspaces);
-end
-$$;
-comment on function memory.run_maintenance(text) is
-  'One maintenance tick for one workspace (or every due one when NULL, in one transaction: for small '
-  'installs, tests and psql; the worker uses maintain_next_workspace so that no workspace lock '
-  'is held longer than its own steps): expires leases, sweeps retention, retires jobs whose '
-  'config or input changed, schedules extraction and consolidation jobs. Returns summed '
-  'counts: extract_jobs_created, consolidate_jobs_created, leases_expired, batches_skipped, ...';
-
-create or replace function memory_private.maintain_workspace_unless_busy(p_workspace_id text)
-  returns jsonb
-  language plpgsql volatile
-  as $$
-begin
-  if not memory_private.try_lock_workspace(p_workspace_id) then
-    return null;
-  end if;
-  return memory_private.maintain_workspace(p_workspace_id)
-         || jsonb_build_object('workspace_id', p_workspace_id);
-end
+  select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
+             p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
+             greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
+             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
 $$;
 
-comment on function memory_private.maintain_workspace_unless_busy(text) is
-  'One maintenance tick of the workspace with its workspace_id, or NULL without waiting when '
-  'another transaction holds its memory lock (another worker maintaining it, a claim, a '
-  'memory write).';
-
-create or replace function memory.maintain_next_workspace(p_after_workspace_id text default null)
-  returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-  v_result jsonb;
-  v_after text := p_after_workspace_id;
-begin
-  -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
-  -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
-  -- its own lock, on its own node, and one that is busy is passed over.
-  loop
-    v_ws := null;
-    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
-      select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
-      if v_result is not null then
-        return v_result;
-      end if;
-      v_after := v_ws;
-    end loop;
-    exit when v_ws is null;
-  end loop;
-  return null;
-end
-$$;
-comment on function memory.maintain_next_workspace(text) is
-  'Maintains the next due workspace after p_after_workspace_id in id order (the first when '
-  'NULL), skipping one another worker is maintaining right now, and answers its counts with '
-  'its workspace_id; NULL when there is none left. The worker walks the due workspaces with '
-  'it, one short transaction each, so no lock is held across workspaces (P16); an idle '
-  'workspace is not read.';
-
-create or replace function memory_private.delete_records(
-  p_workspace_id text, p_record_ids bigint[]
-) returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_deleted integer;
-  v_key text;
-  v_call text;
-  v_ids text[];
-  v_now timestamptz := memory_private.clock_now();
-begin
-  -- The provenance of the answers that were shown these records outlives them: their
-  -- dependencies (ids only) are copied to those requests first (T2, T3). And a frozen index
-  -- text made from a deleted record goes with it (T7).
-  -- The new dependencies are computed first and then written by key: Citus refuses a
-  -- function of the row's columns in an UPDATE.
-  for v_key, v_ids in
-    select f.request_id,
-           memory_private.with_dependencies(p_workspace_id, f.dependency_ids,
-                                            f.basis_record_ids, gone.ids)
-      from memory_private.request_recall f
-      join (select r.scope_id, array_agg(r.record_id) as ids
-              from memory_private.records r
-             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-             group by r.scope_id) gone
-        on f.scope_id = gone.scope_id and f.basis_record_ids && gone.ids
-     where f.workspace_id = p_workspace_id
-  loop
-    update memory_private.request_recall
-       set dependency_ids = v_ids,
-           index_text = case when mode = 'index' then null end,
-           index_withdrawn = index_withdrawn or mode = 'index'
-     where workspace_id = p_workspace_id and request_id = v_key;
-  end loop;
-  for v_key, v_call, v_ids in
-    select c.request_id, c.tool_call_id,
-           memory_private.with_dependencies(p_workspace_id, c.dependency_ids,
-                                            c.record_ids, gone.ids)
-      from memory_private.tool_calls c
-      join (select r.scope_id, array_agg(r.record_id) as ids
-              from memory_private.records r
-             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
-             group by r.scope_id) gone
-        on c.scope_id = gone.scope_id and c.record_ids && gone.ids
-     where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
-  loop
-    update memory_private.tool_calls set dependency_ids = v_ids
-     where workspace_id = p_workspace_id and request_id = v_key and tool_call_id = v_call;
-  end loop;
-
-  with gone as (
-    delete from memory_private.records
-     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
-    returning scope_id, record_id
-  ), touched as (
-    select scope_id, array_agg(record_id) as ids from gone group by scope_id
-  ), marked as (
-    -- An index depends on every candidate it was built from: losing one drops it.
-    update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now),
-           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
-           index_record_ids = case when s.index_candidate_ids && t.ids then null
-                                   else s.index_record_ids end,
-           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
-                                      else s.index_candidate_ids end,
-           index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end,
-           index_bot_identity = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_bot_identity end,
-           index_repositories = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_repositories end
-      from touched t
-     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
-    returning s.scope_id, s.index_text is null as dropped
-  ), unkept as (
-    delete from memory_private.index_dependencies d
-     using marked
-     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
-    returning 1
-  )
-  select count(*) into v_deleted from gone;
-  return v_deleted;
-end
-$$;
-
-comment on function memory_private.delete_records(text, bigint[]) is
-  'Deletes records of one workspace (forget, retention, pruning): first copies their '
-  'dependencies (ids) to the requests that were shown them, so those answers keep their '
-  'provenance, and erases the frozen index texts built with them; then drops every scope index '
-  'built with one of them and marks their scopes for consolidation. Returns how many records '
-  'were deleted.';
-
-create or replace function memory_private.retire_stale_jobs(p_workspace_id text) returns jsonb
-  language plpgsql volatile
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-  v_stopped integer := 0;
-  v_superseded integer := 0;
-begin
-  select config_version into v_config from memory_private.workspaces
-   where workspace_id = p_workspace_id;
-  for v_job in
-    -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
-    -- workspace's finished and stopped jobs are history a tick does not read.
-    select j.* from memory_private.jobs j
-     where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
-       and (j.status = 'pending'
-            or (j.status = 'running'
-                and not exists (select 1 from memory_private.job_attempts a
-                                 where a.workspace_id = p_workspace_id and a.job_id = j.job_id
-                                   and a.outcome = 'open')))
-     order by j.job_id
-       for update
-  loop
-    if v_job.config_version <> v_config then
-      perform memory_private.release_job(v_job, 'stopped',
-        format('the model/provider configuration changed (version %s -> %s)',
-               v_job.config_version, v_config));
-      v_stopped := v_stopped + 1;
-      continue;
-    end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
-      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
-      v_superseded := v_superseded + 1;
-    end if;
-  end loop;
-  return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
-                            'jobs_superseded_stale', v_superseded);
-end
-$$;
-comment on function memory_private.retire_stale_jobs(text) is
-  'Maintenance step: stops pending jobs and running jobs with no open attempt whose workspace '
-  'config version changed (P20), and supersedes those whose input is no longer current (a '
-  'fresh snapshot is scheduled). Returns counts.';
-
-create or replace function memory_private.records_add_usage_row() returns trigger
-  language plpgsql
-  as $$
-declare
-  v_new record;
-begin
-  -- A row at a time: on Citus a statement may not join the transition table with a
-  -- distributed table (and a statement adds one record, or a few).
-  for v_new in select n.workspace_id, n.record_id from added n loop
-    insert into memory_private.record_usage (workspace_id, record_id, last_used_at, usage_count)
-    values (v_new.workspace_id, v_new.record_id, null, 0)
-    on conflict do nothing;
-  end loop;
-  return null;
-end
-$$;
-
-comment on function memory_private.records_add_usage_row() is
-  'Trigger: every new record gets its record_usage row (never used) in the same statement, so '
-  'that query_memories counts a use by updating it and never touches the records table.';
-
-create or replace function memory_private.recent_valid_records(
-  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text default null,
-  p_query text default null, p_record_id bigint default null
-) returns bigint[]
-  language plpgsql stable
-  as $$
-declare
-  v_valid bigint[] := '{}';
-  v_chunk bigint[];
-  v_size integer := p_limit;
-  v_offset integer := 0;
-  v_query text := memory_private.fold(p_query);
-  v_grams bit(1024);
-  v_scope_reason text;
-  v_reader text;
-  v_identity text;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  -- Newest first, a page at a time (limit, then four times more); a page's records checked
-  -- in one statement (record_failures: invalid_records' verdict, tests/test_validity_set.py)
-  -- after the scope's checks (scope_reason), asked with the reader and the bot's identity. A
-  -- scope whose newest records are valid costs one short index scan and one pass over just
-  -- those, never a read of the whole scope. One snapshot throughout (stable).
-  v_scope_reason := memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester);
-  select s.user_id, b.identity into v_reader, v_identity
-    from memory_private.scopes s
-    left join memory_private.bots b on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id
-   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id;
-  v_reader := coalesce(v_reader, p_requester);
-  if v_scope_reason is not null then
-    return '{}';
-  end if;
-  if char_length(v_query) >= 3 then
-    v_grams := memory_private.text_grams(v_query);
-  end if;
-  loop
-    if v_query is null then
-      v_chunk := array(
-        select r.record_id from memory_private.records r
-         where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-           and (p_record_id is null or r.record_id = p_record_id)
-         order by r.created_at desc, r.record_id desc
-         limit v_size offset v_offset);
-    elsif v_grams is null then
-      -- Too short for a three-character run (a two-character Chinese word): every folded text
-      -- of the scope newest first (narrow rows).
-      v_chunk := array(
-        select t.record_id from memory_private.record_texts t
-         where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
-           and (p_record_id is null or t.record_id = p_record_id)
-           and strpos(t.search_text, v_query) > 0
-           and (strpos(v_query, e'\n') = 0
-                or exists (select 1 from memory_private.records r
-                            where r.workspace_id = t.workspace_id and r.record_id = t.record_id
-                              and memory_private.within_a_part(r.title, r.summary, v_query)))
-         order by t.created_at desc, t.record_id desc
-         limit v_size offset v_offset);
-    else
-      -- The scope's grams newest first from the index alone; then, of the records holding
-      -- every three-character run of the query, the record: the query as typed in its title or
-      -- summary matches; else the folded text decides (search_text; a query holding a newline
-      -- is re-checked in each part, within_a_part: across the title's end is no match).
-      v_chunk := array(
-        select g.record_id
-          from (select g.record_id, g.created_at from memory_private.record_texts g
-                 where g.workspace_id = p_workspace_id and g.scope_id = p_scope_id
-                   and (p_record_id is null or g.record_id = p_record_id)
-                   and g.grams & v_grams = v_grams
-                 order by g.created_at desc, g.record_id desc
-                 offset 0) g  -- kept apart: PostgreSQL 18 would merge it into a full read
-          join memory_private.records r
-            on r.workspace_id = p_workspace_id and r.record_id = g.record_id
-         where strpos(r.title, v_query) > 0 or strpos(r.summary, v_query) > 0
-            or exists (select 1 from memory_private.record_texts t
-                        where t.workspace_id = r.workspace_id and t.record_id = r.record_id
-                          and strpos(t.search_text, v_query) > 0
-                          and memory_private.within_a_part(r.title, r.summary, v_query))
-         order by g.created_at desc, g.record_id desc
-         limit v_size offset v_offset);
-    end if;
-    v_valid := v_valid || array(
-      select c.record_id
-        from unnest(v_chunk) with ordinality as c(record_id, pos)
-        join memory_private.records r
-          on r.workspace_id = p_workspace_id and r.record_id = c.record_id
-       where r.scope_id = p_scope_id
-         and not exists (select 1 from memory_private.record_failures(
-                           p_workspace_id, p_scope_id, v_identity, r.bot_identity,
-                           r.dependency_ids, r.dependency_hashes, r.repositories, v_reader,
-                           v_now))
-       order by c.pos);
-    exit when cardinality(v_valid) >= p_limit or cardinality(v_chunk) < v_size;
-    v_offset := v_offset + v_size;
-    v_size := v_size * 4;
-  end loop;
-  return v_valid[1:p_limit];
-end
-$$;
-
-comment on function memory_private.recent_valid_records(text, bigint, integer, text, text, bigint)
-  is
-  'The ids of a scope''s most recent valid records for the requester, newest first, at most '
-  'p_limit; optionally only those whose title or summary contains p_query (literal, '
-  'case-insensitive) or the one record p_record_id. 48 are the consolidation candidates (P9); 4 '
-  'accompany a new extraction batch (P5); 8 make recall''s directory; query_memories browses '
-  'and searches with it. Read a page at a time; the scope''s checks once, then each record of '
-  'a page (memory_private.record_failures).';
+comment on function memory_private.record_detail(memory_private.records, text[], bigint,
+                                                  timestamptz, text, integer) is
+  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
+  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
+  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
+  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'record''s last use before the call (memory_private.record_usage).';
 
 create or replace function memory_private.recall_payload(
   p_frozen memory_private.request_recall, p_requester text, p_valid_ids bigint[] default null
@@ -3933,6 +3685,116 @@ comment on function memory_private.recall_payload(memory_private.request_recall,
   'once any record it was built from (any candidate, named or not) is not valid for the reader '
   'or is gone. Recall turned off since shows nothing.';
 
+create or replace function memory.recall(p_workspace_id text, p_request_id text) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  -- Every statement under it keeps one plan for the session (see query_memories).
+  set plan_cache_mode = force_generic_plan
+  as $$
+declare
+  v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_frozen memory_private.request_recall;
+  v_mode text;
+  v_index text;
+  v_ids bigint[];
+  v_basis bigint[] := '{}';
+begin
+  v_request := memory_private.known_request(p_workspace_id, p_request_id);
+  if v_request.kind <> 'interactive' then
+    return jsonb_build_object('mode', 'none');  -- V5: scheduled work reads no memories
+  end if;
+  v_scope := memory_private.request_scope(v_request);
+
+  select * into v_frozen from memory_private.request_recall
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  if found then
+    return memory_private.recall_payload(v_frozen, v_request.user_id);
+  end if;
+
+  if not v_scope.recall_enabled then
+    v_mode := 'disabled';
+    v_ids := '{}';
+  else
+    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
+      -- The index holds for this reader when every record it was built from (every candidate
+      -- the model saw, not only those it names) is valid for them.
+      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
+        v_mode := 'index';
+        v_index := v_scope.index_text;
+        v_ids := v_scope.index_record_ids;
+        v_basis := v_scope.index_candidate_ids;
+      end if;
+    end if;
+    if v_mode is null then
+      -- Consolidation pending, no index, or the index rests on a record this reader may not
+      -- read now (R2).
+      v_ids := memory_private.recent_valid_records(p_workspace_id, v_scope.scope_id,
+                                                   (memory_private.policy()).directory_records,
+                                                   v_request.user_id);
+      v_basis := v_ids;
+      v_mode := case when cardinality(v_ids) = 0 then 'none' else 'directory' end;
+    end if;
+  end if;
+  insert into memory_private.request_recall
+    (workspace_id, request_id, scope_id, mode, index_text, record_ids, basis_record_ids,
+     created_at)
+  values (p_workspace_id, p_request_id, v_scope.scope_id, v_mode, v_index, v_ids, v_basis,
+          memory_private.clock_now())
+  on conflict (workspace_id, request_id) do nothing
+  returning * into v_frozen;
+  if found then
+    -- Frozen now from records validated above: the payload does not validate them again.
+    return memory_private.recall_payload(v_frozen, v_request.user_id, v_basis);
+  end if;
+  -- A concurrent first call froze it first: show what it froze, checked now.
+  select * into strict v_frozen from memory_private.request_recall
+   where workspace_id = p_workspace_id and request_id = p_request_id;
+  return memory_private.recall_payload(v_frozen, v_request.user_id);
+end
+$$;
+
+comment on function memory.recall(text, text) is
+  'The memories a new interactive request starts with, labelled as historical reference data '
+  '(V8) with speaker ids (V9): {"mode":"index"} with the scope''s consolidated index, when every '
+  'record it was built from is valid for the requester, or {"mode":"directory"} with up to '
+  'eight valid records, newest first, while a consolidation is pending or the index rests on a '
+  'record the requester may not read now (R1, R2); {"mode":"none"} when there is nothing (and '
+  'for scheduled requests, V5); {"mode":"disabled"} when recall is off (C8). Frozen on the first '
+  'call: later calls return the same content minus records no longer valid, and the index text '
+  'only while every record it was built from still is (R3). Those records are the request''s '
+  'provenance (T2).';
+
+create or replace function memory_private.found_lines(
+  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
+  p_terms tsquery[]
+) returns table (line_no integer)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
+  -- the record's summary a search finds (their citations are the record's line_sources): the
+  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
+  -- (memory_private.search_terms of the query, against the line's stored document in
+  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
+  -- once: folding maps characters and never makes or removes a newline, so folded line n is
+  -- line n (folding line by line costs a call per line). The lines holding a word are read
+  -- once, as an array, only when there are words.
+  select l.line_no
+    from memory_private.summary_lines(memory_private.fold(p_summary)) l
+   cross join (select case when p_terms is not null
+                           then array(select d.line_no from memory_private.record_lines d
+                                       where d.workspace_id = p_workspace_id
+                                         and d.record_id = p_record_id
+                                         and d.document @@ any(p_terms)) end as ids) w
+   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
+$$;
+
+comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
+  'The numbers of the lines of one record''s summary a query_memories search finds: '
+  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
+  'record was found by its words), those holding one of them, read from the lines'' stored '
+  'documents (record_lines).';
+
 create or replace function memory_private.answer_records(
   p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
 ) returns memory_private.record_answer[]
@@ -3987,75 +3849,68 @@ comment on function memory_private.answer_records(text, bigint[], text, text[]) 
   '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
   'the last use before the call.';
 
-create or replace function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
-  returns jsonb
-  language plpgsql volatile
+create or replace function memory_private.query_records(
+  p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
+  p_record_id bigint, out ids bigint[], out matches text[]
+)
+  language plpgsql stable
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_scope memory_private.scopes;
-  v_identity text;
-  v_candidates bigint[];
-  v_origin text;
-  v_job memory_private.jobs;
+  v_found record;
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if v_ws.paused or not v_scope.recall_enabled or v_scope.consolidation_due_at is null then
-    return '{}';
+  -- Search (literal matches first, then ranked word and fuzzy matches: 48_search.sql), or
+  -- browse newest first, or one id (with a query: only if it matches literally); valid records
+  -- only. Arrays passed along, not rows: no statement of its own.
+  if p_query is not null and p_record_id is null then
+    v_found := memory_private.search_records(p_workspace_id, p_scope_id, p_limit, p_requester,
+                                             p_query);
+    ids := v_found.ids;
+    matches := v_found.matches;
+  else
+    ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
+                                               p_requester, p_query, p_record_id);
+    if p_query is not null then
+      matches := array_fill('literal'::text, array[cardinality(ids)]);
+    end if;
   end if;
-  select identity into v_identity from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
-  if v_identity is null
-     or exists (select 1 from memory_private.jobs
-                 where workspace_id = p_workspace_id and scope_id = p_scope_id
-                   and phase = 'consolidate' and status = 'running') then
-    return '{}';
-  end if;
-
-  v_candidates := memory_private.recent_valid_records(p_workspace_id, p_scope_id,
-                                                       (memory_private.policy()).candidates);
-  if cardinality(v_candidates) = 0 then
-    for v_job in
-      select * from memory_private.jobs j
-       where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
-         and j.phase = 'consolidate' and j.status = 'pending'
-    loop
-      perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
-    end loop;
-    update memory_private.scopes
-       set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
-           index_repositories = null
-     where workspace_id = p_workspace_id and scope_id = p_scope_id;
-    delete from memory_private.index_dependencies
-     where workspace_id = p_workspace_id and scope_id = p_scope_id;
-    return jsonb_build_object('indexes_cleared', 1);
-  end if;
-
-  -- The originating request: the most recent candidate's, preferring succeeded requests.
-  select rec.origin_request_id into v_origin
-    from memory_private.records rec
-    join memory_private.requests r
-      on r.workspace_id = rec.workspace_id and r.request_id = rec.origin_request_id
-   where rec.workspace_id = p_workspace_id and rec.record_id = any(v_candidates)
-   order by (r.status = 'succeeded') desc, rec.created_at desc, rec.record_id desc
-   limit 1;
-  if v_origin is null then
-    return jsonb_build_object('consolidations_without_origin', 1);
-  end if;
-  return memory_private.renew_open_job(
-    p_workspace_id, p_scope_id, 'consolidate',
-    jsonb_build_object('bot_identity', v_identity, 'candidates', to_jsonb(v_candidates)),
-    v_origin, v_ws.config_version);
 end
 $$;
 
-comment on function memory_private.schedule_consolidation(text, bigint) is
-  'Creates (or renews) the consolidation job of a scope whose index is due, over its 48 most '
-  'recent valid records, charged to the most recent candidate''s originating request; with no '
-  'valid record, clears the index and the due flag instead. Returns counts.';
+comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
+  'The records a query_memories call returns, in order (ids), with how each matched (matches, '
+  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
+  '(memory_private.search_records), the newest valid ones, or one by id.';
+
+create or replace function memory_private.count_usage(
+  p_workspace_id text, p_record_ids bigint[], p_now timestamptz
+) returns void
+  language plpgsql volatile
+  as $$
+declare
+  v_counted bigint;
+begin
+  -- One use of each record (R7): an update of the usage rows made with the records (an upsert
+  -- would lock each row before updating it: a WAL record more per row). A row someone removed
+  -- is made again, used once.
+  update memory_private.record_usage u
+     set last_used_at = p_now, usage_count = u.usage_count + 1
+   where u.workspace_id = p_workspace_id and u.record_id = any(p_record_ids);
+  get diagnostics v_counted = row_count;
+  if v_counted < cardinality(p_record_ids) then
+    insert into memory_private.record_usage as u (workspace_id, record_id, last_used_at,
+                                                  usage_count)
+    select p_workspace_id, x, p_now, 1 from unnest(p_record_ids) x
+     where not exists (select 1 from memory_private.record_usage e
+                        where e.workspace_id = p_workspace_id and e.record_id = x)
+    on conflict (workspace_id, record_id)
+      do update set last_used_at = excluded.last_used_at, usage_count = u.usage_count + 1;
+  end if;
+end
+$$;
+
+comment on function memory_private.count_usage(text, bigint[], timestamptz) is
+  'Counts one use of each given record at p_now (record_usage: usage_count + 1, last_used_at): '
+  'query_memories calls it once per tool call id (R7). The given ids are distinct records.';
 
 create or replace function memory.query_memories(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
@@ -4150,892 +4005,594 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
   'scheduled request.';
 
-create or replace function memory_private.validate_output(p_job memory_private.jobs, p_output jsonb)
-  returns jsonb
+create or replace function memory_private.with_dependencies(
+  p_workspace_id text, p_kept text[], p_shown bigint[], p_deleted bigint[]
+) returns text[]
   language plpgsql stable
   as $$
 begin
-  if p_job.phase = 'extract' then
-    return memory_private.validate_extraction(p_job, p_output);
-  end if;
-  return memory_private.validate_index(p_job, p_output);
+  return (
+    select array(select x from unnest(p_kept) as x
+                 union
+                 select d.message_id from memory_private.record_dependencies d
+                  where d.workspace_id = p_workspace_id
+                    and d.record_id = any(p_shown) and d.record_id = any(p_deleted)
+                 order by 1)
+  );
 end
 $$;
 
-comment on function memory_private.validate_output(memory_private.jobs, jsonb) is
-  'Validates a model output for a job and returns it redacted and normalized; raises MB023. '
-  'extract (memory_private.validate_extraction): {"title", "summary", "source_ids", '
-  '"reused_ids"?} (all empty = no-op; title and summary within the policy''s byte limits; '
-  'source ids within the batch, kept in the order given; a batch id cited in a summary line''s '
-  'brackets must be among them; reused ids among the memories shown with the batch). '
-  'consolidate (memory_private.validate_index): {"index", "record_ids"} (index non-empty, within '
-  'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
-  'records). No other keys. The limits are memory_private.policy()''s.';
+comment on function memory_private.with_dependencies(text, text[], bigint[], bigint[]) is
+  'p_kept plus the dependencies (message ids) of the shown records that are being deleted: the '
+  'provenance delete_records keeps for a request.';
 
--- The operator views: one workspace at a time.
-drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status;
-
-drop function memory_private.operator_job_stale_reason(memory_private.jobs),
-              memory_private.operator_job_retry_refusal(memory_private.jobs);
-
-create or replace function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
-  returns text
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_stale_reason(text, bigint) is
-  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
-  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
-
-create or replace function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
-  returns jsonb
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_retry_refusal(text, bigint) is
-  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
-  'ids, as operator_job_stale_reason).';
-
-create or replace function memory_private.record_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select * from (
-    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-           (select count(*) from memory_private.record_sources rs
-             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-           (select count(*) from memory_private.record_dependencies d
-             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
-           v.reason is null as valid,
-           v.reason as invalid_reason
-      from memory_private.scopes s
-     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-      left join memory_private.record_usage u
-        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.record_status_of(text) is
-  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_record_status()
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.record_status_of(v_ws);
-  end loop;
-end
-$$;
-
-comment on function memory_private.operator_record_status() is
-  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.record_status as select * from memory_private.operator_record_status();
-
-comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
-  '(messages it cites) and dependencies (messages it was made from), '
-  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
-  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
-  'memory.explain_record(workspace, record) says why.';
-
-create or replace function memory_private.scope_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
-    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
-    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
-    integer, index_built_at timestamp with time zone, index_age interval,
-    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
-    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
-    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-declare
-  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
-                                from memory_private.scope_validity_counts(p_workspace_id) c),
-                             '{}'::jsonb);
-begin
-  return query
-  select * from (
-    select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
-           s.recall_enabled,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
-             as records_valid,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
-             as records_invalid,
-           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
-             as invalid_by_reason,
-           coalesce(cardinality(s.index_record_ids), 0) as index_records,
-           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
-           octet_length(s.index_text) as index_bytes,
-           s.index_built_at,
-           memory_private.operator_now() - s.index_built_at as index_age,
-           s.consolidation_due_at is not null as consolidation_pending,
-           s.consolidation_due_at,
-           ej.job_id as extract_job_id, ej.status as extract_job_status,
-           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
-           (select count(*) from memory_private.tombstones t
-             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
-           s.created_at
-      from memory_private.scopes s
-      left join memory_private.jobs ej
-        on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
-       and ej.status in ('pending', 'running')
-      left join memory_private.jobs cj
-        on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
-       and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.scope_status_of(text) is
-  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_scope_status()
-  returns table (
-    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
-    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
-    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
-    integer, index_built_at timestamp with time zone, index_age interval,
-    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
-    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
-    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.scope_status_of(v_ws);
-  end loop;
-end
-$$;
-
-comment on function memory_private.operator_scope_status() is
-  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.scope_status as select * from memory_private.operator_scope_status();
-
-comment on view memory.scope_status is
-  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (how many records it names, how many candidates it was built from and depends on, '
-  'bytes, when built, age), whether a consolidation is pending, the '
-  'open extraction and consolidation jobs, and the tombstone count. No text.';
-
-create or replace function memory_private.workspace_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, paused boolean, config_version integer, idle_window interval,
-    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
-    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
-    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
-    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
-    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-declare
-  v_valid bigint;
-  v_invalid bigint;
-  v_scopes jsonb;
-  v_by_reason jsonb;
-begin
-  -- The rule once per scope (scope_validity_counts), summed over the scopes.
-  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
-         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
-    into v_valid, v_invalid, v_scopes
-    from memory_private.scope_validity_counts(p_workspace_id) c;
-  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
-    from (select e.key as reason, sum(e.value::bigint) as n
-            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
-           group by 1) x;
-  return query
-  select * from (
-    select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
-           w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id) as scopes,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-           v_valid as records_valid, v_invalid as records_invalid,
-           v_by_reason as invalid_by_reason,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
-             as consolidations_pending,
-           coalesce(jc.pending, 0) as jobs_pending,
-           coalesce(jc.due, 0) as jobs_due,
-           coalesce(jc.running, 0) as jobs_running,
-           coalesce(jc.stopped, 0) as jobs_stopped,
-           coalesce(jc.succeeded, 0) as jobs_succeeded,
-           jc.oldest_pending_age,
-           (select count(*) from memory_private.tombstones t
-             where t.workspace_id = w.workspace_id) as tombstones
-      from memory_private.workspaces w
-      join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
-      left join lateral (
-        select count(*) filter (where j.status = 'pending') as pending,
-               count(*) filter (where j.status = 'pending'
-                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
-               count(*) filter (where j.status = 'running') as running,
-               count(*) filter (where j.status = 'stopped'
-                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
-               count(*) filter (where j.status = 'succeeded') as succeeded,
-               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
-                 as oldest_pending_age
-          from memory_private.jobs j
-         where j.workspace_id = w.workspace_id
-      ) jc on true
-     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.workspace_status_of(text) is
-  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_workspace_status()
-  returns table (
-    workspace_id text, paused boolean, config_version integer, idle_window interval,
-    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
-    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
-    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
-    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
-    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.workspace_status_of(v_ws);
-  end loop;
-end
-$$;
-
-comment on function memory_private.operator_workspace_status() is
-  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.workspace_status as select * from memory_private.operator_workspace_status();
-
-comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
-  'budget and spend (backend and memory), '
-  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
-  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
-  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
-
-create or replace function memory_private.job_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
-    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
-    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
-    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
-    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
-    model_provider text, model_id text, config_version integer, config_current boolean,
-    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
-    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
-    timestamp with time zone
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select * from (
-    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
-           memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
-           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
-           j.worker_id, j.lease_expires_at,
-           j.checkpoint is not null as has_checkpoint,
-           j.last_error,
-           a.attempt_no as last_attempt_no,
-           a.outcome as last_attempt_outcome,
-           a.error as last_attempt_error,
-           a.started_at as last_attempt_at,
-           coalesce(c.cost_usd, 0) as cost_usd,
-           j.origin_request_id, j.model_provider, j.model_id, j.config_version,
-           j.config_version = w.config_version as config_current,
-           case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
-                else jsonb_array_length(j.input -> 'candidates') end as input_items,
-           case when j.status in ('pending', 'running', 'stopped')
-                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
-                  as stale_reason,
-           case when j.status = 'stopped'
-                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
-                  as retry_refusal,
-           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
-           j.created_at, j.updated_at, j.finished_at
-      from memory_private.jobs j
-      join memory_private.workspaces w on w.workspace_id = j.workspace_id
-      left join lateral (
-        select ja.attempt_no, ja.outcome, ja.error, ja.started_at
-          from memory_private.job_attempts ja
-         where ja.workspace_id = j.workspace_id and ja.job_id = j.job_id
-         order by ja.attempt_no desc
-         limit 1
-      ) a on true
-      left join lateral (
-        select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
-         where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
-      ) c on true
-     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.job_status_of(text) is
-  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_job_status()
-  returns table (
-    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
-    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
-    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
-    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
-    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
-    model_provider text, model_id text, config_version integer, config_current boolean,
-    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
-    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
-    timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.job_status_of(v_ws);
-  end loop;
-end
-$$;
-
-comment on function memory_private.operator_job_status() is
-  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.job_status as select * from memory_private.operator_job_status();
-
-comment on view memory.job_status is
-  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
-  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
-  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
-  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
-  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
-  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
-
-revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
-              memory.job_status from public;
-
-grant select on memory.record_status, memory.scope_status, memory.workspace_status,
-                memory.job_status to memory_operator;
-
-revoke all on function
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint),
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status()
-from public;
-
-grant execute on function
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint),
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status()
-to memory_operator;
-
--- On a Citus coordinator: the distribution (85_distribution.sql).
-create or replace function memory_private.is_distributed() returns boolean
-  language plpgsql stable
-  as $$
-begin
-  if not exists (select 1 from pg_extension where extname = 'citus') then
-    return false;
-  end if;
-  return exists (select 1 from pg_dist_partition
-                  where logicalrelid = 'memory_private.workspaces'::regclass);
-end
-$$;
-
-comment on function memory_private.is_distributed() is
-  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
-  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
-
-create or replace function memory_private.distribute_tables() returns jsonb
+create or replace function memory_private.delete_records(
+  p_workspace_id text, p_record_ids bigint[]
+) returns integer
   language plpgsql volatile
   as $$
 declare
-  v_table regclass;
-  v_reference integer := 0;
-  v_distributed integer := 0;
-  v_has_rows boolean;
+  v_deleted integer;
+  v_key text;
+  v_call text;
+  v_ids text[];
+  v_now timestamptz := memory_private.clock_now();
 begin
-  for v_table in
-    select c.oid::regclass from pg_class c
-     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
-       and not exists (select 1 from pg_attribute a
-                        where a.attrelid = c.oid and a.attname = 'workspace_id')
-       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
-     order by c.relname
+  -- The provenance of the answers that were shown these records outlives them: their
+  -- dependencies (ids only) are copied to those requests first (T2, T3). And a frozen index
+  -- text made from a deleted record goes with it (T7).
+  -- The new dependencies are computed first and then written by key: Citus refuses a
+  -- function of the row's columns in an UPDATE.
+  for v_key, v_ids in
+    select f.request_id,
+           memory_private.with_dependencies(p_workspace_id, f.dependency_ids,
+                                            f.basis_record_ids, gone.ids)
+      from memory_private.request_recall f
+      join (select r.scope_id, array_agg(r.record_id) as ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+             group by r.scope_id) gone
+        on f.scope_id = gone.scope_id and f.basis_record_ids && gone.ids
+     where f.workspace_id = p_workspace_id
   loop
-    perform create_reference_table(v_table);
-    v_reference := v_reference + 1;
+    update memory_private.request_recall
+       set dependency_ids = v_ids,
+           index_text = case when mode = 'index' then null end,
+           index_withdrawn = index_withdrawn or mode = 'index'
+     where workspace_id = p_workspace_id and request_id = v_key;
   end loop;
-  -- The tables that functions without a table row type need exist now on every node: those
-  -- functions next, then the workspace tables in foreign-key order (a table once every table
-  -- it references is distributed), workspaces first.
-  perform memory_private.distribute_functions(false);
+  for v_key, v_call, v_ids in
+    select c.request_id, c.tool_call_id,
+           memory_private.with_dependencies(p_workspace_id, c.dependency_ids,
+                                            c.record_ids, gone.ids)
+      from memory_private.tool_calls c
+      join (select r.scope_id, array_agg(r.record_id) as ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
+             group by r.scope_id) gone
+        on c.scope_id = gone.scope_id and c.record_ids && gone.ids
+     where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
   loop
-    select c.oid::regclass into v_table from pg_class c
-     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
-       and exists (select 1 from pg_attribute a
-                    where a.attrelid = c.oid and a.attname = 'workspace_id')
-       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
-       and not exists (select 1 from pg_constraint f
-                        where f.conrelid = c.oid and f.contype = 'f' and f.confrelid <> c.oid
-                          and not exists (select 1 from pg_dist_partition p
-                                           where p.logicalrelid = f.confrelid))
-     order by c.relname <> 'workspaces', c.relname
-     limit 1;
-    exit when not found;
-    -- A table with rows (a database upgraded onto the cluster) is copied into its shards with
-    -- its triggers off: its rows' side effects are already in the other tables, and a trigger
-    -- firing on a shard would write to a table not distributed yet.
-    execute format('select exists (select 1 from %s)', v_table) into v_has_rows;
-    if v_has_rows then
-      execute format('alter table %s disable trigger user', v_table);
-    end if;
-    if v_table = 'memory_private.workspaces'::regclass then
-      perform create_distributed_table(v_table, 'workspace_id');
-    else
-      perform create_distributed_table(v_table, 'workspace_id',
-                                       colocate_with => 'memory_private.workspaces');
-    end if;
-    if v_has_rows then
-      execute format('alter table %s enable trigger user', v_table);
-    end if;
-    v_distributed := v_distributed + 1;
+    update memory_private.tool_calls set dependency_ids = v_ids
+     where workspace_id = p_workspace_id and request_id = v_key and tool_call_id = v_call;
   end loop;
-  if exists (select 1 from pg_class c
-              where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
-                and not exists (select 1 from pg_dist_partition p
-                                 where p.logicalrelid = c.oid)) then
-    raise exception 'a table of memory_private cannot be distributed: its foreign keys do not '
-      'lead to memory_private.workspaces' using errcode = 'MB003';
-  end if;
-  return jsonb_build_object('reference_tables', v_reference,
-                            'distributed_tables', v_distributed);
+
+  with gone as (
+    delete from memory_private.records
+     where workspace_id = p_workspace_id and record_id = any(p_record_ids)
+    returning scope_id, record_id
+  ), touched as (
+    select scope_id, array_agg(record_id) as ids from gone group by scope_id
+  ), marked as (
+    -- An index depends on every candidate it was built from: losing one drops it.
+    update memory_private.scopes s
+       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now),
+           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
+           index_record_ids = case when s.index_candidate_ids && t.ids then null
+                                   else s.index_record_ids end,
+           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
+                                      else s.index_candidate_ids end,
+           index_built_at = case when s.index_candidate_ids && t.ids then null
+                                 else s.index_built_at end,
+           index_bot_identity = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_bot_identity end,
+           index_repositories = case when s.index_candidate_ids && t.ids then null
+                                     else s.index_repositories end
+      from touched t
+     where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
+    returning s.scope_id, s.index_text is null as dropped
+  ), unkept as (
+    delete from memory_private.index_dependencies d
+     using marked
+     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
+    returning 1
+  )
+  select count(*) into v_deleted from gone;
+  return v_deleted;
 end
 $$;
-comment on function memory_private.distribute_tables() is
-  'Makes every table of memory_private not yet on the cluster a reference table (no '
-  'workspace_id) or a table distributed by workspace_id co-located with workspaces, in '
-  'foreign-key order, after the functions that use no table''s row type; answers the counts.';
 
-create or replace function memory_private.distribute_functions(p_all boolean) returns integer
+comment on function memory_private.delete_records(text, bigint[]) is
+  'Deletes records of one workspace (forget, retention, pruning): first copies their '
+  'dependencies (ids) to the requests that were shown them, so those answers keep their '
+  'provenance, and erases the frozen index texts built with them; then drops every scope index '
+  'built with one of them and marks their scopes for consolidation. Returns how many records '
+  'were deleted.';
+
+create or replace function memory_private.forget_set(
+  p_workspace_id text, p_scope_id bigint, p_record_id bigint
+) returns bigint[]
+  language plpgsql stable
+  as $$
+  -- The selected record and every record of the scope that shares a dependency with it (T7).
+  -- One step only: a record that shares a message with such a neighbour but not with the
+  -- selected record stays.
+begin
+  return (
+    select array(
+      select r.record_id from memory_private.records r
+       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
+         and (r.record_id = p_record_id
+              or exists (select 1
+                           from memory_private.record_dependencies mine
+                           join memory_private.record_dependencies d
+                             on d.workspace_id = mine.workspace_id
+                            and d.message_id = mine.message_id
+                          where mine.workspace_id = p_workspace_id
+                            and mine.record_id = p_record_id
+                            and d.record_id = r.record_id))
+       order by r.record_id)
+  );
+end
+$$;
+
+comment on function memory_private.forget_set(text, bigint, bigint) is
+  'The records a forget of one record removes: it and every record of its scope that shares a '
+  'dependency with it (T7).';
+
+create or replace function memory_private.control_remember(
+  p_request memory_private.requests, p_scope memory_private.scopes, p_source_id text,
+  p_title text, out outcome jsonb, out authority text
+)
   language plpgsql volatile
   as $$
 declare
-  v_function regprocedure;
-  v_count integer := 0;
+  v_ws text := p_request.workspace_id;
+  v_now timestamptz := memory_private.clock_now();
+  v_source memory_private.messages;
+  v_refusal text;
+  v_record memory_private.records;
+  v_summary text;
+  v_title text;
+  c_action constant text := 'remember';
 begin
-  -- Every function is put on every node, none distributed by its workspace argument: Citus
-  -- would then delegate a call `select f('ws', ...)` whole to the workspace's node, but it
-  -- crashes the coordinator's backend (and so restarts the coordinator) when that argument is
-  -- NULL (Citus 13.2.2 hashes the NULL; docs/scaling.md). A call runs on the coordinator and
-  -- each of its statements, filtered by the workspace, is routed to the node holding it.
-  for v_function in
-    select p.oid::regprocedure
-      from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid)
-       and (p_all or not exists (
-             select 1 from pg_depend d join pg_type t on t.oid = d.refobjid
-               join pg_class c on c.oid = t.typrelid and c.relkind in ('r', 'v')
-              where d.classid = 'pg_proc'::regclass and d.objid = p.oid
-                and d.refclassid = 'pg_type'::regclass))
-     order by 1::text
-  loop
-    perform create_distributed_function(v_function);
-    v_count := v_count + 1;
-  end loop;
-  return v_count;
-end
-$$;
-comment on function memory_private.distribute_functions(boolean) is
-  'Puts every function of memory and memory_private not yet on the cluster on every node (none '
-  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
-  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
-
-create or replace function memory_private.distribute() returns jsonb
-  language plpgsql volatile
-  as $$
-declare
-  v_result jsonb;
-  v_view regclass;
-  v_views integer := 0;
-  v_types integer := 0;
-  v_type regtype;
-  v_function regprocedure;
-  v_sql_functions integer;
-begin
-  if not exists (select 1 from pg_extension where extname = 'citus') then
-    raise exception 'this database has no Citus extension: nothing to distribute'
-      using errcode = 'MB025';
+  select * into strict v_source from memory_private.messages
+   where workspace_id = v_ws and message_id = p_source_id;
+  authority := case when p_scope.kind = 'private' then 'scope_user' else 'participant' end;
+  v_refusal := memory_private.control_refusal(p_request, p_scope, authority);
+  if v_refusal is not null then
+    outcome := memory_private.control_outcome('refused', c_action, 'not_allowed',
+      'Not remembered: ' || v_refusal || '.');
+    return;
   end if;
-  v_sql_functions := memory_private.distribute_sql_functions();
-  -- Function bodies refer to one another in any order: do not check them while the workers
-  -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
-  set local citus.propagate_set_commands = 'local';
-  set local check_function_bodies = off;
-  set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
-  set local citus.allow_nested_distributed_execution = on;
-  v_result := memory_private.distribute_tables();
-  -- A composite type that only function bodies use (no signature names it) is not among any
-  -- object's dependencies: a throwaway function taking it carries it to the workers.
-  for v_type in
-    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
-     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
-  loop
-    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
-                   'language sql as %L', v_type, 'select');
-    perform create_distributed_function(
-      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
-    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
-    v_types := v_types + 1;
-  end loop;
-  -- The views of memory_private (what the functions read on the workers): created again with DDL
-  -- propagation on, which creates them on the workers. The public views stay on the
-  -- coordinator, where operators query them.
-  for v_view in
-    select c.oid::regclass from pg_class c
-     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_class'::regclass and o.objid = c.oid)
-     order by c.oid
-  loop
-    execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
-    v_views := v_views + 1;
-  end loop;
-  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
-                                             'sql_functions_made_plpgsql', v_sql_functions,
-                                             'functions',
-                                             memory_private.distribute_functions(true));
-  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
-  -- the default again: Citus routes a statement by its parameters' values, which a generic
-  -- plan does not have. ALTER FUNCTION reaches the workers.
-  for v_function in
-    select p.oid::regprocedure from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
-  loop
-    execute format('alter function %s reset plan_cache_mode', v_function);
-  end loop;
-  -- The functions call one another inside queries (a validity rule inside a search), which
-  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
-  -- Every such nested query here reads the same workspace as the query around it, so the
-  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
-  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
-                 current_database());
-  return v_result;
+  if not p_scope.recall_enabled then
+    outcome := memory_private.control_outcome('refused', c_action, 'recall_disabled',
+      'Memory is turned off in this chat, so nothing is stored; turn it on first.');
+    return;
+  end if;
+  if exists (select 1 from memory_private.tombstones
+              where workspace_id = v_ws and scope_id = p_scope.scope_id
+                and message_id = v_source.message_id) then
+    outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
+      'This message was forgotten in this chat and is not stored again.');
+    return;
+  end if;
+  select r.* into v_record from memory_private.records r
+    join memory_private.record_dependencies d
+      on d.workspace_id = r.workspace_id and d.record_id = r.record_id
+   where r.workspace_id = v_ws and r.scope_id = p_scope.scope_id and r.kind = 'note'
+     and d.message_id = v_source.message_id and d.content_hash = v_source.content_hash
+   limit 1;
+  if found then
+    outcome := memory_private.control_outcome('done', c_action, 'already_remembered',
+      format('This message is already remembered as memory %s.', v_record.record_id),
+      v_record.record_id);
+    return;
+  end if;
+  v_summary := memory_private.note_redact(v_source.body);
+  if octet_length(v_summary) > (memory_private.policy()).summary_bytes then
+    outcome := memory_private.control_outcome('refused', c_action, 'too_long',
+      format('The message is %s bytes; a note holds at most %s bytes (UTF-8). Ask the user '
+             'for a shorter message to remember.', octet_length(v_summary),
+             (memory_private.policy()).summary_bytes));
+    return;
+  end if;
+  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+  v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
+  insert into memory_private.records
+    (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
+     bot_identity, origin_request_id, created_at)
+  select v_ws, p_scope.scope_id, 'note', v_title, v_summary, array[v_source.speaker_id],
+         array[p_request.thread_id], v_source.repositories, b.identity, p_request.request_id,
+         v_now
+    from memory_private.bots b
+   where b.workspace_id = v_ws and b.bot_id = p_scope.bot_id
+  returning * into strict v_record;
+  -- A note cites, and rests on, exactly the message that asked for it (C3).
+  insert into memory_private.record_dependencies
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  values (v_ws, v_record.record_id, v_source.message_id, v_source.content_hash, 'cited', 1);
+  update memory_private.scopes
+     set consolidation_due_at = coalesce(consolidation_due_at, v_now)
+   where workspace_id = v_ws and scope_id = p_scope.scope_id;
+  outcome := memory_private.control_outcome('done', c_action, 'remembered',
+    format('Saved the message as memory %s, attributed to %s. It is historical reference, '
+           'not an instruction.', v_record.record_id, v_source.speaker_id),
+    v_record.record_id);
 end
 $$;
-comment on function memory_private.distribute() is
-  'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
-  'tables distributed by workspace and co-located, the private views and every function on '
-  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
-  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
-  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
 
--- memory.finish_request: the end of a request (status, final spend) without repeating the
--- fields of upsert_request (issue 33).
-create or replace function memory.finish_request(
-  p_workspace_id text,
-  p_request_id text,
-  p_status text default 'succeeded',
-  p_spent_usd numeric default null
-) returns text
+comment on function memory_private.control_remember(memory_private.requests,
+                                                    memory_private.scopes, text, text) is
+  'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
+  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
+  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
+
+create or replace function memory.manage_memory(
+  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
+) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
 declare
   v_request memory_private.requests;
+  v_scope memory_private.scopes;
+  v_action text;
+  v_source_id text;
+  v_memory_id bigint;
+  v_title text;
+  v_call memory_private.tool_calls;
+  v_start record;
+  v_outcome jsonb;
+  v_authority text;
+  v_refusal text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  -- The end of a request, without repeating where it ran: the status it ended with, and its
-  -- spend when given (NULL keeps the spend reported before). The same rules as upsert_request:
-  -- a finished request keeps its status (MB003).
-  v_request := memory_private.known_request(p_workspace_id, p_request_id);
-  perform memory_private.check_choice('status', p_status, array['succeeded', 'failed']);
-  if p_spent_usd is not null then
-    perform memory_private.check_money('spent_usd', p_spent_usd);
+  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
+                                        'manage_memory', p_args,
+                                        array['action', 'sourceId', 'memoryId', 'title']);
+  v_request := v_start.request;
+  v_scope := v_start.scope;
+  v_call := v_start.previous;
+  -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
+  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
+  v_action := memory_private.arg_text(p_args, 'action', 40);
+  if v_action is null
+     or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
+    raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
+      using errcode = 'MB001';
   end if;
-  if v_request.status in ('succeeded', 'failed') and p_status <> v_request.status then
-    raise exception 'request % already finished as %; it cannot become %', p_request_id,
-      v_request.status, p_status using errcode = 'MB003';
+  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
+  perform memory_private.check_id('args.sourceId', v_source_id);
+  v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
+  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title',
+                                                  (memory_private.policy()).title_bytes)), '');
+  if v_action = 'forget' and v_memory_id is null then
+    raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
   end if;
-  update memory_private.requests r
-     set status = p_status, spent_usd = coalesce(p_spent_usd, r.spent_usd),
-         updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
-   where r.workspace_id = p_workspace_id and r.request_id = p_request_id
-     and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
-  return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end, true,
-                                    p_request_id);
+  if v_action <> 'forget' and v_memory_id is not null then
+    raise exception 'args.memoryId is only for forget' using errcode = 'MB001';
+  end if;
+  if v_action <> 'remember' and v_title is not null then
+    raise exception 'args.title is only for remember' using errcode = 'MB001';
+  end if;
+
+  if v_call.tool_call_id is not null then
+    if v_call.outcome ->> 'status' = 'done' then
+      -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
+      v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
+      if v_refusal is not null then
+        return memory_private.control_outcome('refused', v_action, 'access_lost',
+          'This change was made by an earlier call, but ' || v_refusal || ' now.',
+          (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
+      end if;
+      return memory_private.replay_outcome(v_call, v_request, v_scope)
+             || jsonb_build_object('replayed', true);
+    end if;
+    -- A refused call changed nothing; its replay is decided again on current facts.
+  end if;
+
+  select a.outcome, a.authority into v_outcome, v_authority
+    from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
+                                      v_title) a;
+  insert into memory_private.tool_calls
+    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
+     record_ids, created_at, updated_at)
+  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
+          memory_private.args_hash(p_args), v_authority, v_outcome,
+          -- an array literal, not a subquery: Citus takes none in an INSERT's values
+          case when v_outcome ->> 'memory_id' is null then '{}'::bigint[]
+               else array[(v_outcome ->> 'memory_id')::bigint] end, v_now, v_now)
+  on conflict (workspace_id, request_id, tool_call_id) do update
+    set authority = excluded.authority, outcome = excluded.outcome,
+        record_ids = excluded.record_ids, updated_at = excluded.updated_at;
+  return v_outcome || jsonb_build_object('replayed', false);
 end
 $$;
-comment on function memory.finish_request(text, text, text, numeric) is
-  'Marks a request finished: succeeded (the default) or failed, with its final spend when given '
-  '(NULL keeps the spend reported before), without repeating the fields of upsert_request. A '
-  'succeeded interactive request becomes a memory once it has a user and an assistant message '
-  'and the workspace''s idle window has passed. Answers updated or unchanged (finishing again '
-  'with the same status). MB001 (ids, status, spend), MB002 (request unknown), MB003 (it already '
-  'finished with the other status).';
 
-revoke all on function memory.finish_request(text, text, text, numeric) from public;
-grant execute on function memory.finish_request(text, text, text, numeric) to memory_backend;
+comment on function memory.manage_memory(text, text, text, jsonb) is
+  'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
+  'MB004). sourceId must be the request''s current human message and that message must directly '
+  'ask for the action (English or Chinese); remember stores the message itself as a note '
+  'attributed to its speaker, forget deletes the record and every record sharing a dependency '
+  'with it and tombstones what the record was made from (a group participant only when all of '
+  'them hold only their own statements), enable-/disable-memory toggle recall of the scope '
+  '(records kept). Private '
+  'scope: its user; group: a participant for notes and their own records, an owner/admin for '
+  'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
+  '"replayed"}; a replayed tool call id is never applied again: once access is re-checked it '
+  'answers the stored outcome while it still holds, or code no_longer_holds when the state '
+  'changed since (the note forgotten, memory turned back on), with "holds" (C9). Committed '
+  'when the call returns (C4). MB003 when the id was used with other arguments; MB005 for a '
+  'scheduled request.';
 
-create or replace function memory_private.waiting_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, reason text, conversations bigint, messages bigint,
-    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
-    explanation text
-  )
-  language plpgsql stable
+create or replace function memory_private.erase_expired_messages(
+  p_workspace_id text, out erased integer, out request_ids text[]
+)
+  language plpgsql volatile
   as $$
-#variable_conflict use_column
 declare
-  v_now timestamptz := memory_private.operator_now();
+  -- A batch per tick, so that a tick holds the workspace's memory lock for tens of
+  -- milliseconds, not for the whole of a large backlog (the steps after this one handle what
+  -- it erased, so they are bounded by it too); the tick leaves the workspace due while
+  -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
+  v_batch constant integer := 50;
+  v_ids text[];
 begin
-  return query
-  with classified as (
-    select cv.messages, cv.last_activity,
-           case
-             when cv.workspace_paused then 'workspace_paused'
-             when not cv.recall_enabled then 'recall_off'
-             when not cv.bot_active then 'bot_inactive'
-             when cv.status = 'failed' then 'request_failed'
-             when cv.status <> 'succeeded' then 'request_not_finished'
-             when cv.users = 0 then 'no_user_message'
-             when cv.assistants = 0 then 'no_assistant_message'
-             when cv.idle_until > v_now then 'idle_window'
-             when cv.job_status is not null and not cv.job_holds then 'next_batch'
-             when cv.job_status = 'running' then 'job_running'
-             when cv.job_status = 'pending'
-                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
-               then 'no_budget'
-             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
-               then 'not_priced'
-             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
-               then 'job_backoff'
-             when cv.job_status = 'pending' then 'job_due'
-             when cv.stopped_holds then 'job_stopped'
-             else 'awaiting_maintenance'
-           end as reason,
-           cv.idle_until, cv.job_next_attempt_at
-      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
-  )
-  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
-         -- when the earliest of them moves on by itself: the idle window's end, the job's
-         -- next attempt
-         min(case k.reason when 'idle_window' then k.idle_until
-                           when 'no_budget' then k.job_next_attempt_at
-                           when 'not_priced' then k.job_next_attempt_at
-                           when 'job_backoff' then k.job_next_attempt_at end),
-         rs.explanation
-    from classified k
-    join memory_private.waiting_reasons() rs on rs.reason = k.reason
-   group by k.reason, rs.rank, rs.explanation
-   order by rs.rank;
+  select coalesce(array_agg(e.message_id), '{}'),
+         coalesce(array_agg(distinct e.request_id), '{}')
+    into v_ids, request_ids
+    from (select message_id, request_id from memory_private.messages
+           where workspace_id = p_workspace_id and body is not null
+             and retain_until <= memory_private.clock_now()
+           order by retain_until
+           limit v_batch) e;
+  update memory_private.messages
+     set body = null, content_hash = null, scrub_pending = true
+   where workspace_id = p_workspace_id and message_id = any (v_ids);
+  erased := cardinality(v_ids);
 end
 $$;
-comment on function memory_private.waiting_status_of(text) is
-  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
 
-create or replace function memory_private.operator_waiting_status()
-  returns table (
-    workspace_id text, reason text, conversations bigint, messages bigint,
-    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
-    explanation text
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
+comment on function memory_private.erase_expired_messages(text) is
+  'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
+  'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
+  'requests they belong to (whose conversations changed).';
+
+create or replace function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
+  language plpgsql volatile
   as $$
 declare
-  v_ws text;
+  v_ids bigint[];
 begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.waiting_status_of(v_ws);
+  -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
+  -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
+  -- (recall off, a lost grant): it is deleted, so neither it nor the hashes it kept outlive what
+  -- it was made from.
+  -- The rule is asked once per scope that has records (a scope without any has nothing to
+  -- purge: the sweep runs every tick, and most scopes of a workspace may hold no record).
+  v_ids := array(
+    select distinct x.record_id
+      from (select r.scope_id, array_agg(r.record_id) as record_ids
+              from memory_private.records r
+             where r.workspace_id = p_workspace_id
+             group by r.scope_id) s
+     cross join lateral memory_private.record_reasons(p_workspace_id, s.scope_id,
+                                                      s.record_ids) x
+      join memory_private.invalid_reasons ir on ir.reason = x.reason
+     where ir.permanent);
+  return memory_private.delete_records(p_workspace_id, v_ids);
+end
+$$;
+
+comment on function memory_private.purge_permanently_invalid(text) is
+  'Deletes the records that can never be valid again: a dependency removed, expired, edited or '
+  'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
+  'link, grants) hides them. Reversible reasons alone keep the record.';
+
+create or replace function memory_private.scrub_erased(p_workspace_id text) returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_gone text[];
+  v_job_id bigint;
+  v_input jsonb;
+begin
+  v_gone := array(select message_id from memory_private.messages
+                   where workspace_id = p_workspace_id and scrub_pending);
+  if cardinality(v_gone) = 0 then
+    return 0;
+  end if;
+  -- Frozen recall index texts built from records resting on them (records are deleted by the
+  -- purge, which withdraws those texts already; this catches the rest).
+  update memory_private.request_recall
+     set index_text = null, index_withdrawn = true
+   where workspace_id = p_workspace_id and index_text is not null
+     and dependency_ids && v_gone;
+  -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
+  -- checkpoint made from them (such a job is stale and is superseded, never committed).
+  -- Computed first, then written by key: Citus takes no stable function of a column in an
+  -- UPDATE of a distributed table.
+  for v_job_id, v_input in
+    select j.job_id, j.input || jsonb_build_object('sources', (
+             select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
+                              order by n)
+               from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n)))
+      from memory_private.jobs j
+     where j.workspace_id = p_workspace_id and j.input ? 'sources'
+       and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
+                    where e ->> 'id' = any (v_gone) and e ? 'hash')
+  loop
+    update memory_private.jobs set input = v_input, checkpoint = null
+     where workspace_id = p_workspace_id and job_id = v_job_id;
   end loop;
+  -- Extraction markers record the hash the message had; so does an index's list of what it
+  -- rests on (the purge has dropped such an index already, with its candidates).
+  delete from memory_private.extracted_sources
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  delete from memory_private.index_dependencies
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  update memory_private.messages set scrub_pending = false
+   where workspace_id = p_workspace_id and message_id = any (v_gone);
+  return cardinality(v_gone);
 end
 $$;
-comment on function memory_private.operator_waiting_status() is
-  'memory.waiting_status: every workspace''s rows, one workspace at a time, each on the node '
-  'holding it (security definer).';
 
-create view memory.waiting_status as select * from memory_private.operator_waiting_status();
-comment on view memory.waiting_status is
-  'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the first reason that '
-  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
-  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
-  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
-  'messages, the oldest last activity, when the earliest of them moves on by itself '
-  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
-  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
-  'idle).';
-revoke all on memory.waiting_status from public;
-grant select on memory.waiting_status to memory_operator, memory_worker;
-revoke all on function memory_private.operator_waiting_status() from public;
-grant execute on function memory_private.operator_waiting_status()
-  to memory_operator, memory_worker;
+comment on function memory_private.scrub_erased(text) is
+  'Erases what was made from messages erased since the last sweep: frozen recall index texts '
+  'resting on them, their content hashes in job inputs, checkpoints of jobs that read them, and '
+  'their extraction markers; then clears scrub_pending. Returns how many messages it handled.';
 
-create or replace function memory_private.waiting_reasons()
-  returns table (rank integer, reason text, explanation text)
-  language sql immutable
+create or replace function memory_private.drop_stale_tombstones(p_workspace_id text) returns integer
+  language plpgsql volatile
   as $$
-  values
-    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
-    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
-    (3, 'bot_inactive', 'the bot is inactive'),
-    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
-                                'reports it succeeded (upsert_request)'),
-    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
-    (6, 'no_user_message', 'the conversation has no user message'),
-    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
-                                'reports the bot''s answer (upsert_message, role assistant)'),
-    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
-                       'conversation''s last activity (next_change_at)'),
-    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
-    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
-                       'maintenance renews the job or it goes into the next batch'),
-    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
-                        '(memory.job_status, memory.retry_job)'),
-    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
-                      'workspace''s is spent'),
-    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
-    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
-    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
-    (16, 'job_running', 'a worker is extracting it now')
+declare
+  v_count integer;
+begin
+  delete from memory_private.tombstones t
+   using memory_private.messages m
+   where t.workspace_id = p_workspace_id and m.workspace_id = t.workspace_id
+     and m.message_id = t.message_id and m.body is null;
+  get diagnostics v_count = row_count;
+  return v_count;
+end
 $$;
-comment on function memory_private.waiting_reasons() is
-  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
-  'each with what it means.';
 
-create or replace function memory_private.record_forgotten(p_workspace_id text, p_record_id bigint)
-  returns jsonb
+comment on function memory_private.drop_stale_tombstones(text) is
+  'Drops tombstones whose original message is no longer retained: nothing is left to restore.';
+
+create or replace function memory_private.prune_records(p_workspace_id text) returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_ids bigint[];
+begin
+  select coalesce(array_agg(record_id), '{}') into v_ids
+    from (select r.record_id,
+                 coalesce(u.last_used_at, r.created_at) as used,
+                 row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
+                                             r.record_id desc) as rank
+            from memory_private.records r
+            left join memory_private.record_usage u
+              on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+           where r.workspace_id = p_workspace_id) r
+   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+      or r.rank > (memory_private.policy()).workspace_records;
+  return memory_private.delete_records(p_workspace_id, v_ids);
+end
+$$;
+
+comment on function memory_private.prune_records(text) is
+  'Prunes records unused for 30 days and, beyond 256 records in the workspace, the least '
+  'recently used; their scopes are marked for consolidation (T5).';
+
+create or replace function memory_private.sweep_retention(p_workspace_id text) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_expired integer;
+  v_expired_requests text[];
+  v_derived integer;
+  v_invalid integer;
+  v_scrubbed integer;
+  v_tombstones integer;
+  v_pruned integer;
+begin
+  perform memory_private.lock_workspace(p_workspace_id);
+  select e.erased, e.request_ids into v_expired, v_expired_requests
+    from memory_private.erase_expired_messages(p_workspace_id) e;
+  v_derived := memory_private.erase_derived_answers(p_workspace_id);
+  v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
+  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
+  v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
+  v_pruned := memory_private.prune_records(p_workspace_id);
+  return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
+                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
+                            'expired_request_ids', to_jsonb(v_expired_requests));
+end
+$$;
+
+comment on function memory_private.sweep_retention(text) is
+  'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
+  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
+  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
+  'messages expired here.';
+
+create or replace function memory_private.next_maintenance_at(p_workspace_id text) returns timestamptz
   language plpgsql stable
   as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_backlog boolean;
+  v_retention timestamptz;
+  v_prune timestamptz;
 begin
-  -- The manage_memory call that forgot the record: when, by whom, with which others. (PL/pgSQL:
-  -- Citus plans no parameterized SQL function over distributed tables.)
-  return (
-  select jsonb_build_object(
-           'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
-           'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
-           'memory_id', (c.outcome ->> 'memory_id')::bigint,
-           'forgotten_ids', c.outcome -> 'forgotten_ids')
-    from memory_private.tool_calls c
-    join memory_private.requests q
-      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-   where c.workspace_id = p_workspace_id and c.tool = 'manage_memory'
-     and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
-     and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
-   order by c.updated_at
-   limit 1);
+  -- The time-based events a tick cannot see coming from a change: expired text still left by
+  -- the bounded sweep (due again now), the next message's retention end, the next record's
+  -- pruning horizon. A conversation's idle end is kept by the change that set it (note_change)
+  -- or, after the idle window itself changed, by the tick (maintain_workspace). A lease is
+  -- found by its expiry (due_workspaces); a job's backoff needs no maintenance (claim_job
+  -- takes a pending job when it is due).
+  v_backlog := exists (select 1 from memory_private.messages
+                        where workspace_id = p_workspace_id and body is not null
+                          and retain_until <= v_now)
+               or exists (select 1 from memory_private.messages
+                           where workspace_id = p_workspace_id and scrub_pending);
+  if v_backlog then
+    return v_now;
+  end if;
+  select min(retain_until) into v_retention from memory_private.messages
+   where workspace_id = p_workspace_id and body is not null and retain_until > v_now;
+  -- prune_records deletes a record unused for strictly longer than the horizon.
+  select min(coalesce(u.last_used_at, r.created_at))
+         + make_interval(days => (memory_private.policy()).unused_days)
+         + interval '1 microsecond'
+    into v_prune
+    from memory_private.records r
+    left join memory_private.record_usage u
+      on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+   where r.workspace_id = p_workspace_id;
+  return least(v_retention, v_prune);
 end
 $$;
-comment on function memory_private.record_forgotten(text, bigint) is
-  'When, by which user, in which request and tool call a record was forgotten through '
-  'manage_memory, with the memory the forget named and every record it removed (ids and '
-  'times only); NULL when no forget removed it.';
 
-create or replace function memory_private.record_dependency_states(
-  p_workspace_id text, p_record_id bigint, p_scope_id bigint, p_now timestamptz
-) returns jsonb
-  language plpgsql stable
+comment on function memory_private.next_maintenance_at(text) is
+  'When the workspace next needs a tick though nothing changes in it: now while expired or '
+  'erased text awaits the sweep, else the earliest of the next retention end and the next '
+  'record pruning horizon; NULL when nothing is foreseen.';
+
+create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
+  returns setof text
+  language sql stable
   as $$
-begin
-  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
-  -- state by the rule (memory_private.dependency_state).
-  return (
-  select coalesce(jsonb_agg(jsonb_build_object(
-           'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
-           'role', m.role, 'speaker_id', m.speaker_id,
-           'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
-           'retain_until', m.retain_until, 'removed_at', m.removed_at,
-           'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-           'tombstoned', t.message_id is not null,
-           'state', coalesce(memory_private.dependency_state(
-                      m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                      d.content_hash, t.message_id is not null, p_now), 'current'))
-         order by d.message_id), '[]')
-    from memory_private.record_dependencies d
-    join memory_private.messages m
-      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-    left join memory_private.tombstones t
-      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
-     and t.message_id = d.message_id
-   where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
-end
+  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
+  -- most) whose lease has expired.
+  select d.workspace_id
+    from (select workspace_id from memory_private.maintenance_due
+           where due_at <= memory_private.clock_now()
+          union
+          select workspace_id from memory_private.jobs
+           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+   where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
+   order by d.workspace_id
+   limit p_limit
 $$;
-comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
-  'What explain_record shows of each message a record was made from: via, copied_by, role, '
-  'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
-  'the rule at p_now. No text.';
+
+comment on function memory_private.due_workspaces(text, integer) is
+  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
+  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
+  'whose lease expired.';
 
 create or replace function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
   returns table (
@@ -5121,6 +4678,7 @@ begin
    where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
 end
 $$;
+
 comment on function memory_private.waiting_conversations(text, timestamptz) is
   'The interactive conversations (requests) of a workspace with something not yet handled (a '
   'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
@@ -5129,1328 +4687,6 @@ comment on function memory_private.waiting_conversations(text, timestamptz) is
   'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
   'conversation, its next attempt and last error), the budget left (the workspace''s or the '
   'job''s request''s, whichever is less) and whether a stopped job holds it.';
-
-create or replace function memory.schema_version() returns integer
-  language sql immutable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$ select 2 $$;
-
-create or replace function memory_private.distribute_sql_functions() returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_function record;
-  v_body text;
-  v_header text;
-  v_count integer := 0;
-begin
-  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
-  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
-  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
-  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
-  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
-  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
-  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body: called, never inlined, each of its statements planned by Citus with the
-  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
-  -- SQL function.
-  for v_function in
-    select p.oid, p.prosrc, p.proretset,
-           pg_get_function_arguments(p.oid) as arguments,
-           pg_get_function_result(p.oid) as result,
-           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
-           p.prosecdef, p.proconfig
-      from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and p.prolang = (select oid from pg_language where lanname = 'sql')
-       and p.provolatile <> 'i'
-       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
-                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
-                    where c.relkind in ('r', 'v', 'p'))
-     order by 1
-  loop
-    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
-    v_body := case
-      when v_function.proretset then
-        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
-      else
-        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
-    end;
-    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
-                       v_function.oid::regproc, v_function.arguments, v_function.result,
-                       v_function.volatility,
-                       case when v_function.prosecdef then ' security definer' else '' end);
-    if v_function.proconfig is not null then
-      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
-                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
-        into v_header from unnest(v_function.proconfig) c;
-    end if;
-    execute format('%s as %L', v_header, v_body);
-    v_count := v_count + 1;
-  end loop;
-  return v_count;
-end
-$$;
-comment on function memory_private.distribute_sql_functions() is
-  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
-  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
-  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
-  'over empty table shells. Answers how many.';
-
-create or replace function memory_private.job_stale_reason(p_job memory_private.jobs) returns text
-  language plpgsql stable
-  as $$
-declare
-  v_scope memory_private.scopes;
-  v_identity text;
-  v_reason text;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  if not v_scope.recall_enabled then
-    return 'recall is disabled in the scope';
-  end if;
-  select case when b.active then b.identity end into v_identity from memory_private.bots b
-   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
-  if v_identity is distinct from p_job.input ->> 'bot_identity' then
-    return 'the bot was replaced or deactivated';
-  end if;
-
-  if p_job.phase = 'extract' then
-    -- Each source of the batch must be current at the hash the snapshot took (the rule's
-    -- memory_private.dependency_state).
-    select format('source %s %s', x.id,
-             case when x.state = 'source_removed' then 'was removed'
-                  when x.state = 'source_expired' then 'is past its retention'
-                  when x.state = 'source_edited' then 'was edited'
-                  else 'was forgotten' end)
-      into v_reason
-      from (select s.id, memory_private.dependency_state(
-                           m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                           s.hash,
-                           exists (select 1 from memory_private.tombstones t
-                                    where t.workspace_id = p_job.workspace_id
-                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
-                           v_now) as state
-              from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-              left join memory_private.messages m
-                on m.workspace_id = p_job.workspace_id and m.message_id = s.id) x
-     where x.state is not null
-     limit 1;
-    if v_reason is not null then
-      return v_reason;
-    end if;
-  end if;
-
-  -- Records the model sees (existing memories of an extraction, candidates of a consolidation)
-  -- must still exist in the scope and be valid (validated as one set).
-  select format('memory %s %s', e.id,
-           coalesce('is no longer valid (' || v.reason || ')', 'is gone'))
-    into v_reason
-    from jsonb_array_elements_text(
-           coalesce(p_job.input -> 'existing', p_job.input -> 'candidates'))
-         with ordinality as e(id, pos)
-    left join memory_private.invalid_records(
-                p_job.workspace_id, p_job.scope_id,
-                array(select x::bigint from jsonb_array_elements_text(
-                        coalesce(p_job.input -> 'existing', p_job.input -> 'candidates')) x),
-                null) v
-      on v.record_id = e.id::bigint
-   where v.record_id is null or v.reason is not null
-   order by e.pos
-   limit 1;
-  return v_reason;
-end
-$$;
-comment on function memory_private.job_stale_reason(memory_private.jobs) is
-  'Why a job''s input snapshot is no longer current, or NULL: recall disabled, bot replaced, '
-  'a source gone, removed, expired, edited or tombstoned, or a record it shows the model no '
-  'longer valid.';
-
-create or replace function memory_private.close_attempt(
-  p_job memory_private.jobs, p_outcome text, p_usage jsonb, p_error text
-) returns boolean
-  language plpgsql volatile
-  as $$
-declare
-  v_attempt memory_private.job_attempts;
-  v_reported numeric := (p_usage ->> 'cost_usd')::numeric;
-  v_cost numeric;
-begin
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_job.workspace_id and job_id = p_job.job_id and outcome = 'open'
-     for update;
-  if not found then
-    return false;
-  end if;
-  -- What is charged (never more than the reserve: job_attempts' check constraint holds it):
-  v_cost := case
-              -- the provider may have run and charged anything up to what was reserved
-              when p_outcome = 'unknown' then v_attempt.reserved_usd
-              -- the provider answered with no usage (an error status): nothing was billed
-              when p_usage is null then 0
-              -- it answered, but its cost could not be read: assume the reserve
-              when v_reported is null then v_attempt.reserved_usd
-              else least(v_reported, v_attempt.reserved_usd)
-            end;
-  update memory_private.job_attempts
-     set outcome = p_outcome,
-         input_tokens = (p_usage ->> 'input_tokens')::integer,
-         output_tokens = (p_usage ->> 'output_tokens')::integer,
-         reported_cost_usd = v_reported, cost_usd = v_cost, error = p_error,
-         finished_at = memory_private.clock_now()
-   where workspace_id = p_job.workspace_id and job_id = p_job.job_id
-     and attempt_no = v_attempt.attempt_no;
-  insert into memory_private.request_charges
-    (workspace_id, request_id, kind, job_id, attempt_no, outcome, input_tokens, output_tokens,
-     cost_usd, created_at)
-  values (p_job.workspace_id, p_job.origin_request_id,
-          -- searched CASE: Citus deparses a simple one (CASE x WHEN) into text = boolean
-          case when p_job.phase = 'extract' then 'memory_extract' else 'memory_consolidate' end,
-          p_job.job_id, v_attempt.attempt_no, p_outcome, (p_usage ->> 'input_tokens')::integer,
-          (p_usage ->> 'output_tokens')::integer, v_cost, memory_private.clock_now());
-  update memory_private.workspace_memory
-     set memory_spent_usd = memory_spent_usd + v_cost
-   where workspace_id = p_job.workspace_id;
-  return true;
-end
-$$;
-comment on function memory_private.close_attempt(memory_private.jobs, text, jsonb, text) is
-  'Closes the job''s open attempt, if any, as ok, failed or unknown with the usage the worker '
-  'could read (memory_private.check_usage) and a failure code, and charges it to the '
-  'originating request (memory_extract or memory_consolidate) and the workspace''s memory '
-  'spend: the reported cost capped at the reserve; the reserve for an unknown outcome or an '
-  'unreadable cost; 0 when no usage came back. Returns whether there was an open attempt.';
-
-create or replace function memory.manage_memory(
-  p_workspace_id text, p_request_id text, p_tool_call_id text, p_args jsonb
-) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_request memory_private.requests;
-  v_scope memory_private.scopes;
-  v_action text;
-  v_source_id text;
-  v_memory_id bigint;
-  v_title text;
-  v_call memory_private.tool_calls;
-  v_start record;
-  v_outcome jsonb;
-  v_authority text;
-  v_refusal text;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  v_start := memory_private.begin_tool_call(p_workspace_id, p_request_id, p_tool_call_id,
-                                        'manage_memory', p_args,
-                                        array['action', 'sourceId', 'memoryId', 'title']);
-  v_request := v_start.request;
-  v_scope := v_start.scope;
-  v_call := v_start.previous;
-  -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
-  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
-  v_action := memory_private.arg_text(p_args, 'action', 40);
-  if v_action is null
-     or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
-    raise exception 'args.action must be remember, forget, enable-memory or disable-memory'
-      using errcode = 'MB001';
-  end if;
-  v_source_id := memory_private.arg_text(p_args, 'sourceId', (memory_private.policy()).id_bytes);
-  perform memory_private.check_id('args.sourceId', v_source_id);
-  v_memory_id := memory_private.arg_integer(p_args, 'memoryId', 1, 9223372036854775807);
-  v_title := nullif(btrim(memory_private.arg_text(p_args, 'title',
-                                                  (memory_private.policy()).title_bytes)), '');
-  if v_action = 'forget' and v_memory_id is null then
-    raise exception 'args.memoryId is required to forget' using errcode = 'MB001';
-  end if;
-  if v_action <> 'forget' and v_memory_id is not null then
-    raise exception 'args.memoryId is only for forget' using errcode = 'MB001';
-  end if;
-  if v_action <> 'remember' and v_title is not null then
-    raise exception 'args.title is only for remember' using errcode = 'MB001';
-  end if;
-
-  if v_call.tool_call_id is not null then
-    if v_call.outcome ->> 'status' = 'done' then
-      -- A replay: never applied twice, but only confirmed to a caller who still may (C9).
-      v_refusal := memory_private.control_refusal(v_request, v_scope, v_call.authority);
-      if v_refusal is not null then
-        return memory_private.control_outcome('refused', v_action, 'access_lost',
-          'This change was made by an earlier call, but ' || v_refusal || ' now.',
-          (v_call.outcome ->> 'memory_id')::bigint, jsonb_build_object('replayed', true));
-      end if;
-      return memory_private.replay_outcome(v_call, v_request, v_scope)
-             || jsonb_build_object('replayed', true);
-    end if;
-    -- A refused call changed nothing; its replay is decided again on current facts.
-  end if;
-
-  select a.outcome, a.authority into v_outcome, v_authority
-    from memory_private.apply_control(v_request, v_scope, v_action, v_source_id, v_memory_id,
-                                      v_title) a;
-  insert into memory_private.tool_calls
-    (workspace_id, request_id, tool_call_id, tool, scope_id, args_hash, authority, outcome,
-     record_ids, created_at, updated_at)
-  values (p_workspace_id, p_request_id, p_tool_call_id, 'manage_memory', v_scope.scope_id,
-          memory_private.args_hash(p_args), v_authority, v_outcome,
-          -- an array literal, not a subquery: Citus takes none in an INSERT's values
-          case when v_outcome ->> 'memory_id' is null then '{}'::bigint[]
-               else array[(v_outcome ->> 'memory_id')::bigint] end, v_now, v_now)
-  on conflict (workspace_id, request_id, tool_call_id) do update
-    set authority = excluded.authority, outcome = excluded.outcome,
-        record_ids = excluded.record_ids, updated_at = excluded.updated_at;
-  return v_outcome || jsonb_build_object('replayed', false);
-end
-$$;
-comment on function memory.manage_memory(text, text, text, jsonb) is
-  'The manage_memory tool: args {action, sourceId, memoryId?, title?} (validated here, MB001/'
-  'MB004). sourceId must be the request''s current human message and that message must directly '
-  'ask for the action (English or Chinese); remember stores the message itself as a note '
-  'attributed to its speaker, forget deletes the record and every record sharing a dependency '
-  'with it and tombstones what the record was made from (a group participant only when all of '
-  'them hold only their own statements), enable-/disable-memory toggle recall of the scope '
-  '(records kept). Private '
-  'scope: its user; group: a participant for notes and their own records, an owner/admin for '
-  'the rest. Answers {"status":"done"|"refused", "action", "code", "reason", "memory_id", '
-  '"replayed"}; a replayed tool call id is never applied again: once access is re-checked it '
-  'answers the stored outcome while it still holds, or code no_longer_holds when the state '
-  'changed since (the note forgotten, memory turned back on), with "holds" (C9). Committed '
-  'when the call returns (C4). MB003 when the id was used with other arguments; MB005 for a '
-  'scheduled request.';
-
-create or replace function memory_private.scrub_erased(p_workspace_id text) returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_gone text[];
-  v_job_id bigint;
-  v_input jsonb;
-begin
-  v_gone := array(select message_id from memory_private.messages
-                   where workspace_id = p_workspace_id and scrub_pending);
-  if cardinality(v_gone) = 0 then
-    return 0;
-  end if;
-  -- Frozen recall index texts built from records resting on them (records are deleted by the
-  -- purge, which withdraws those texts already; this catches the rest).
-  update memory_private.request_recall
-     set index_text = null, index_withdrawn = true
-   where workspace_id = p_workspace_id and index_text is not null
-     and dependency_ids && v_gone;
-  -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
-  -- checkpoint made from them (such a job is stale and is superseded, never committed).
-  -- Computed first, then written by key: Citus takes no stable function of a column in an
-  -- UPDATE of a distributed table.
-  for v_job_id, v_input in
-    select j.job_id, j.input || jsonb_build_object('sources', (
-             select jsonb_agg(case when e ->> 'id' = any (v_gone) then e - 'hash' else e end
-                              order by n)
-               from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n)))
-      from memory_private.jobs j
-     where j.workspace_id = p_workspace_id and j.input ? 'sources'
-       and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
-                    where e ->> 'id' = any (v_gone) and e ? 'hash')
-  loop
-    update memory_private.jobs set input = v_input, checkpoint = null
-     where workspace_id = p_workspace_id and job_id = v_job_id;
-  end loop;
-  -- Extraction markers record the hash the message had; so does an index's list of what it
-  -- rests on (the purge has dropped such an index already, with its candidates).
-  delete from memory_private.extracted_sources
-   where workspace_id = p_workspace_id and message_id = any (v_gone);
-  delete from memory_private.index_dependencies
-   where workspace_id = p_workspace_id and message_id = any (v_gone);
-  update memory_private.messages set scrub_pending = false
-   where workspace_id = p_workspace_id and message_id = any (v_gone);
-  return cardinality(v_gone);
-end
-$$;
-comment on function memory_private.scrub_erased(text) is
-  'Erases what was made from messages erased since the last sweep: frozen recall index texts '
-  'resting on them, their content hashes in job inputs, checkpoints of jobs that read them, and '
-  'their extraction markers; then clears scrub_pending. Returns how many messages it handled.';
-
-create or replace function memory_private.scope_validity_counts(p_workspace_id text)
-  returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
-                 invalid_by_reason jsonb)
-  language plpgsql stable
-  as $$
-declare
-  v_scope bigint;
-begin
-  -- A scope at a time, the scopes read first: on Citus the rule is a call of its own (a
-  -- function over a shard's rows in one query is not something Citus plans).
-  foreach v_scope in array array(select s.scope_id from memory_private.scopes s
-                                  where s.workspace_id = p_workspace_id order by 1)
-  loop
-    return query
-      select v_scope,
-             coalesce(sum(g.n) filter (where g.reason is null), 0)::bigint,
-             coalesce(sum(g.n) filter (where g.reason is not null), 0)::bigint,
-             coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
-                      '{}'::jsonb)
-        from (select v.reason, count(*) as n
-                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
-               group by 1) g;
-  end loop;
-end
-$$;
-comment on function memory_private.scope_validity_counts(text) is
-  'For each scope of the workspace: how many of its records are valid and invalid now (the '
-  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
-  'ones by reason. What scope_status and workspace_status show.';
-
-create or replace function memory_private.request_memory_charges_of(p_workspace_id text)
-  returns table (
-    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
-    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
-    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
-    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
-    output_tokens bigint, last_charge_at timestamp with time zone
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select q.workspace_id, q.request_id, q.status as request_status,
-         q.model_provider, q.model_id,
-         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
-         count(*) as attempts,
-         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
-         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
-           as consolidate_usd,
-         count(*) filter (where c.outcome = 'failed') as failed_attempts,
-         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
-         coalesce(sum(c.input_tokens), 0) as input_tokens,
-         coalesce(sum(c.output_tokens), 0) as output_tokens,
-         max(c.created_at) as last_charge_at
-    from memory_private.request_charges c
-    join memory_private.requests q
-      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-   where c.workspace_id = p_workspace_id
-   group by q.workspace_id, q.request_id;
-end
-$$;
-comment on function memory_private.request_memory_charges_of(text) is
-  'The rows of memory.request_memory_charges of one workspace.';
-
-create or replace function memory_private.operator_request_memory_charges()
-  returns table (
-    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
-    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
-    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
-    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
-    output_tokens bigint, last_charge_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
-  -- would read the workers' shards as the operator, who may not read them.
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.request_memory_charges_of(v_ws);
-  end loop;
-end
-$$;
-comment on function memory_private.operator_request_memory_charges() is
-  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
-  '(security definer).';
-
--- The charges view one workspace at a time, as the other operator views (Citus).
-create or replace view memory.request_memory_charges as
-select workspace_id, request_id, request_status, model_provider, model_id,
-       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
-       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
-       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
-       output_tokens, last_charge_at
-  from memory_private.operator_request_memory_charges();
-revoke all on function memory_private.operator_request_memory_charges() from public;
-grant execute on function memory_private.operator_request_memory_charges() to memory_operator;
-
-create or replace function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
-  returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_config integer;
-  v_reason text;
-  v_output jsonb;
-  v_now timestamptz := memory_private.clock_now();
-  v_result jsonb;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  select config_version into v_config from memory_private.workspaces
-   where workspace_id = p_workspace_id;
-  if v_job.config_version <> v_config then
-    raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
-      p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
-      hint = 'Drop the work: maintenance stops the job.';
-  end if;
-  v_reason := memory_private.job_stale_reason(v_job);
-  if v_reason is not null then
-    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
-      hint = 'Drop the work: maintenance supersedes the job and schedules a fresh snapshot.';
-  end if;
-  if v_job.checkpoint is null then
-    raise exception 'job % has no checkpoint to commit', p_job_id using errcode = 'MB025',
-      hint = 'Call memory.save_checkpoint with the model output first.';
-  end if;
-  -- The checkpoint is the output as save_checkpoint validated and redacted it against this
-  -- job's input; only save_checkpoint writes one, and the one place that rewrites an input
-  -- (memory_private.scrub_erased) drops it. So it is not validated again.
-  v_output := v_job.checkpoint -> 'output';
-
-  if v_job.phase = 'extract' then
-    v_result := jsonb_build_object('record_id', null);
-    if v_output ->> 'title' <> '' then
-      v_result := memory_private.write_extraction(v_job, v_output);
-    end if;
-    -- The batch is handled at these hashes, also by an empty (no-op) output.
-    insert into memory_private.extracted_sources
-      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
-    select p_workspace_id, v_job.scope_id, s.id, s.hash, 'extracted', v_job.job_id, v_now
-      from jsonb_to_recordset(v_job.input -> 'sources') as s(id text, hash text)
-    on conflict do nothing;
-    v_result := v_result || jsonb_build_object('status', 'committed', 'phase', 'extract',
-                                               'noop', v_result ->> 'record_id' is null);
-  else
-    v_result := memory_private.write_index(v_job, v_output)
-                || jsonb_build_object('status', 'committed', 'phase', 'consolidate');
-  end if;
-
-  update memory_private.jobs
-     set status = 'succeeded', token = null, worker_id = null, lease_expires_at = null,
-         checkpoint = null, result = v_result, finished_at = v_now, updated_at = v_now
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-  return v_result || jsonb_build_object('job_id', p_job_id);
-end
-$$;
-comment on function memory.commit_job(text, bigint, text) is
-  'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
-  'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
-  '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
-  'are what it was made from (cited, reused, copied), the batch marked extracted, the scope '
-  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
-  'depending on every candidate. All or nothing.';
-
-create or replace function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
-  returns timestamptz
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_until timestamptz := memory_private.clock_now() + (memory_private.policy()).lease;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  update memory_private.jobs
-     set lease_expires_at = v_until, updated_at = memory_private.clock_now()
-   where workspace_id = v_job.workspace_id and job_id = v_job.job_id;
-  return v_until;
-end
-$$;
-comment on function memory.extend_lease(text, bigint, text) is
-  'Extends the lease of a job the caller holds to two minutes from now and returns the new '
-  'expiry; MB020 when the token is not current or the lease already expired.';
-
-create or replace function memory.start_attempt(
-  p_workspace_id text, p_job_id bigint, p_token text, p_reserve_usd numeric
-) returns integer
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_request_left numeric;
-  v_workspace_left numeric;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  perform memory_private.check_money('reserve_usd', p_reserve_usd);
-  if v_job.checkpoint is not null then
-    raise exception 'job % already has a checkpoint: commit it without calling the model',
-      p_job_id using errcode = 'MB025';
-  end if;
-  if exists (select 1 from memory_private.job_attempts
-              where workspace_id = p_workspace_id and job_id = p_job_id
-                and (token = v_job.token or outcome = 'open')) then
-    raise exception 'job % already made its attempt for this claim', p_job_id
-      using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
-  end if;
-  if v_job.claims >= (memory_private.policy()).max_claims then
-    raise exception 'the input of job % has made its three model calls', p_job_id
-      using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  select budget_usd - spent_usd
-         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
-    into v_request_left
-    from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
-  if p_reserve_usd > v_request_left then
-    raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
-      greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
-      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
-    from memory_private.workspaces w
-    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
-   where w.workspace_id = p_workspace_id;
-  if p_reserve_usd > v_workspace_left then
-    raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
-      greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
-      hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
-  end if;
-  -- This claim can reach the provider now: it counts against the input's three calls.
-  update memory_private.jobs set claims = claims + 1, updated_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-  insert into memory_private.job_attempts
-    (workspace_id, job_id, attempt_no, token, reserved_usd, started_at)
-  values (p_workspace_id, p_job_id, v_job.claims + 1, v_job.token, p_reserve_usd,
-          memory_private.clock_now());
-  return v_job.claims + 1;
-end
-$$;
-comment on function memory.start_attempt(text, bigint, text, numeric) is
-  'Opens the model call of the current claim after checking that the input has a call left (at '
-  'most three per unchanged input, MB025) and that the reserved dollars fit both the '
-  'originating request''s remaining budget (budget - spent - memory charges) and the '
-  'workspace''s; MB024 otherwise, before any call is made (P17). Only here does a claim count. '
-  'Returns the attempt number (the input''s call number, 1 to 3).';
-
-create or replace function memory.save_checkpoint(
-  p_workspace_id text, p_job_id bigint, p_token text, p_output jsonb, p_usage jsonb
-) returns void
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  set plan_cache_mode = force_generic_plan
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_attempt memory_private.job_attempts;
-  v_usage jsonb;
-  v_output jsonb;
-  v_reason text;
-begin
-  v_job := memory_private.owned_job(p_workspace_id, p_job_id, p_token);
-  select * into v_attempt from memory_private.job_attempts
-   where workspace_id = p_workspace_id and job_id = p_job_id and token = v_job.token
-     and outcome = 'open';
-  if not found then
-    raise exception 'job % has no open attempt for this claim', p_job_id
-      using errcode = 'MB025', hint = 'Call memory.start_attempt before the model call.';
-  end if;
-  v_usage := memory_private.check_usage(p_usage);
-  v_output := memory_private.validate_output(v_job, p_output);
-  -- An output made from an input that changed meanwhile (a source removed, edited, expired or
-  -- forgotten) could never be committed, and it may carry the text that went: store nothing.
-  v_reason := memory_private.job_stale_reason(v_job);
-  if v_reason is not null then
-    raise exception 'the input of job % changed: %', p_job_id, v_reason using errcode = 'MB021',
-      hint = 'Report the attempt with fail_job(..., ''failed'', error, usage); maintenance '
-             'supersedes the job.';
-  end if;
-  perform memory_private.close_attempt(v_job, 'ok', v_usage, null);
-  update memory_private.jobs
-     set checkpoint = jsonb_build_object('output', v_output, 'usage', v_usage),
-         updated_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-end
-$$;
-comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
-  'Stores the model output of the open attempt as the job''s checkpoint, separate from the '
-  'transcript (P19): validated (MB023) and redacted, with its usage (every value known); closes '
-  'the attempt as ok and charges the originating request the reported cost, at most the '
-  'attempt''s reserve. An invalid output (MB023) or an input that changed since the claim '
-  '(MB021: the output could never be committed and may carry the text that changed) changes '
-  'nothing: report it with fail_job(..., ''failed'', code, usage).';
-
-create or replace function memory_private.owned_job(
-  p_workspace_id text, p_job_id bigint, p_token text
-) returns memory_private.jobs
-  language plpgsql volatile
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_token uuid;
-  v_config integer;
-begin
-  -- The memory lock first (memory_private.lock_workspace's statement): a known workspace always
-  -- has the row it locks, so the workspace's checks run only when it finds none, and raise
-  -- there what they would have raised first.
-  perform 1 from memory_private.workspace_memory where workspace_id = p_workspace_id
-     for no key update;
-  if not found then
-    perform memory_private.require_workspace(p_workspace_id);
-    perform memory_private.lock_workspace(p_workspace_id);
-  end if;
-  if p_job_id is null then
-    raise exception 'job_id is required' using errcode = 'MB001';
-  end if;
-  v_token := memory_private.check_token(p_token);
-  select * into v_job from memory_private.jobs
-   where workspace_id = p_workspace_id and job_id = p_job_id
-     for update;
-  if not found then
-    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
-      using errcode = 'MB002';
-  end if;
-  if v_job.token is distinct from v_token then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  -- The caller's claim was ended by maintenance: say why, as commit_job would have.
-  if v_job.status = 'superseded' then
-    raise exception 'the input of job % changed and maintenance superseded it: %', p_job_id,
-      coalesce(v_job.last_error, 'input changed') using errcode = 'MB021',
-      hint = 'Drop the work: maintenance schedules a fresh snapshot.';
-  end if;
-  if v_job.status = 'stopped' then
-    select config_version into v_config from memory_private.workspaces
-     where workspace_id = p_workspace_id;
-    if v_job.config_version <> v_config then
-      raise exception 'the model/provider configuration of workspace % changed (version % -> %)',
-        p_workspace_id, v_job.config_version, v_config using errcode = 'MB022',
-        hint = 'Drop the work: maintenance stopped the job.';
-    end if;
-  end if;
-  if v_job.status <> 'running' then
-    raise exception 'job % is not held by this token (it is %)', p_job_id, v_job.status
-      using errcode = 'MB020', hint = 'Drop the work: the lease was lost or another worker owns the job.';
-  end if;
-  if v_job.lease_expires_at <= memory_private.clock_now() then
-    raise exception 'the lease of job % expired at %', p_job_id, v_job.lease_expires_at
-      using errcode = 'MB020', hint = 'Drop the work: the job will be released by maintenance.';
-  end if;
-  return v_job;
-end
-$$;
-comment on function memory_private.owned_job(text, bigint, text) is
-  'Takes the workspace''s memory lock, locks the job and returns it when the token is its '
-  'current one and the lease has not expired; raises MB001, MB002 or MB020, and MB021/MB022 '
-  'when maintenance ended this claim because the input or the configuration changed.';
-
-
--- Maintenance that grows with change (issue 34): a pass visits only the workspaces due in
--- memory_private.maintenance_due (written by what changes a workspace and by its last tick for
--- the next time-based event) or holding an expired lease; the retention sweep erases a batch of
--- expired messages per tick. Every workspace is due once after the upgrade, so its first tick
--- plans its events.
-alter table memory_private.workspace_memory add column idle_window_seen interval;
-comment on table memory_private.workspace_memory is
-  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
-  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
-  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with). Created with the workspace by a trigger.';
-create table memory_private.maintenance_due (
-  workspace_id text not null references memory_private.workspaces on delete cascade,
-  due_at timestamptz not null,
-  due_id bigint generated always as identity,
-  idle_at timestamptz,
-  request_id text,
-  scope_id bigint,
-  foreseen boolean not null default false,
-  primary key (workspace_id, due_at, due_id)
-);
-comment on table memory_private.maintenance_due is
-  'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
-  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
-  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
-  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
-  'what the change was confined to (a new message or request, a scope''s job or tool call), '
-  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
-  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
-  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
-  'deleted by the tick that runs at or after due_at.';
-create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
-insert into memory_private.maintenance_due (workspace_id, due_at)
-select workspace_id, memory_private.clock_now() from memory_private.workspaces;
-drop index memory_private.messages_retention_idx;
-create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
-  where body is not null and retain_until is not null;
-
-create or replace function memory_private.note_change(
-  p_workspace_id text, p_outcome text, p_conversation boolean default false,
-  p_request_id text default null, p_scope_id bigint default null
-) returns text
-  language plpgsql volatile
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_idle_at timestamptz;
-begin
-  -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
-  -- a tick that started before this transaction commits, and the change would be missed.
-  if p_outcome in ('inserted', 'updated') then
-    if p_conversation then
-      select v_now + idle_window into v_idle_at from memory_private.workspaces
-       where workspace_id = p_workspace_id;
-    end if;
-    insert into memory_private.maintenance_due
-      (workspace_id, due_at, idle_at, request_id, scope_id)
-    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
-  end if;
-  return p_outcome;
-end
-$$;
-comment on function memory_private.note_change(text, text, boolean, text, bigint) is
-  'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
-  'updated), and, for a change to a conversation (a request or a message), again when the '
-  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
-  'that request (a new message or request) or scope; neither: anything may have changed. '
-  'Returns p_outcome, so an upsert can return through it.';
-
-create or replace function memory_private.jobs_note_finished_run() returns trigger
-  language plpgsql
-  as $$
-begin
-  -- What a run ends with is maintenance's to follow up: a commit's records call for a
-  -- consolidation, a scope whose job was running may have newer input to schedule.
-  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
-  return null;
-end
-$$;
-comment on function memory_private.jobs_note_finished_run() is
-  'Trigger: a job leaving running (committed, failed, stopped, released) makes its workspace '
-  'due for maintenance (memory_private.maintenance_due).';
-
-create trigger jobs_note_finished_run after update of status on memory_private.jobs
-  for each row when (old.status = 'running' and new.status <> 'running')
-  execute function memory_private.jobs_note_finished_run();
-
-create or replace function memory.upsert_workspace(
-  p_workspace_id text,
-  p_config_version integer,
-  p_budget_usd numeric,
-  p_spent_usd numeric default 0,
-  p_idle_minutes integer default null
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_inserted boolean;
-  -- Not given (NULL): the policy's default idle window (P3).
-  v_idle integer := coalesce(p_idle_minutes, (memory_private.policy()).default_idle_minutes);
-begin
-  perform memory_private.check_id('workspace_id', p_workspace_id);
-  if p_config_version is null or p_config_version < 0 then
-    raise exception 'config_version must be a non-negative integer' using errcode = 'MB001';
-  end if;
-  perform memory_private.check_money('budget_usd', p_budget_usd);
-  perform memory_private.check_money('spent_usd', p_spent_usd);
-  if v_idle < 0 or v_idle > (memory_private.policy()).max_idle_minutes then
-    raise exception 'idle_minutes must be between 0 and %',
-      (memory_private.policy()).max_idle_minutes using errcode = 'MB001';
-  end if;
-  insert into memory_private.workspaces as w
-    (workspace_id, config_version, budget_usd, spent_usd, idle_window, created_at, updated_at)
-  values (p_workspace_id, p_config_version, p_budget_usd, p_spent_usd,
-          make_interval(mins => v_idle),
-          memory_private.clock_now(), memory_private.clock_now())
-  on conflict (workspace_id) do update
-    set config_version = excluded.config_version, budget_usd = excluded.budget_usd,
-        spent_usd = excluded.spent_usd, idle_window = excluded.idle_window,
-        updated_at = excluded.updated_at
-    where (w.config_version, w.budget_usd, w.spent_usd, w.idle_window)
-          is distinct from (excluded.config_version, excluded.budget_usd, excluded.spent_usd,
-                            excluded.idle_window)
-  returning (xmax = 0) into v_inserted;
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
-end
-$$;
-comment on function memory.upsert_workspace(text, integer, numeric, numeric, integer) is
-  'Creates or updates a workspace: model/provider config version, dollar budget, spend the '
-  'backend reports, and the idle window in minutes before a conversation is extracted (NULL or '
-  'left out: the default, 30).';
-
-create or replace function memory.upsert_member(
-  p_workspace_id text, p_user_id text, p_role text, p_active boolean default true
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_inserted boolean;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('user_id', p_user_id);
-  perform memory_private.check_choice('role', p_role, array['owner', 'admin', 'member']);
-  if p_active is null then
-    raise exception 'active is required' using errcode = 'MB001';
-  end if;
-  insert into memory_private.members as m (workspace_id, user_id, role, active, updated_at)
-  values (p_workspace_id, p_user_id, p_role, p_active, memory_private.clock_now())
-  on conflict (workspace_id, user_id) do update
-    set role = excluded.role, active = excluded.active, updated_at = excluded.updated_at
-    where (m.role, m.active) is distinct from (excluded.role, excluded.active)
-  returning (xmax = 0) into v_inserted;
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
-end
-$$;
-comment on function memory.upsert_member(text, text, text, boolean) is
-  'Creates or updates a workspace member with role owner/admin/member and an active flag.';
-
-create or replace function memory.upsert_bot(
-  p_workspace_id text, p_bot_id text, p_identity text, p_active boolean default true
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_inserted boolean;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('bot_id', p_bot_id);
-  perform memory_private.check_id('identity', p_identity);
-  if p_active is null then
-    raise exception 'active is required' using errcode = 'MB001';
-  end if;
-  insert into memory_private.bots as b (workspace_id, bot_id, identity, active, updated_at)
-  values (p_workspace_id, p_bot_id, p_identity, p_active, memory_private.clock_now())
-  on conflict (workspace_id, bot_id) do update
-    set identity = excluded.identity, active = excluded.active, updated_at = excluded.updated_at
-    where (b.identity, b.active) is distinct from (excluded.identity, excluded.active)
-  returning (xmax = 0) into v_inserted;
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
-end
-$$;
-comment on function memory.upsert_bot(text, text, text, boolean) is
-  'Creates or updates a bot: its platform identity (a new identity means a replaced bot) and '
-  'whether it is active.';
-
-create or replace function memory.upsert_chat(
-  p_workspace_id text, p_chat_id text, p_kind text,
-  p_private_user_id text default null, p_linked boolean default true
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_inserted boolean;
-  v_old memory_private.chats;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('chat_id', p_chat_id);
-  perform memory_private.check_choice('kind', p_kind, array['private', 'group']);
-  if p_kind = 'private' then
-    perform memory_private.check_id('private_user_id', p_private_user_id);
-  elsif p_private_user_id is not null then
-    raise exception 'a group chat has no private_user_id' using errcode = 'MB001';
-  end if;
-  if p_linked is null then
-    raise exception 'linked is required' using errcode = 'MB001';
-  end if;
-  select * into v_old from memory_private.chats
-   where workspace_id = p_workspace_id and chat_id = p_chat_id;
-  if found and (v_old.kind, v_old.private_user_id)
-               is distinct from (p_kind, p_private_user_id) then
-    raise exception 'chat % is a % chat%; its kind and user cannot change', p_chat_id, v_old.kind,
-      coalesce(' with user ' || v_old.private_user_id, '') using errcode = 'MB003';
-  end if;
-  insert into memory_private.chats as c
-    (workspace_id, chat_id, kind, private_user_id, linked, updated_at)
-  values (p_workspace_id, p_chat_id, p_kind, p_private_user_id, p_linked,
-          memory_private.clock_now())
-  on conflict (workspace_id, chat_id) do update
-    set linked = excluded.linked, updated_at = excluded.updated_at
-    where c.linked is distinct from excluded.linked
-  returning (xmax = 0) into v_inserted;
-  insert into memory_private.topics (workspace_id, chat_id, topic_id)
-  values (p_workspace_id, p_chat_id, 0) on conflict do nothing;
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
-end
-$$;
-comment on function memory.upsert_chat(text, text, text, text, boolean) is
-  'Creates or updates a chat: private (with its user) or group (with its linked flag). Topic 0 '
-  'is created with it. A chat''s kind and private user never change (MB003).';
-
-create or replace function memory.upsert_topic(
-  p_workspace_id text, p_chat_id text, p_topic_id bigint, p_title text default null
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_inserted boolean;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('chat_id', p_chat_id);
-  if p_topic_id is null or p_topic_id < 0 then
-    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
-  end if;
-  if p_title is not null then
-    perform memory_private.check_text('title', p_title, 400);
-  end if;
-  if not exists (select 1 from memory_private.chats
-                  where workspace_id = p_workspace_id and chat_id = p_chat_id) then
-    raise exception 'chat % is unknown in workspace %', p_chat_id, p_workspace_id
-      using errcode = 'MB002', hint = 'Report it first with memory.upsert_chat.';
-  end if;
-  insert into memory_private.topics as t (workspace_id, chat_id, topic_id, title)
-  values (p_workspace_id, p_chat_id, p_topic_id, p_title)
-  on conflict (workspace_id, chat_id, topic_id) do update
-    set title = excluded.title
-    where t.title is distinct from excluded.title
-  returning (xmax = 0) into v_inserted;
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted));
-end
-$$;
-comment on function memory.upsert_topic(text, text, bigint, text) is
-  'Creates or renames a topic of a chat (topic 0 exists with every chat).';
-
-create or replace function memory.set_repository_grant(
-  p_workspace_id text, p_user_id text, p_repository_id text, p_granted boolean
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('user_id', p_user_id);
-  perform memory_private.check_id('repository_id', p_repository_id);
-  if p_granted is null then
-    raise exception 'granted is required' using errcode = 'MB001';
-  end if;
-  if p_granted then
-    insert into memory_private.repository_grants
-      (workspace_id, user_id, repository_id, granted_at)
-    values (p_workspace_id, p_user_id, p_repository_id, memory_private.clock_now())
-    on conflict do nothing;
-    return memory_private.note_change(p_workspace_id,
-                                      case when found then 'inserted' else 'unchanged' end);
-  end if;
-  delete from memory_private.repository_grants
-   where workspace_id = p_workspace_id and user_id = p_user_id
-     and repository_id = p_repository_id;
-  return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end);
-end
-$$;
-comment on function memory.set_repository_grant(text, text, text, boolean) is
-  'Grants (true) or revokes (false) a user''s read access to a repository. Memories that drew '
-  'on a repository are recalled only for users who can read it now.';
-
-create or replace function memory.upsert_request(
-  p_workspace_id text,
-  p_request_id text,
-  p_bot_id text,
-  p_chat_id text,
-  p_topic_id bigint,
-  p_user_id text,
-  p_kind text,
-  p_status text,
-  p_model_provider text,
-  p_model_id text,
-  p_budget_usd numeric,
-  p_spent_usd numeric default 0,
-  p_thread_id text default null
-) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_old memory_private.requests;
-  v_inserted boolean;
-  v_now timestamptz := memory_private.clock_now();
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('request_id', p_request_id);
-  perform memory_private.check_id('bot_id', p_bot_id);
-  perform memory_private.check_id('chat_id', p_chat_id);
-  perform memory_private.check_id('user_id', p_user_id);
-  perform memory_private.check_id('model_provider', p_model_provider);
-  perform memory_private.check_id('model_id', p_model_id);
-  if p_thread_id is not null then
-    perform memory_private.check_id('thread_id', p_thread_id);
-  end if;
-  if p_topic_id is null or p_topic_id < 0 then
-    raise exception 'topic_id must be 0 or a positive integer' using errcode = 'MB001';
-  end if;
-  perform memory_private.check_choice('kind', p_kind, array['interactive', 'scheduled']);
-  perform memory_private.check_choice('status', p_status,
-    array['queued', 'running', 'awaiting_approval', 'succeeded', 'failed']);
-  perform memory_private.check_money('budget_usd', p_budget_usd);
-  perform memory_private.check_money('spent_usd', p_spent_usd);
-  if not exists (select 1 from memory_private.bots
-                  where workspace_id = p_workspace_id and bot_id = p_bot_id) then
-    raise exception 'bot % is unknown in workspace %', p_bot_id, p_workspace_id
-      using errcode = 'MB002', hint = 'Report it first with memory.upsert_bot.';
-  end if;
-  if not exists (select 1 from memory_private.topics
-                  where workspace_id = p_workspace_id and chat_id = p_chat_id
-                    and topic_id = p_topic_id) then
-    raise exception 'topic % of chat % is unknown in workspace %', p_topic_id, p_chat_id,
-      p_workspace_id using errcode = 'MB002',
-      hint = 'Report the chat with memory.upsert_chat and the topic with memory.upsert_topic.';
-  end if;
-  if exists (select 1 from memory_private.chats
-              where workspace_id = p_workspace_id and chat_id = p_chat_id
-                and kind = 'private' and private_user_id <> p_user_id) then
-    raise exception 'user % is not the user of private chat %', p_user_id, p_chat_id
-      using errcode = 'MB003';
-  end if;
-
-  select * into v_old from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  if found then
-    if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
-       is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
-      raise exception 'request % cannot move to another bot, chat, topic, user or kind',
-        p_request_id using errcode = 'MB003';
-    end if;
-    if v_old.status in ('succeeded', 'failed') and p_status <> v_old.status then
-      raise exception 'request % already finished as %; it cannot become %', p_request_id,
-        v_old.status, p_status using errcode = 'MB003';
-    end if;
-  end if;
-
-  insert into memory_private.requests as r
-    (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
-     model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
-     finished_at)
-  values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
-          p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
-          coalesce(p_thread_id, p_request_id), v_now, v_now,
-          case when p_status in ('succeeded', 'failed') then v_now end)
-  on conflict (workspace_id, request_id) do update
-    set status = excluded.status, model_provider = excluded.model_provider,
-        model_id = excluded.model_id, budget_usd = excluded.budget_usd,
-        spent_usd = excluded.spent_usd, thread_id = excluded.thread_id,
-        updated_at = excluded.updated_at,
-        finished_at = coalesce(r.finished_at, excluded.finished_at)
-    where (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
-          is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
-                            excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
-  returning (xmax = 0) into v_inserted;
-  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
-  -- sql/20_memory_state.sql).
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
-                                    true, p_request_id);
-end
-$$;
-comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
-                                          text, numeric, numeric, text) is
-  'Creates or updates a request: where it runs (bot, chat, topic, user), interactive or '
-  'scheduled, its status, pinned model/provider, budget and spend, and its thread. A finished '
-  'request keeps its status; where it runs never changes (MB003). A new interactive request''s '
-  'memory scope is created with it.';
-
-create or replace function memory.remove_message(p_workspace_id text, p_message_id text) returns text
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  perform memory_private.check_id('message_id', p_message_id);
-  update memory_private.messages
-     set body = null, content_hash = null, removed_at = memory_private.clock_now(),
-         removal_reason = 'removed', scrub_pending = true
-   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
-  if found then
-    return memory_private.note_change(p_workspace_id, 'updated', true);
-  end if;
-  if not exists (select 1 from memory_private.messages
-                  where workspace_id = p_workspace_id and message_id = p_message_id) then
-    raise exception 'message % is unknown in workspace %', p_message_id, p_workspace_id
-      using errcode = 'MB002';
-  end if;
-  return 'unchanged';
-end
-$$;
-comment on function memory.remove_message(text, text) is
-  'Records that a message was removed: its text and hash are erased at once, every memory '
-  'that depends on it stops being recalled, and the next retention sweep erases what was made '
-  'from it.';
-
-create or replace function memory.set_workspace_paused(p_workspace_id text, p_paused boolean)
-  returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_changed boolean;
-  v_running bigint;
-  v_pending integer;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  if p_paused is null then
-    raise exception 'paused is required (true pauses memory work, false resumes it)'
-      using errcode = 'MB001';
-  end if;
-  update memory_private.workspaces
-     set paused = p_paused, updated_at = memory_private.clock_now()
-   where workspace_id = p_workspace_id and paused is distinct from p_paused;
-  v_changed := found;
-  perform memory_private.note_change(p_workspace_id,
-                                     case when v_changed then 'updated' else 'unchanged' end);
-  select job_id into v_running from memory_private.jobs
-   where workspace_id = p_workspace_id and status = 'running';
-  select count(*) into v_pending from memory_private.jobs
-   where workspace_id = p_workspace_id and status = 'pending';
-  return jsonb_build_object('workspace_id', p_workspace_id, 'paused', p_paused,
-                            'changed', v_changed, 'running_job_id', v_running,
-                            'pending_jobs', v_pending);
-end
-$$;
-comment on function memory.set_workspace_paused(text, boolean) is
-  'Pauses (true) or resumes (false) the background memory work of a workspace. While paused no '
-  'job is claimed and maintenance schedules no extraction or consolidation; it still expires '
-  'leases, retires stale jobs and runs the retention sweep, and recall of existing memories '
-  'goes on. A job already running finishes its current claim. Returns whether anything '
-  'changed, the running job (if any) and the pending count.';
-
-create or replace function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
-  language plpgsql volatile security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_job memory_private.jobs;
-  v_refusal jsonb;
-  v_now timestamptz := memory_private.clock_now();
-  v_new bigint;
-  v_ws memory_private.workspaces;
-  v_request memory_private.requests;
-begin
-  perform memory_private.require_workspace(p_workspace_id);
-  if p_job_id is null then
-    raise exception 'job_id is required' using errcode = 'MB001';
-  end if;
-  perform memory_private.lock_workspace(p_workspace_id);
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_job from memory_private.jobs
-   where workspace_id = p_workspace_id and job_id = p_job_id
-     for update;
-  if not found then
-    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
-      using errcode = 'MB002', hint = 'See memory.job_status.';
-  end if;
-  v_refusal := memory_private.job_retry_refusal(v_job);
-  if v_refusal is not null then
-    raise exception '%', v_refusal ->> 'reason' using errcode = v_refusal ->> 'code',
-      hint = 'Nothing was changed. See memory.job_status.';
-  end if;
-
-  -- A fresh job with the same input, origin request and pinned model: three new claims, due
-  -- now. The stopped job stays as it was (its attempts and charges are history) and names its
-  -- successor.
-  insert into memory_private.jobs
-    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
-     model_id, config_version, next_attempt_at, last_error, created_at, updated_at)
-  values (p_workspace_id, v_job.scope_id, v_job.phase, v_job.input, v_job.input_hash,
-          v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
-          v_now,
-          left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
-                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
-          v_now, v_now)
-  returning job_id into v_new;
-  perform memory_private.note_change(p_workspace_id, 'inserted');
-  update memory_private.jobs
-     set result = coalesce(result, '{}'::jsonb)
-                  || jsonb_build_object('retried_as_job_id', v_new, 'retried_at', v_now),
-         updated_at = v_now
-   where workspace_id = p_workspace_id and job_id = p_job_id;
-
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
-  return jsonb_build_object(
-    'job_id', p_job_id,
-    'retried_as_job_id', v_new,
-    'status', 'pending',
-    'next_attempt_at', v_now,
-    'workspace_paused', v_ws.paused,
-    'request_budget_left_usd',
-      v_request.budget_usd - v_request.spent_usd
-      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
-    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
-      - (select memory_spent_usd from memory_private.workspace_memory
-          where workspace_id = p_workspace_id));
-end
-$$;
-comment on function memory.retry_job(text, bigint) is
-  'Retries a stopped job: a new pending job with the same input, origin request and pinned '
-  'model, due now with three fresh claims; the stopped job stays as history and names it '
-  '(retried_as_job_id). A retry replays the model call, which may be charged again. Refused, '
-  'changing nothing, when the job is not stopped or was already retried (MB025), its '
-  'configuration is outdated (MB022: maintenance schedules the work afresh), its input changed '
-  'since (MB021: maintenance schedules a fresh snapshot), or its scope has an open job of the '
-  'phase or its work was done since (MB025). A paused workspace keeps the job until resumed.';
-
-create or replace function memory_private.next_maintenance_at(p_workspace_id text) returns timestamptz
-  language plpgsql stable
-  as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_backlog boolean;
-  v_retention timestamptz;
-  v_prune timestamptz;
-begin
-  -- The time-based events a tick cannot see coming from a change: expired text still left by
-  -- the bounded sweep (due again now), the next message's retention end, the next record's
-  -- pruning horizon. A conversation's idle end is kept by the change that set it (note_change)
-  -- or, after the idle window itself changed, by the tick (maintain_workspace). A lease is
-  -- found by its expiry (due_workspaces); a job's backoff needs no maintenance (claim_job
-  -- takes a pending job when it is due).
-  v_backlog := exists (select 1 from memory_private.messages
-                        where workspace_id = p_workspace_id and body is not null
-                          and retain_until <= v_now)
-               or exists (select 1 from memory_private.messages
-                           where workspace_id = p_workspace_id and scrub_pending);
-  if v_backlog then
-    return v_now;
-  end if;
-  select min(retain_until) into v_retention from memory_private.messages
-   where workspace_id = p_workspace_id and body is not null and retain_until > v_now;
-  -- prune_records deletes a record unused for strictly longer than the horizon.
-  select min(coalesce(u.last_used_at, r.created_at))
-         + make_interval(days => (memory_private.policy()).unused_days)
-         + interval '1 microsecond'
-    into v_prune
-    from memory_private.records r
-    left join memory_private.record_usage u
-      on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-   where r.workspace_id = p_workspace_id;
-  return least(v_retention, v_prune);
-end
-$$;
-comment on function memory_private.next_maintenance_at(text) is
-  'When the workspace next needs a tick though nothing changes in it: now while expired or '
-  'erased text awaits the sweep, else the earliest of the next retention end and the next '
-  'record pruning horizon; NULL when nothing is foreseen.';
-
-create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
-  language sql stable
-  as $$
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
-  select d.workspace_id
-    from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
-          union
-          select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
-   where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
-   order by d.workspace_id
-   limit p_limit
-$$;
-comment on function memory_private.due_workspaces(text, integer) is
-  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
-  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
-  'whose lease expired.';
 
 create or replace function memory_private.maintain_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile
@@ -6552,119 +4788,1462 @@ begin
   return v_total || jsonb_build_object('sweep_backlog', coalesce(v_next <= v_now, false)::integer);
 end
 $$;
+
 comment on function memory_private.maintain_workspace(text) is
   'One maintenance tick of one workspace under its memory lock: consumes its due rows, expires '
   'leases, sweeps retention, retires stale jobs, schedules jobs; plans its next time-based '
   'event (and the idle ends of its conversations) as due rows; stamps maintained_at. Returns '
   'the summed counts, sweep_backlog 1 when expired text is left for the next tick.';
 
-drop function memory_private.schedule_jobs(text);
+create or replace function memory.run_maintenance(p_workspace_id text default null) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+  v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
+                                      'leases_expired', 0);
+  v_workspaces integer := 0;
+begin
+  if p_workspace_id is not null then
+    perform memory_private.require_workspace(p_workspace_id);
+  end if;
+  -- The workspaces are read first, then ticked one by one (on Citus each statement of a tick
+  -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
+  foreach v_ws in array coalesce(case when p_workspace_id is not null
+                                      then array[p_workspace_id] end,
+                                 array(select memory_private.due_workspaces(null, null)))
+  loop
+    v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
+    v_workspaces := v_workspaces + 1;
+  end loop;
+  return v_total || jsonb_build_object('workspaces', v_workspaces);
+end
+$$;
 
-create or replace function memory_private.schedule_jobs(
-  p_workspace_id text, p_changed_requests text[] default null,
-  p_changed_scopes bigint[] default null
+comment on function memory.run_maintenance(text) is
+  'One maintenance tick for one workspace (or every due one when NULL, in one transaction: for small '
+  'installs, tests and psql; the worker uses maintain_next_workspace so that no workspace lock '
+  'is held longer than its own steps): expires leases, sweeps retention, retires jobs whose '
+  'config or input changed, schedules extraction and consolidation jobs. Returns summed '
+  'counts: extract_jobs_created, consolidate_jobs_created, leases_expired, batches_skipped, ...';
+
+create or replace function memory_private.maintain_workspace_unless_busy(p_workspace_id text)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+begin
+  if not memory_private.try_lock_workspace(p_workspace_id) then
+    return null;
+  end if;
+  return memory_private.maintain_workspace(p_workspace_id)
+         || jsonb_build_object('workspace_id', p_workspace_id);
+end
+$$;
+
+comment on function memory_private.maintain_workspace_unless_busy(text) is
+  'One maintenance tick of the workspace with its workspace_id, or NULL without waiting when '
+  'another transaction holds its memory lock (another worker maintaining it, a claim, a '
+  'memory write).';
+
+create or replace function memory.maintain_next_workspace(p_after_workspace_id text default null)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+  v_result jsonb;
+  v_after text := p_after_workspace_id;
+begin
+  -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
+  -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
+  -- its own lock, on its own node, and one that is busy is passed over.
+  loop
+    v_ws := null;
+    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
+      select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
+      if v_result is not null then
+        return v_result;
+      end if;
+      v_after := v_ws;
+    end loop;
+    exit when v_ws is null;
+  end loop;
+  return null;
+end
+$$;
+
+comment on function memory.maintain_next_workspace(text) is
+  'Maintains the next due workspace after p_after_workspace_id in id order (the first when '
+  'NULL), skipping one another worker is maintaining right now, and answers its counts with '
+  'its workspace_id; NULL when there is none left. The worker walks the due workspaces with '
+  'it, one short transaction each, so no lock is held across workspaces (P16); an idle '
+  'workspace is not read.';
+
+create or replace function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
+  returns text
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
+end
+$$;
+
+comment on function memory_private.operator_job_stale_reason(text, bigint) is
+  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
+  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
+
+create or replace function memory_private.record_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
+           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
+           (select count(*) from memory_private.record_sources rs
+             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
+           (select count(*) from memory_private.record_dependencies d
+             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
+           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
+           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+           v.reason is null as valid,
+           v.reason as invalid_reason
+      from memory_private.scopes s
+     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
+      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
+      left join memory_private.record_usage u
+        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+
+comment on function memory_private.record_status_of(text) is
+  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
+
+create or replace function memory_private.operator_record_status()
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.record_status_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_record_status() is
+  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create or replace view memory.record_status as select * from memory_private.operator_record_status();
+
+comment on view memory.record_status is
+  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
+  '(messages it cites) and dependencies (messages it was made from), '
+  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
+  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
+  'memory.explain_record(workspace, record) says why.';
+
+create or replace function memory_private.scope_validity_counts(p_workspace_id text)
+  returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
+                 invalid_by_reason jsonb)
+  language plpgsql stable
+  as $$
+declare
+  v_scope bigint;
+begin
+  -- A scope at a time, the scopes read first: on Citus the rule is a call of its own (a
+  -- function over a shard's rows in one query is not something Citus plans).
+  foreach v_scope in array array(select s.scope_id from memory_private.scopes s
+                                  where s.workspace_id = p_workspace_id order by 1)
+  loop
+    return query
+      select v_scope,
+             coalesce(sum(g.n) filter (where g.reason is null), 0)::bigint,
+             coalesce(sum(g.n) filter (where g.reason is not null), 0)::bigint,
+             coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
+                      '{}'::jsonb)
+        from (select v.reason, count(*) as n
+                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
+               group by 1) g;
+  end loop;
+end
+$$;
+
+comment on function memory_private.scope_validity_counts(text) is
+  'For each scope of the workspace: how many of its records are valid and invalid now (the '
+  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
+  'ones by reason. What scope_status and workspace_status show.';
+
+create or replace function memory_private.scope_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
+    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
+    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
+    integer, index_built_at timestamp with time zone, index_age interval,
+    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
+    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
+    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
+                                from memory_private.scope_validity_counts(p_workspace_id) c),
+                             '{}'::jsonb);
+begin
+  return query
+  select * from (
+    select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
+           s.recall_enabled,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
+             as records_valid,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
+             as records_invalid,
+           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
+             as invalid_by_reason,
+           coalesce(cardinality(s.index_record_ids), 0) as index_records,
+           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
+           octet_length(s.index_text) as index_bytes,
+           s.index_built_at,
+           memory_private.operator_now() - s.index_built_at as index_age,
+           s.consolidation_due_at is not null as consolidation_pending,
+           s.consolidation_due_at,
+           ej.job_id as extract_job_id, ej.status as extract_job_status,
+           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+           (select count(*) from memory_private.tombstones t
+             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+           s.created_at
+      from memory_private.scopes s
+      left join memory_private.jobs ej
+        on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
+       and ej.status in ('pending', 'running')
+      left join memory_private.jobs cj
+        on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
+       and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
+     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+
+comment on function memory_private.scope_status_of(text) is
+  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
+
+create or replace function memory_private.operator_scope_status()
+  returns table (
+    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
+    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
+    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
+    integer, index_built_at timestamp with time zone, index_age interval,
+    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
+    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
+    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.scope_status_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_scope_status() is
+  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create or replace view memory.scope_status as select * from memory_private.operator_scope_status();
+
+comment on view memory.scope_status is
+  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
+  'the index (how many records it names, how many candidates it was built from and depends on, '
+  'bytes, when built, age), whether a consolidation is pending, the '
+  'open extraction and consolidation jobs, and the tombstone count. No text.';
+
+create or replace function memory_private.workspace_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, paused boolean, config_version integer, idle_window interval,
+    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
+    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
+    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
+    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
+    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_valid bigint;
+  v_invalid bigint;
+  v_scopes jsonb;
+  v_by_reason jsonb;
+begin
+  -- The rule once per scope (scope_validity_counts), summed over the scopes.
+  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
+         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
+    into v_valid, v_invalid, v_scopes
+    from memory_private.scope_validity_counts(p_workspace_id) c;
+  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
+    from (select e.key as reason, sum(e.value::bigint) as n
+            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
+           group by 1) x;
+  return query
+  select * from (
+    select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
+           w.budget_usd, w.spent_usd, wm.memory_spent_usd,
+           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id) as scopes,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
+           v_valid as records_valid, v_invalid as records_invalid,
+           v_by_reason as invalid_by_reason,
+           (select count(*) from memory_private.scopes s
+             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
+             as consolidations_pending,
+           coalesce(jc.pending, 0) as jobs_pending,
+           coalesce(jc.due, 0) as jobs_due,
+           coalesce(jc.running, 0) as jobs_running,
+           coalesce(jc.stopped, 0) as jobs_stopped,
+           coalesce(jc.succeeded, 0) as jobs_succeeded,
+           jc.oldest_pending_age,
+           (select count(*) from memory_private.tombstones t
+             where t.workspace_id = w.workspace_id) as tombstones
+      from memory_private.workspaces w
+      join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
+      left join lateral (
+        select count(*) filter (where j.status = 'pending') as pending,
+               count(*) filter (where j.status = 'pending'
+                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
+               count(*) filter (where j.status = 'running') as running,
+               count(*) filter (where j.status = 'stopped'
+                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+               count(*) filter (where j.status = 'succeeded') as succeeded,
+               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+                 as oldest_pending_age
+          from memory_private.jobs j
+         where j.workspace_id = w.workspace_id
+      ) jc on true
+     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+
+comment on function memory_private.workspace_status_of(text) is
+  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
+
+create or replace function memory_private.operator_workspace_status()
+  returns table (
+    workspace_id text, paused boolean, config_version integer, idle_window interval,
+    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
+    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
+    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
+    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
+    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.workspace_status_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_workspace_status() is
+  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create or replace view memory.workspace_status as select * from memory_private.operator_workspace_status();
+
+comment on view memory.workspace_status is
+  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
+  'budget and spend (backend and memory), '
+  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
+  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
+  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
+
+create or replace function memory_private.waiting_reasons()
+  returns table (rank integer, reason text, explanation text)
+  language sql immutable
+  as $$
+  values
+    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
+    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
+    (3, 'bot_inactive', 'the bot is inactive'),
+    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
+                                'reports it succeeded (upsert_request)'),
+    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
+    (6, 'no_user_message', 'the conversation has no user message'),
+    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
+                                'reports the bot''s answer (upsert_message, role assistant)'),
+    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
+                       'conversation''s last activity (next_change_at)'),
+    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
+    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
+                       'maintenance renews the job or it goes into the next batch'),
+    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
+                        '(memory.job_status, memory.retry_job)'),
+    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
+                      'workspace''s is spent'),
+    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
+    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
+    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
+    (16, 'job_running', 'a worker is extracting it now')
+$$;
+
+comment on function memory_private.waiting_reasons() is
+  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
+  'each with what it means.';
+
+create or replace function memory_private.waiting_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, reason text, conversations bigint, messages bigint,
+    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
+    explanation text
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := memory_private.operator_now();
+begin
+  return query
+  with classified as (
+    select cv.messages, cv.last_activity,
+           case
+             when cv.workspace_paused then 'workspace_paused'
+             when not cv.recall_enabled then 'recall_off'
+             when not cv.bot_active then 'bot_inactive'
+             when cv.status = 'failed' then 'request_failed'
+             when cv.status <> 'succeeded' then 'request_not_finished'
+             when cv.users = 0 then 'no_user_message'
+             when cv.assistants = 0 then 'no_assistant_message'
+             when cv.idle_until > v_now then 'idle_window'
+             when cv.job_status is not null and not cv.job_holds then 'next_batch'
+             when cv.job_status = 'running' then 'job_running'
+             when cv.job_status = 'pending'
+                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
+               then 'no_budget'
+             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
+               then 'not_priced'
+             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
+               then 'job_backoff'
+             when cv.job_status = 'pending' then 'job_due'
+             when cv.stopped_holds then 'job_stopped'
+             else 'awaiting_maintenance'
+           end as reason,
+           cv.idle_until, cv.job_next_attempt_at
+      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
+  )
+  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
+         -- when the earliest of them moves on by itself: the idle window's end, the job's
+         -- next attempt
+         min(case k.reason when 'idle_window' then k.idle_until
+                           when 'no_budget' then k.job_next_attempt_at
+                           when 'not_priced' then k.job_next_attempt_at
+                           when 'job_backoff' then k.job_next_attempt_at end),
+         rs.explanation
+    from classified k
+    join memory_private.waiting_reasons() rs on rs.reason = k.reason
+   group by k.reason, rs.rank, rs.explanation
+   order by rs.rank;
+end
+$$;
+
+comment on function memory_private.waiting_status_of(text) is
+  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
+
+create or replace function memory_private.operator_waiting_status()
+  returns table (
+    workspace_id text, reason text, conversations bigint, messages bigint,
+    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
+    explanation text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.waiting_status_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_waiting_status() is
+  'memory.waiting_status: every workspace''s rows, one workspace at a time, each on the node '
+  'holding it (security definer).';
+
+create or replace view memory.waiting_status as select * from memory_private.operator_waiting_status();
+
+comment on view memory.waiting_status is
+  'What waits to become a memory, and why: per workspace and reason, the conversations '
+  '(interactive requests) with messages not yet extracted, counted by the first reason that '
+  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
+  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
+  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
+  'messages, the oldest last activity, when the earliest of them moves on by itself '
+  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
+  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
+  'idle).';
+
+create or replace function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
+  returns jsonb
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+            from memory_private.jobs j
+           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
+end
+$$;
+
+comment on function memory_private.operator_job_retry_refusal(text, bigint) is
+  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
+  'ids, as operator_job_stale_reason).';
+
+create or replace function memory_private.job_status_of(p_workspace_id text)
+  returns table (
+    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
+    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
+    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
+    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
+    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
+    model_provider text, model_id text, config_version integer, config_current boolean,
+    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
+    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
+    timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select * from (
+    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
+           memory_private.operator_now() - j.created_at as age,
+           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
+           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
+           j.worker_id, j.lease_expires_at,
+           j.checkpoint is not null as has_checkpoint,
+           j.last_error,
+           a.attempt_no as last_attempt_no,
+           a.outcome as last_attempt_outcome,
+           a.error as last_attempt_error,
+           a.started_at as last_attempt_at,
+           coalesce(c.cost_usd, 0) as cost_usd,
+           j.origin_request_id, j.model_provider, j.model_id, j.config_version,
+           j.config_version = w.config_version as config_current,
+           case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
+                else jsonb_array_length(j.input -> 'candidates') end as input_items,
+           case when j.status in ('pending', 'running', 'stopped')
+                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
+                  as stale_reason,
+           case when j.status = 'stopped'
+                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
+                  as retry_refusal,
+           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+           j.created_at, j.updated_at, j.finished_at
+      from memory_private.jobs j
+      join memory_private.workspaces w on w.workspace_id = j.workspace_id
+      left join lateral (
+        select ja.attempt_no, ja.outcome, ja.error, ja.started_at
+          from memory_private.job_attempts ja
+         where ja.workspace_id = j.workspace_id and ja.job_id = j.job_id
+         order by ja.attempt_no desc
+         limit 1
+      ) a on true
+      left join lateral (
+        select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
+         where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
+      ) c on true
+     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
+  ) v
+   where v.workspace_id = p_workspace_id;
+end
+$$;
+
+comment on function memory_private.job_status_of(text) is
+  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
+
+create or replace function memory_private.operator_job_status()
+  returns table (
+    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
+    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
+    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
+    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
+    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
+    model_provider text, model_id text, config_version integer, config_current boolean,
+    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
+    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
+    timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.job_status_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_job_status() is
+  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
+  '(security definer).';
+
+create or replace view memory.job_status as select * from memory_private.operator_job_status();
+
+comment on view memory.job_status is
+  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
+  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
+  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
+  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
+  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
+  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
+
+create or replace function memory_private.request_memory_charges_of(p_workspace_id text)
+  returns table (
+    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
+    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
+    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
+    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
+    output_tokens bigint, last_charge_at timestamp with time zone
+  )
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+begin
+  return query
+  select q.workspace_id, q.request_id, q.status as request_status,
+         q.model_provider, q.model_id,
+         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
+         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
+         count(*) as attempts,
+         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
+         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
+         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
+         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
+           as consolidate_usd,
+         count(*) filter (where c.outcome = 'failed') as failed_attempts,
+         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
+         coalesce(sum(c.input_tokens), 0) as input_tokens,
+         coalesce(sum(c.output_tokens), 0) as output_tokens,
+         max(c.created_at) as last_charge_at
+    from memory_private.request_charges c
+    join memory_private.requests q
+      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+   where c.workspace_id = p_workspace_id
+   group by q.workspace_id, q.request_id;
+end
+$$;
+
+comment on function memory_private.request_memory_charges_of(text) is
+  'The rows of memory.request_memory_charges of one workspace.';
+
+create or replace function memory_private.operator_request_memory_charges()
+  returns table (
+    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
+    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
+    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
+    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
+    output_tokens bigint, last_charge_at timestamp with time zone
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_ws text;
+begin
+  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
+  -- would read the workers' shards as the operator, who may not read them.
+  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+    return query select * from memory_private.request_memory_charges_of(v_ws);
+  end loop;
+end
+$$;
+
+comment on function memory_private.operator_request_memory_charges() is
+  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
+  '(security definer).';
+
+create or replace view memory.request_memory_charges as
+select workspace_id, request_id, request_status, model_provider, model_id,
+       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
+       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
+       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
+       output_tokens, last_charge_at
+  from memory_private.operator_request_memory_charges();
+
+comment on view memory.request_memory_charges is
+  'One row per request that memory work charged (P18): its budget, the spend the backend '
+  'reported, the memory spend, what is left, and the memory attempts by kind '
+  '(memory_extract, memory_consolidate) and outcome with their tokens and dollars. An unknown '
+  'outcome is charged at its reserve.';
+
+create or replace function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_job memory_private.jobs;
+  v_refusal jsonb;
+  v_now timestamptz := memory_private.clock_now();
+  v_new bigint;
+  v_ws memory_private.workspaces;
+  v_request memory_private.requests;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_job_id is null then
+    raise exception 'job_id is required' using errcode = 'MB001';
+  end if;
+  perform memory_private.lock_workspace(p_workspace_id);
+  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
+  select * into v_job from memory_private.jobs
+   where workspace_id = p_workspace_id and job_id = p_job_id
+     for update;
+  if not found then
+    raise exception 'job % is unknown in workspace %', p_job_id, p_workspace_id
+      using errcode = 'MB002', hint = 'See memory.job_status.';
+  end if;
+  v_refusal := memory_private.job_retry_refusal(v_job);
+  if v_refusal is not null then
+    raise exception '%', v_refusal ->> 'reason' using errcode = v_refusal ->> 'code',
+      hint = 'Nothing was changed. See memory.job_status.';
+  end if;
+
+  -- A fresh job with the same input, origin request and pinned model: three new claims, due
+  -- now. The stopped job stays as it was (its attempts and charges are history) and names its
+  -- successor.
+  insert into memory_private.jobs
+    (workspace_id, scope_id, phase, input, input_hash, origin_request_id, model_provider,
+     model_id, config_version, next_attempt_at, last_error, created_at, updated_at)
+  values (p_workspace_id, v_job.scope_id, v_job.phase, v_job.input, v_job.input_hash,
+          v_job.origin_request_id, v_job.model_provider, v_job.model_id, v_job.config_version,
+          v_now,
+          left(format('operator retry of job %s, which stopped: %s', v_job.job_id,
+                      coalesce(v_job.last_error, 'no error recorded')), (memory_private.policy()).error_chars),
+          v_now, v_now)
+  returning job_id into v_new;
+  perform memory_private.note_change(p_workspace_id, 'inserted');
+  update memory_private.jobs
+     set result = coalesce(result, '{}'::jsonb)
+                  || jsonb_build_object('retried_as_job_id', v_new, 'retried_at', v_now),
+         updated_at = v_now
+   where workspace_id = p_workspace_id and job_id = p_job_id;
+
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  return jsonb_build_object(
+    'job_id', p_job_id,
+    'retried_as_job_id', v_new,
+    'status', 'pending',
+    'next_attempt_at', v_now,
+    'workspace_paused', v_ws.paused,
+    'request_budget_left_usd',
+      v_request.budget_usd - v_request.spent_usd
+      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
+    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
+      - (select memory_spent_usd from memory_private.workspace_memory
+          where workspace_id = p_workspace_id));
+end
+$$;
+
+comment on function memory.retry_job(text, bigint) is
+  'Retries a stopped job: a new pending job with the same input, origin request and pinned '
+  'model, due now with three fresh claims; the stopped job stays as history and names it '
+  '(retried_as_job_id). A retry replays the model call, which may be charged again. Refused, '
+  'changing nothing, when the job is not stopped or was already retried (MB025), its '
+  'configuration is outdated (MB022: maintenance schedules the work afresh), its input changed '
+  'since (MB021: maintenance schedules a fresh snapshot), or its scope has an open job of the '
+  'phase or its work was done since (MB025). A paused workspace keeps the job until resumed.';
+
+create or replace function memory.set_workspace_paused(p_workspace_id text, p_paused boolean)
+  returns jsonb
+  language plpgsql volatile security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_changed boolean;
+  v_running bigint;
+  v_pending integer;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_paused is null then
+    raise exception 'paused is required (true pauses memory work, false resumes it)'
+      using errcode = 'MB001';
+  end if;
+  update memory_private.workspaces
+     set paused = p_paused, updated_at = memory_private.clock_now()
+   where workspace_id = p_workspace_id and paused is distinct from p_paused;
+  v_changed := found;
+  perform memory_private.note_change(p_workspace_id,
+                                     case when v_changed then 'updated' else 'unchanged' end);
+  select job_id into v_running from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'running';
+  select count(*) into v_pending from memory_private.jobs
+   where workspace_id = p_workspace_id and status = 'pending';
+  return jsonb_build_object('workspace_id', p_workspace_id, 'paused', p_paused,
+                            'changed', v_changed, 'running_job_id', v_running,
+                            'pending_jobs', v_pending);
+end
+$$;
+
+comment on function memory.set_workspace_paused(text, boolean) is
+  'Pauses (true) or resumes (false) the background memory work of a workspace. While paused no '
+  'job is claimed and maintenance schedules no extraction or consolidation; it still expires '
+  'leases, retires stale jobs and runs the retention sweep, and recall of existing memories '
+  'goes on. A job already running finishes its current claim. Returns whether anything '
+  'changed, the running job (if any) and the pending count.';
+
+create or replace function memory_private.record_forgotten(p_workspace_id text, p_record_id bigint)
+  returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  -- The manage_memory call that forgot the record: when, by whom, with which others. (PL/pgSQL:
+  -- Citus plans no parameterized SQL function over distributed tables.)
+  return (
+  select jsonb_build_object(
+           'at', c.updated_at, 'by_user_id', q.user_id, 'request_id', c.request_id,
+           'tool_call_id', c.tool_call_id, 'scope_id', c.scope_id,
+           'memory_id', (c.outcome ->> 'memory_id')::bigint,
+           'forgotten_ids', c.outcome -> 'forgotten_ids')
+    from memory_private.tool_calls c
+    join memory_private.requests q
+      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+   where c.workspace_id = p_workspace_id and c.tool = 'manage_memory'
+     and c.outcome ->> 'action' = 'forget' and c.outcome ->> 'status' = 'done'
+     and c.outcome -> 'forgotten_ids' @> to_jsonb(p_record_id)
+   order by c.updated_at
+   limit 1);
+end
+$$;
+
+comment on function memory_private.record_forgotten(text, bigint) is
+  'When, by which user, in which request and tool call a record was forgotten through '
+  'manage_memory, with the memory the forget named and every record it removed (ids and '
+  'times only); NULL when no forget removed it.';
+
+create or replace function memory_private.record_dependency_states(
+  p_workspace_id text, p_record_id bigint, p_scope_id bigint, p_now timestamptz
 ) returns jsonb
+  language plpgsql stable
+  as $$
+begin
+  -- Each dependency: why it counts, the hash it had when used, the hash it has now, and its
+  -- state by the rule (memory_private.dependency_state).
+  return (
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
+           'role', m.role, 'speaker_id', m.speaker_id,
+           'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
+           'retain_until', m.retain_until, 'removed_at', m.removed_at,
+           'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
+           'tombstoned', t.message_id is not null,
+           'state', coalesce(memory_private.dependency_state(
+                      m.removed_at, m.body is not null, m.retain_until, m.content_hash,
+                      d.content_hash, t.message_id is not null, p_now), 'current'))
+         order by d.message_id), '[]')
+    from memory_private.record_dependencies d
+    join memory_private.messages m
+      on m.workspace_id = d.workspace_id and m.message_id = d.message_id
+    left join memory_private.tombstones t
+      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
+     and t.message_id = d.message_id
+   where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
+end
+$$;
+
+comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
+  'What explain_record shows of each message a record was made from: via, copied_by, role, '
+  'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
+  'the rule at p_now. No text.';
+
+create or replace function memory.explain_record(
+  p_workspace_id text, p_record_id bigint, p_requester text default null
+) returns jsonb
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_record memory_private.records;
+  v_usage memory_private.record_usage;
+  v_scope memory_private.scopes;
+  v_now timestamptz := memory_private.clock_now();
+  v_checks jsonb;
+  v_reason text;
+  v_forgotten jsonb;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  if p_record_id is null then
+    raise exception 'record_id is required' using errcode = 'MB001';
+  end if;
+  if p_requester is not null then
+    perform memory_private.check_id('requester', p_requester);
+  end if;
+  select * into v_record from memory_private.records
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  if not found then
+    v_forgotten := memory_private.record_forgotten(p_workspace_id, p_record_id);
+    if v_forgotten is not null then
+      return jsonb_build_object('workspace_id', p_workspace_id, 'record_id', p_record_id,
+                                'requester', p_requester, 'exists', false, 'valid', false,
+                                'invalid_reason', 'forgotten', 'forgotten', v_forgotten);
+    end if;
+    raise exception 'record % is unknown in workspace %', p_record_id, p_workspace_id
+      using errcode = 'MB002', hint = 'It was never made, or was pruned, deleted by the '
+                                      'retention sweep or purged; see memory.record_status.';
+  end if;
+  select * into v_usage from memory_private.record_usage
+   where workspace_id = p_workspace_id and record_id = p_record_id;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = v_record.scope_id;
+  -- The rule's own checks, in its order, formatted; the verdict is the rule's (invalid_records).
+  select jsonb_agg(jsonb_build_object('check', c.check_name, 'reason', c.reason, 'ok', c.ok,
+                                      'detail', c.detail) order by c.rank, c.check_name <> 'membership')
+    into v_checks
+    from memory_private.record_checks(p_workspace_id, p_record_id, p_requester) c;
+  v_reason := memory_private.record_invalid_reason(v_record, p_requester);
+  return jsonb_build_object(
+    'workspace_id', p_workspace_id,
+    'record_id', v_record.record_id,
+    'requester', p_requester,
+    'exists', true,
+    'valid', v_reason is null,
+    'invalid_reason', v_reason,
+    'record', jsonb_build_object(
+      'kind', v_record.kind, 'created_at', v_record.created_at,
+      'last_used_at', v_usage.last_used_at, 'usage_count', coalesce(v_usage.usage_count, 0),
+      'title_bytes', octet_length(v_record.title),
+      'summary_bytes', octet_length(v_record.summary),
+      'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
+      'repositories', to_jsonb(v_record.repositories),
+      'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
+      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
+    'scope', jsonb_build_object(
+      'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
+      'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
+      'recall_enabled', v_scope.recall_enabled),
+    'checks', v_checks,
+    -- The sources: what the summary cites, in the order it uses them.
+    'sources', to_jsonb(array(select rs.message_id from memory_private.record_sources rs
+                               where rs.workspace_id = p_workspace_id
+                                 and rs.record_id = p_record_id
+                               order by rs.position)),
+    -- Which line of the summary cites which source (by number, never the text): read from the
+    -- summary by the rule the record was written with (memory_private.line_citations).
+    'lines', coalesce((
+      select jsonb_agg(jsonb_build_object('line', x.line_no, 'sources', x.ids) order by x.line_no)
+        from (select l.line_no, jsonb_agg(l.message_id order by rs.position) as ids
+                from memory_private.line_citations(
+                       v_record.summary,
+                       array(select s.message_id from memory_private.record_sources s
+                              where s.workspace_id = p_workspace_id
+                                and s.record_id = p_record_id)) l
+                join memory_private.record_sources rs
+                  on rs.workspace_id = p_workspace_id and rs.record_id = p_record_id
+                 and rs.message_id = l.message_id
+               group by l.line_no) x), '[]'),
+    -- Each dependency with its state by the rule (no text).
+    'dependencies', memory_private.record_dependency_states(p_workspace_id, p_record_id,
+                                                            v_record.scope_id, v_now));
+end
+$$;
+
+comment on function memory.explain_record(text, bigint, text) is
+  'Why a record is or is not valid now, without its text: valid and invalid_reason exactly as '
+  'recall decides them (for the given requester, or for the scope''s own user when NULL), '
+  'every check in the order the rule applies them (recall on, bot '
+  'active, group linked, membership, requester owns the private scope, bot identity, '
+  'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
+  'reused or copied, with copied_by: the parts of the copy rule that found it) with the hash it had when used, the hash it has now and its state '
+  '(current, source_removed, source_expired, source_edited, forgotten). A record forgotten '
+  'through manage_memory answers exists false, invalid_reason forgotten and forgotten: when, '
+  'by which user, in which request and tool call, with which other records (ids only). MB001, '
+  'MB002 when the record is unknown (never made, pruned, swept or purged).';
+
+create or replace function memory_private.is_distributed() returns boolean
+  language plpgsql stable
+  as $$
+begin
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    return false;
+  end if;
+  return exists (select 1 from pg_dist_partition
+                  where logicalrelid = 'memory_private.workspaces'::regclass);
+end
+$$;
+
+comment on function memory_private.is_distributed() is
+  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
+  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
+
+create or replace function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_now timestamptz := memory_private.clock_now();
-  v_request text;
-  v_requests text[];
-  v_scope memory_private.scopes;
-  v_scope_id bigint;
-  v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
-                                       'batches_skipped', 0);
+  v_table regclass;
+  v_reference integer := 0;
+  v_distributed integer := 0;
+  v_has_rows boolean;
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  if v_ws.paused then
-    return v_counts;
+  for v_table in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+       and not exists (select 1 from pg_attribute a
+                        where a.attrelid = c.oid and a.attname = 'workspace_id')
+       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
+     order by c.relname
+  loop
+    perform create_reference_table(v_table);
+    v_reference := v_reference + 1;
+  end loop;
+  -- The tables that functions without a table row type need exist now on every node: those
+  -- functions next, then the workspace tables in foreign-key order (a table once every table
+  -- it references is distributed), workspaces first.
+  perform memory_private.distribute_functions(false);
+  loop
+    select c.oid::regclass into v_table from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+       and exists (select 1 from pg_attribute a
+                    where a.attrelid = c.oid and a.attname = 'workspace_id')
+       and not exists (select 1 from pg_dist_partition p where p.logicalrelid = c.oid)
+       and not exists (select 1 from pg_constraint f
+                        where f.conrelid = c.oid and f.contype = 'f' and f.confrelid <> c.oid
+                          and not exists (select 1 from pg_dist_partition p
+                                           where p.logicalrelid = f.confrelid))
+     order by c.relname <> 'workspaces', c.relname
+     limit 1;
+    exit when not found;
+    -- A table with rows (a database upgraded onto the cluster) is copied into its shards with
+    -- its triggers off: its rows' side effects are already in the other tables, and a trigger
+    -- firing on a shard would write to a table not distributed yet.
+    execute format('select exists (select 1 from %s)', v_table) into v_has_rows;
+    if v_has_rows then
+      execute format('alter table %s disable trigger user', v_table);
+    end if;
+    if v_table = 'memory_private.workspaces'::regclass then
+      perform create_distributed_table(v_table, 'workspace_id');
+    else
+      perform create_distributed_table(v_table, 'workspace_id',
+                                       colocate_with => 'memory_private.workspaces');
+    end if;
+    if v_has_rows then
+      execute format('alter table %s enable trigger user', v_table);
+    end if;
+    v_distributed := v_distributed + 1;
+  end loop;
+  if exists (select 1 from pg_class c
+              where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+                and not exists (select 1 from pg_dist_partition p
+                                 where p.logicalrelid = c.oid)) then
+    raise exception 'a table of memory_private cannot be distributed: its foreign keys do not '
+      'lead to memory_private.workspaces' using errcode = 'MB003';
   end if;
-  -- After a change confined to some requests and scopes, only their scopes can have a new
-  -- extraction input: every other scope's input is what the last tick derived (a job made,
-  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
-  -- comes as a change of its own (a job leaving running names its scope; a conversation's
-  -- idle end, its request). So a tick costs what the change touched, not the workspace's
-  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
-  if p_changed_requests is not null then
-    v_requests := p_changed_requests || array(
-      select r.request_id
-        from memory_private.scopes s
-        join memory_private.requests r
-          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
-         and (case when s.kind = 'private' then r.user_id = s.user_id
-                   else r.topic_id = s.topic_id end)
-       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
-  end if;
-  -- One representative request per scope that has something new to extract.
-  for v_request in
-    select min(r.request_id)
-      from memory_private.requests r
-      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-       and (v_requests is null or r.request_id = any (v_requests))
-       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
-       and exists (select 1 from memory_private.messages m
-                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-                      and memory_private.is_retained(m.body is not null, m.retain_until,
-                                                     v_now)
-                      and not exists (select 1 from memory_private.extracted_sources e
-                                       where e.workspace_id = m.workspace_id
-                                         and e.message_id = m.message_id
-                                         and e.content_hash = m.content_hash))
-     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
+  return jsonb_build_object('reference_tables', v_reference,
+                            'distributed_tables', v_distributed);
+end
+$$;
+
+comment on function memory_private.distribute_tables() is
+  'Makes every table of memory_private not yet on the cluster a reference table (no '
+  'workspace_id) or a table distributed by workspace_id co-located with workspaces, in '
+  'foreign-key order, after the functions that use no table''s row type; answers the counts.';
+
+create or replace function memory_private.distribute_functions(p_all boolean) returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_function regprocedure;
+  v_count integer := 0;
+begin
+  -- Every function is put on every node, none distributed by its workspace argument: Citus
+  -- would then delegate a call `select f('ws', ...)` whole to the workspace's node, but it
+  -- crashes the coordinator's backend (and so restarts the coordinator) when that argument is
+  -- NULL (Citus 13.2.2 hashes the NULL; docs/scaling.md). A call runs on the coordinator and
+  -- each of its statements, filtered by the workspace, is routed to the node holding it.
+  for v_function in
+    select p.oid::regprocedure
+      from pg_proc p
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_proc'::regclass and o.objid = p.oid)
+       and (p_all or not exists (
+             select 1 from pg_depend d join pg_type t on t.oid = d.refobjid
+               join pg_class c on c.oid = t.typrelid and c.relkind in ('r', 'v')
+              where d.classid = 'pg_proc'::regclass and d.objid = p.oid
+                and d.refclassid = 'pg_type'::regclass))
+     order by 1::text
+  loop
+    perform create_distributed_function(v_function);
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end
+$$;
+
+comment on function memory_private.distribute_functions(boolean) is
+  'Puts every function of memory and memory_private not yet on the cluster on every node (none '
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
+  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
+
+create or replace function memory_private.distribute_sql_functions() returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_function record;
+  v_body text;
+  v_header text;
+  v_count integer := 0;
+begin
+  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
+  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
+  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
+  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
+  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
+  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
+  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
+  -- with the same body: called, never inlined, each of its statements planned by Citus with the
+  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
+  -- SQL function.
+  for v_function in
+    select p.oid, p.prosrc, p.proretset,
+           pg_get_function_arguments(p.oid) as arguments,
+           pg_get_function_result(p.oid) as result,
+           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
+           p.prosecdef, p.proconfig
+      from pg_proc p
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and p.prolang = (select oid from pg_language where lanname = 'sql')
+       and p.provolatile <> 'i'
+       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
+                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
+                    where c.relkind in ('r', 'v', 'p'))
      order by 1
   loop
-    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
-    v_counts := memory_private.add_counts(v_counts,
-                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
+    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
+    v_body := case
+      when v_function.proretset then
+        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
+      else
+        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
+    end;
+    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
+                       v_function.oid::regproc, v_function.arguments, v_function.result,
+                       v_function.volatility,
+                       case when v_function.prosecdef then ' security definer' else '' end);
+    if v_function.proconfig is not null then
+      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
+                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
+        into v_header from unnest(v_function.proconfig) c;
+    end if;
+    execute format('%s as %L', v_header, v_body);
+    v_count := v_count + 1;
   end loop;
-  for v_scope_id in
-    select scope_id from memory_private.scopes
-     where workspace_id = p_workspace_id and consolidation_due_at is not null
-     order by scope_id
-  loop
-    v_counts := memory_private.add_counts(v_counts,
-                  memory_private.schedule_consolidation(p_workspace_id, v_scope_id));
-  end loop;
-  return v_counts;
+  return v_count;
 end
 $$;
-comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
-  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
-  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
-  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
-  'counts.';
 
-create or replace function memory_private.sweep_retention(p_workspace_id text) returns jsonb
+comment on function memory_private.distribute_sql_functions() is
+  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
+  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
+  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
+  'over empty table shells. Answers how many.';
+
+create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
   as $$
 declare
-  v_expired integer;
-  v_expired_requests text[];
-  v_derived integer;
-  v_invalid integer;
-  v_scrubbed integer;
-  v_tombstones integer;
-  v_pruned integer;
+  v_result jsonb;
+  v_view regclass;
+  v_views integer := 0;
+  v_types integer := 0;
+  v_type regtype;
+  v_function regprocedure;
+  v_sql_functions integer;
 begin
-  perform memory_private.lock_workspace(p_workspace_id);
-  select e.erased, e.request_ids into v_expired, v_expired_requests
-    from memory_private.erase_expired_messages(p_workspace_id) e;
-  v_derived := memory_private.erase_derived_answers(p_workspace_id);
-  v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
-  v_scrubbed := memory_private.scrub_erased(p_workspace_id);
-  v_tombstones := memory_private.drop_stale_tombstones(p_workspace_id);
-  v_pruned := memory_private.prune_records(p_workspace_id);
-  return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
-                            'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
-                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
-                            'expired_request_ids', to_jsonb(v_expired_requests));
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    raise exception 'this database has no Citus extension: nothing to distribute'
+      using errcode = 'MB025';
+  end if;
+  v_sql_functions := memory_private.distribute_sql_functions();
+  -- Function bodies refer to one another in any order: do not check them while the workers
+  -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
+  set local citus.propagate_set_commands = 'local';
+  set local check_function_bodies = off;
+  set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
+  set local citus.allow_nested_distributed_execution = on;
+  v_result := memory_private.distribute_tables();
+  -- A composite type that only function bodies use (no signature names it) is not among any
+  -- object's dependencies: a throwaway function taking it carries it to the workers.
+  for v_type in
+    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
+     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
+  loop
+    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
+                   'language sql as %L', v_type, 'select');
+    perform create_distributed_function(
+      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
+    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
+    v_types := v_types + 1;
+  end loop;
+  -- The views of memory_private (what the functions read on the workers): created again with DDL
+  -- propagation on, which creates them on the workers. The public views stay on the
+  -- coordinator, where operators query them.
+  for v_view in
+    select c.oid::regclass from pg_class c
+     where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
+       and not exists (select 1 from pg_dist_object o
+                        where o.classid = 'pg_class'::regclass and o.objid = c.oid)
+     order by c.oid
+  loop
+    execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
+    v_views := v_views + 1;
+  end loop;
+  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
+                                             'sql_functions_made_plpgsql', v_sql_functions,
+                                             'functions',
+                                             memory_private.distribute_functions(true));
+  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
+  -- the default again: Citus routes a statement by its parameters' values, which a generic
+  -- plan does not have. ALTER FUNCTION reaches the workers.
+  for v_function in
+    select p.oid::regprocedure from pg_proc p
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
+  loop
+    execute format('alter function %s reset plan_cache_mode', v_function);
+  end loop;
+  -- The functions call one another inside queries (a validity rule inside a search), which
+  -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
+  -- Every such nested query here reads the same workspace as the query around it, so the
+  -- same node: allowed for this database, on every node (ALTER DATABASE reaches the workers).
+  execute format('alter database %I set citus.allow_nested_distributed_execution = on',
+                 current_database());
+  return v_result;
 end
 $$;
-comment on function memory_private.sweep_retention(text) is
-  'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
-  'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
-  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
-  'messages expired here.';
+
+comment on function memory_private.distribute() is
+  'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
+  'tables distributed by workspace and co-located, the private views and every function on '
+  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
+  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
+  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+
+revoke all on function memory.schema_version() from public;
+
+grant execute on function memory.schema_version()
+  to memory_backend, memory_worker, memory_operator;
+
+revoke all on function
+  memory.upsert_workspace(text, integer, numeric, numeric, integer),
+  memory.upsert_member(text, text, text, boolean),
+  memory.upsert_bot(text, text, text, boolean),
+  memory.upsert_chat(text, text, text, text, boolean),
+  memory.upsert_topic(text, text, bigint, text),
+  memory.set_repository_grant(text, text, text, boolean),
+  memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
+                        numeric, text),
+  memory.finish_request(text, text, text, numeric),
+  memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
+  memory.remove_message(text, text)
+from public;
+
+grant execute on function
+  memory.upsert_workspace(text, integer, numeric, numeric, integer),
+  memory.upsert_member(text, text, text, boolean),
+  memory.upsert_bot(text, text, text, boolean),
+  memory.upsert_chat(text, text, text, text, boolean),
+  memory.upsert_topic(text, text, bigint, text),
+  memory.set_repository_grant(text, text, text, boolean),
+  memory.upsert_request(text, text, text, text, bigint, text, text, text, text, text, numeric,
+                        numeric, text),
+  memory.finish_request(text, text, text, numeric),
+  memory.upsert_message(text, text, text, text, text, text, boolean, timestamptz, text[]),
+  memory.remove_message(text, text)
+to memory_backend;
+
+revoke all on function
+  memory.claim_job(text),
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
+from public;
+
+grant execute on function
+  memory.claim_job(text),
+  memory.extend_lease(text, bigint, text),
+  memory.start_attempt(text, bigint, text, numeric),
+  memory.save_checkpoint(text, bigint, text, jsonb, jsonb),
+  memory.commit_job(text, bigint, text),
+  memory.fail_job(text, bigint, text, text, text, jsonb)
+to memory_worker;
+
+revoke all on function
+  memory.recall(text, text),
+  memory.query_memories(text, text, text, jsonb),
+  memory.request_citations(text, text)
+from public;
+
+grant execute on function
+  memory.recall(text, text),
+  memory.query_memories(text, text, text, jsonb),
+  memory.request_citations(text, text)
+to memory_backend;
+
+revoke all on function memory.manage_memory(text, text, text, jsonb) from public;
+
+grant execute on function memory.manage_memory(text, text, text, jsonb) to memory_backend;
+
+revoke all on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
+  from public;
+
+grant execute on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
+  to memory_worker, memory_operator;
+
+revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
+              memory.job_status, memory.request_memory_charges from public;
+
+grant select on memory.record_status, memory.scope_status, memory.workspace_status,
+                memory.job_status, memory.request_memory_charges to memory_operator;
+
+revoke all on function
+  memory_private.operator_now(),
+  memory_private.operator_invalid_records(text, bigint),
+  memory_private.operator_job_stale_reason(text, bigint),
+  memory_private.operator_job_retry_refusal(text, bigint)
+from public;
+
+grant execute on function
+  memory_private.operator_now(),
+  memory_private.operator_invalid_records(text, bigint),
+  memory_private.operator_job_stale_reason(text, bigint),
+  memory_private.operator_job_retry_refusal(text, bigint)
+to memory_operator;
+
+revoke all on function
+  memory_private.operator_record_status(), memory_private.operator_scope_status(),
+  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
+  memory_private.operator_request_memory_charges()
+from public;
+
+grant execute on function
+  memory_private.operator_record_status(), memory_private.operator_scope_status(),
+  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
+  memory_private.operator_request_memory_charges()
+to memory_operator;
+
+grant execute on function memory_private.policy() to memory_operator;
+
+revoke all on memory.waiting_status from public;
+
+grant select on memory.waiting_status to memory_operator, memory_worker;
+
+revoke all on function memory_private.operator_waiting_status() from public;
+
+grant execute on function memory_private.operator_waiting_status()
+  to memory_operator, memory_worker;
+
+revoke all on function
+  memory.retry_job(text, bigint),
+  memory.set_workspace_paused(text, boolean),
+  memory.explain_record(text, bigint, text)
+from public;
+
+grant execute on function
+  memory.retry_job(text, bigint),
+  memory.set_workspace_paused(text, boolean),
+  memory.explain_record(text, bigint, text)
+to memory_operator;
+
+set local check_function_bodies = on;
+
+-- pimem:generated end
+
+-- The numbers of the constraints are read through memory_private.policy_limit (one number,
+-- inlined), not the whole policy row.
+alter table memory_private.workspaces
+  alter column idle_window
+    set default make_interval(mins => memory_private.policy_limit('default_idle_minutes')),
+  drop constraint workspaces_idle_window_check,
+  add constraint workspaces_idle_window_check
+    check (idle_window >= interval '0'
+           and idle_window <= make_interval(mins => memory_private.policy_limit('max_idle_minutes')));
+alter table memory_private.job_attempts
+  drop constraint job_attempts_attempt_no_check,
+  add constraint job_attempts_attempt_no_check check (((attempt_no >= 1) and (attempt_no <= memory_private.policy_limit('max_claims'::text))));
+alter table memory_private.jobs
+  drop constraint jobs_claims_check,
+  add constraint jobs_claims_check check (((claims >= 0) and (claims <= memory_private.policy_limit('max_claims'::text))));
+alter table memory_private.messages
+  drop constraint messages_body_check,
+  add constraint messages_body_check check ((octet_length(body) <= memory_private.policy_limit('message_bytes'::text)));
+alter table memory_private.records
+  drop constraint records_summary_check,
+  add constraint records_summary_check check (((octet_length(summary) >= 1) and (octet_length(summary) <= memory_private.policy_limit('summary_bytes'::text)))),
+  drop constraint records_title_check,
+  add constraint records_title_check check (((octet_length(title) >= 1) and (octet_length(title) <= memory_private.policy_limit('title_bytes'::text))));
+alter table memory_private.request_recall
+  drop constraint request_recall_basis_record_ids_check,
+  add constraint request_recall_basis_record_ids_check check ((cardinality(basis_record_ids) <= memory_private.policy_limit('candidates'::text))),
+  drop constraint request_recall_index_text_check,
+  add constraint request_recall_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text))),
+  drop constraint request_recall_record_ids_check,
+  add constraint request_recall_record_ids_check check ((cardinality(record_ids) <= memory_private.policy_limit('index_ids'::text)));
+alter table memory_private.scopes
+  drop constraint scopes_index_candidate_ids_check,
+  add constraint scopes_index_candidate_ids_check check ((cardinality(index_candidate_ids) <= memory_private.policy_limit('candidates'::text))),
+  drop constraint scopes_index_record_ids_check,
+  add constraint scopes_index_record_ids_check check ((cardinality(index_record_ids) <= memory_private.policy_limit('index_ids'::text))),
+  drop constraint scopes_index_text_check,
+  add constraint scopes_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text)));
+
+-- What the searches read of the records, derived by the function that keeps it.
+select memory_private.index_records(r.workspace_id, array_agg(r.record_id), true)
+  from memory_private.records r group by r.workspace_id;
+
+analyze memory_private.records, memory_private.record_documents, memory_private.record_texts,
+  memory_private.record_words, memory_private.messages;

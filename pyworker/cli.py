@@ -99,19 +99,25 @@ def migrate(
         typer.echo("  docs/scaling.md")
 
 
-def schema_bundle() -> None:
-    """Maintainers: regenerate the unreleased first migration from sql/ (in a checkout)."""
-    from pyworker.lab import releases
+def schema_bundle(
+    check: Annotated[bool, typer.Option(
+        "--check", help="change nothing; exit 1 when the file is not what would be written")
+    ] = False,
+) -> None:
+    """Maintainers: write the generated parts of the unreleased migration from sql/ (every
+    function, view and trigger that differs from the last release), or open the next one after
+    a release (in a checkout; docs/migrations.md)."""
+    from pyworker.lab import releases, sqlcode
 
     if not schema.in_checkout():
         console.print("[red]schema-bundle runs in a source checkout only[/red]")
         raise typer.Exit(1)
     try:
-        path = releases.write_initial_migration()
-    except schema.MigrateError as exc:
+        path = releases.write_unreleased_migration(check=check)
+    except (schema.MigrateError, sqlcode.SqlCodeError) as exc:
         console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(1) from None
-    console.print(f"wrote {path}")
+    console.print(f"{'checked' if check else 'wrote'} {path}")
 
 
 def freeze_release(

@@ -174,14 +174,17 @@ def test_the_freeze_guard_refuses_an_edited_release_and_a_migration_numbered_bef
         "\n".join(releases.freeze_problems([synthetic.release], work))
 
 
-def test_a_frozen_first_migration_is_never_regenerated_and_a_release_is_frozen_once(
-        synthetic: Synthetic, pg_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    initial = synthetic.release_dir / releases.INITIAL_MIGRATION.name
-    before = initial.read_bytes()
-    monkeypatch.setattr(releases, "INITIAL_MIGRATION", initial)
-    with pytest.raises(schema.MigrateError, match="is frozen"):
-        releases.write_initial_migration()
-    assert initial.read_bytes() == before
+def test_after_a_freeze_schema_bundle_opens_the_next_migration_and_a_release_is_frozen_once(
+        synthetic: Synthetic, pg_server: Server, tmp_path: Path) -> None:
+    work = tmp_path / "m"
+    shutil.copytree(synthetic.release_dir, work)
+    frozen = {p.name: p.read_bytes() for p in work.iterdir()}
+    path = releases.write_unreleased_migration(directory=work)
+    # every released file untouched; the next one opened, holding nothing sql/ did not change
+    assert {p.name: p.read_bytes() for p in work.iterdir() if p != path} == frozen
+    assert path.name == f"{synthetic.release.schema_version + 1:04d}_since_0_0_1.sql"
+    assert "create or replace" not in path.read_text()
+    assert releases.write_unreleased_migration(check=True, directory=work) == path
     with pytest.raises(ValueError, match="is not after the last release"):
         releases.freeze(synthetic.release.version, dsn=pg_server.admin_dsn,
                         directory=synthetic.release_dir)

@@ -28,6 +28,7 @@ from pathlib import Path
 import psycopg
 
 from pyworker import schema
+from pyworker.lab import sqlcode
 
 MANIFEST_NAME = "releases.json"
 VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -219,22 +220,174 @@ def copy_release(release: Release, source: Path, target: Path) -> Path:
     return target
 
 
-INITIAL_MIGRATION = schema.MIGRATIONS_DIR / "0001_initial.sql"
-BUNDLE_HEADER = """\
--- 0001_initial: the first release of the schema, bundled from sql/ by `pimem schema-bundle`.
--- Until the first release is frozen (`pimem freeze-release`, migrations/releases.json) this file
--- is regenerated from sql/; after it, it never changes and every change ships as a new migration
--- (see docs/migrations.md).
-"""
+# The unreleased migration: a hand-written part and generated parts -----------------------------
+#
+# A release migration holds what only a person can write (tables, columns, indexes, types,
+# reference rows, data moves, drops, and why), and between the lines
+#
+#     -- pimem:generated begin[: schema.name ...]
+#     -- pimem:generated end
+#
+# what `pimem schema-bundle` writes from sql/: every function, view and trigger whose
+# definition (with its comments and ALTERs) differs from the last release's, as a `create or
+# replace`, in sql/'s order, and every grant or revoke on code that is new or names code written
+# here. A region naming objects holds those (for a generated column or a backfill that needs a
+# function before the rest); the last region holds every other object and the privileges.
+# tests/test_migrations.py checks the committed file equals what this writes.
+
+GENERATED_BEGIN = "-- pimem:generated begin"
+GENERATED_END = "-- pimem:generated end"
+GENERATED_NOTE = ("-- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, "
+                  "then run it again.")
+_REGION = re.compile(rf"^{re.escape(GENERATED_BEGIN)}(?::(?P<names>[^\n]*))?\n.*?"
+                     rf"^{re.escape(GENERATED_END)}\n", re.S | re.M)
 
 
-def write_initial_migration() -> Path:
-    """Regenerates the unreleased first migration from the canonical files; refuses once a
-    release has frozen it (then every change is a new migration)."""
-    for release in load(INITIAL_MIGRATION.parent):
-        if INITIAL_MIGRATION.name in release.migrations:
+def unreleased_migration(directory: Path | None = None) -> Path | None:
+    """The migration no release holds (at most one: docs/migrations.md), or None."""
+    directory = directory or schema.MIGRATIONS_DIR
+    released = {n for r in load(directory) for n in r.migrations}
+    files = [p for p in schema.migration_files(directory) if p.name not in released]
+    if len(files) > 1:
+        raise schema.MigrateError(
+            f"{', '.join(p.name for p in files)} are all unreleased: one release, one "
+            "migration (fold them into the first)")
+    return files[0] if files else None
+
+
+def released_code(directory: Path | None = None) -> dict[tuple[str, str], str]:
+    """Every function, view, trigger and privilege statement the last release's migrations
+    leave in a database, each as :meth:`sqlcode.CodeObject.text` writes it."""
+    directory = directory or schema.MIGRATIONS_DIR
+    releases_ = load(directory)
+    if not releases_:
+        return {}
+    stmts = sqlcode.file_statements(sorted(directory / n for n in releases_[-1].migrations))
+    views: set[str] = set()
+    code: dict[tuple[str, str], list[str]] = {}
+    for s in stmts:
+        if m := sqlcode.CREATE_VIEW.match(s.head):
+            views.add(m.group(1))
+        gone = sqlcode.dropped([s])
+        for dropped_key in gone:
+            code.pop(dropped_key, None)
+        key = sqlcode.code_key(s, views)
+        if key is None or gone:
+            continue
+        if s.head.startswith("create "):
+            code[key] = []
+        elif key not in code and key[0] != "privileges":
+            continue  # speaks of what the schema proper made (sqlcode.objects)
+        code.setdefault(key, []).append(sqlcode.replacing(s.text))
+    return {k: "\n\n".join(v) for k, v in code.items()}
+
+
+def generated_regions(text: str) -> list[list[str] | None]:
+    """The regions of a migration's text: the names each holds, None for the last (the rest)."""
+    found: list[list[str] | None] = []
+    for m in _REGION.finditer(text):
+        names = (m.group("names") or "").split()
+        found.append(names or None)
+    return found
+
+
+def bundle_migration(text: str, directory: Path | None = None) -> str:
+    """``text`` (an unreleased migration) with its generated regions written from sql/.
+    Refuses (:class:`sqlcode.SqlCodeError`) what it cannot write unambiguously: no region, a
+    region naming code that needs nothing written, code written by hand in the hand-written
+    part, or released code that sql/ lost and the hand-written part does not drop."""
+    hand = _REGION.sub("", text)
+    regions = generated_regions(text)
+    if not regions:
+        raise sqlcode.SqlCodeError(
+            f"the unreleased migration has no `{GENERATED_BEGIN}` ... `{GENERATED_END}` region")
+    if regions[-1] is not None:
+        raise sqlcode.SqlCodeError("the last generated region must name nothing: it holds "
+                                   "every object the others do not name")
+    hand_stmts = sqlcode.statements(hand, "hand-written part")
+    for s in hand_stmts:
+        if sqlcode.CREATE_FUNCTION.match(s.head) or sqlcode.CREATE_VIEW.match(s.head) \
+                or sqlcode.CREATE_TRIGGER.match(s.head):
+            raise sqlcode.SqlCodeError(
+                f"{s.source}: functions, views and triggers come from sql/ (the generated "
+                "part), not from the hand-written part")
+    code, _ = sqlcode.objects(sqlcode.file_statements(schema.canonical_files()))
+    released = released_code(directory)
+    dropped = sqlcode.dropped(hand_stmts)
+    lost = sorted(k for k in released if k[0] != "privileges" and k not in code
+                  and k not in dropped)
+    if lost:
+        raise sqlcode.SqlCodeError(
+            "released code that sql/ no longer defines must be dropped in the hand-written "
+            "part: " + ", ".join(f"{kind} {name}" for kind, name in lost))
+    for key, obj in code.items():
+        before = released.get(key)
+        if key[0] == "function" and before is not None and key not in dropped \
+                and sqlcode.signature(before) != sqlcode.signature(obj.statements[0].text):
+            raise sqlcode.SqlCodeError(
+                f"{key[1]}: its arguments or result differ from the last release's, which "
+                "create or replace cannot change: drop the released one in the hand-written "
+                "part (and ship the change under a new name if a release promised it: "
+                "docs/migrations.md, the rolling-upgrade rule)")
+    changed = [k for k, o in code.items() if k[0] != "privileges"
+               and (released.get(k) != o.text() or k in dropped)]
+    changed_names = {name for _, name in changed}
+    privileges = [k for k, o in code.items() if k[0] == "privileges"
+                  and (k not in released
+                       or any(n in changed_names for s in o.statements
+                              for n in sqlcode.mentioned(s)))]
+    placed: dict[tuple[str, str], int] = {}
+    for number, names in enumerate(regions):
+        for name in names or []:
+            keys = [k for k in changed if k[1] == name]
+            if not keys:
+                raise sqlcode.SqlCodeError(
+                    f"a generated region names {name}, which sql/ does not define or which is "
+                    "the same as in the last release")
+            placed.update((k, number) for k in keys)
+    last = len(regions) - 1
+    bodies: list[list[str]] = [[] for _ in regions]
+    for key in changed + privileges:
+        bodies[placed.get(key, last)].append(code[key].text())
+    rendered = iter(bodies)
+
+    def region(m: re.Match[str]) -> str:
+        body = next(rendered)
+        head = GENERATED_BEGIN + (f":{m.group('names')}" if m.group("names") else "")
+        parts = [head, GENERATED_NOTE, "set local check_function_bodies = off;", *body,
+                 "set local check_function_bodies = on;", GENERATED_END]
+        return "\n\n".join(parts[:2]) + "\n\n" + "\n\n".join(parts[2:]) + "\n"
+
+    return _REGION.sub(region, text)
+
+
+def write_unreleased_migration(check: bool = False, directory: Path | None = None) -> Path:
+    """Writes the generated regions of the unreleased migration from sql/ (``check``: only
+    compares, raising when the file differs). Without an unreleased migration, opens the next
+    one: ``NNNN_since_<last release>.sql`` with a header to complete and one region."""
+    directory = directory or schema.MIGRATIONS_DIR
+    path = unreleased_migration(directory)
+    if path is None:
+        releases_ = load(directory)
+        if not releases_:
+            raise schema.MigrateError("no release is frozen: nothing to migrate from")
+        number = schema.expected_version(directory) + 1
+        since = releases_[-1].version.replace(".", "_")
+        path = directory / f"{number:04d}_since_{since}.sql"
+        if check:
+            raise schema.MigrateError(f"no unreleased migration: {path.name} would be opened")
+        path.write_text(
+            f"-- {path.stem}: every schema change since release {releases_[-1].version}, in one "
+            "migration\n-- (docs/migrations.md). Above the generated part: what only a person "
+            "writes (tables,\n-- columns, data moves, drops, and why).\n\n"
+            f"{GENERATED_BEGIN}\n{GENERATED_END}\n")
+    text = path.read_text()
+    wanted = bundle_migration(text, directory)
+    if check:
+        if wanted != text:
             raise schema.MigrateError(
-                f"{INITIAL_MIGRATION.name} was released in {release.version} and is frozen: "
-                "write the change as a new migration NNNN_<what>.sql (docs/migrations.md)")
-    INITIAL_MIGRATION.write_text(BUNDLE_HEADER + "\n" + schema.canonical_sql())
-    return INITIAL_MIGRATION
+                f"{path.name} is not what `pimem schema-bundle` writes from sql/: run it")
+        return path
+    if wanted != text:
+        path.write_text(wanted)
+    return path
