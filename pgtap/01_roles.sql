@@ -16,7 +16,7 @@ select set_eq(
         'remove_message',
         'recall', 'query_memories', 'manage_memory', 'request_citations',
         'resolve_scope', 'delete_workspace', 'answer_retention_boundary', 'schema_version',
-        'tool_definitions'],
+        'tool_definitions', 'member_memories', 'erase_member'],
   'memory_backend executes the ingest API and scope resolution');
 
 select set_eq(
@@ -28,7 +28,8 @@ select set_eq(
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
   array['resolve_scope', 'delete_workspace', 'run_maintenance', 'maintain_next_workspace',
-        'retry_job', 'set_workspace_paused', 'explain_record', 'schema_version'],
+        'retry_job', 'set_workspace_paused', 'explain_record', 'schema_version',
+        'member_memories', 'erase_member'],
   'memory_operator executes the operator functions');
 
 create role pimem_test_backend login in role memory_backend;

@@ -7,10 +7,10 @@ select is(
   (select row(p.default_idle_minutes, p.batch_bytes, p.existing_with_batch, p.summary_bytes,
               p.title_bytes, p.candidates, p.index_bytes, p.index_ids, p.max_claims, p.lease,
               p.failure_backoff, p.directory_records, p.query_limit, p.shown_sources,
-              p.unused_days, p.workspace_records)::text
+              p.unused_days, p.workspace_records, p.batch_messages)::text
      from memory_private.policy() p),
-  row(30, 24000, 4, 4000, 300, 48, 4500, 12, 3, interval '2 minutes', interval '1 hour', 8, 12,
-      20, 30, 256)::text,
+  row(30, 24000, 0, 4000, 300, 48, 4500, 12, 3, interval '2 minutes', interval '1 hour', 8, 12,
+      20, 30, 256, 200)::text,
   'the policy holds the specified numbers (P3-P6, P9, P12, P13, R2, R4, R5, T5)');
 
 select is_empty($$

@@ -63,7 +63,8 @@ select is((select array_agg(message_id order by message_id) from memory_private.
   array['m1'], 'the record cites what the output cites');
 select is((select array_agg(message_id order by message_id)
              from memory_private.record_dependencies),
-  array['m1'], 'and depends on that, not on the uncited rest of the batch');
+  array['m1', 'm2'], 'and depends on everything the call was shown, the uncited rest of the '
+  'batch too');
 select throws_ok($$ update memory_private.jobs set status = 'running' $$, 'MB025', null,
   'a succeeded job cannot run again');
 select is(memory.run_maintenance('wj') ->> 'consolidate_jobs_created', '1',

@@ -453,6 +453,18 @@ class _MemoryApi:
     def delete_workspace(self, workspace_id: str) -> _Call[dict[str, Any]]:
         return _value("delete_workspace", workspace_id)
 
+    @endpoint
+    def member_memories(self, workspace_id: str, user_id: str) -> _Call[dict[str, Any]]:
+        """Every memory holding the member's statements, for export (``memory.member_memories``:
+        ids, scope, title and summary, speakers, the member's message ids, hidden_because)."""
+        return _value("member_memories", workspace_id, user_id)
+
+    @endpoint
+    def erase_member(self, workspace_id: str, user_id: str) -> _Call[dict[str, Any]]:
+        """Erases the member's statements in every scope and everything made from them, now
+        (``memory.erase_member``); answers the counts."""
+        return _value("erase_member", workspace_id, user_id)
+
     # The model's tools ---------------------------------------------------------------------------
 
     @endpoint

@@ -88,7 +88,8 @@ create type memory_private.policy_values as (
   max_dollars numeric,         -- any dollar amount
   -- jobs (P4, P6, P9, P12, P13)
   batch_bytes integer,         -- P4: one extraction batch
-  existing_with_batch integer, -- P5: valid memories that accompany a batch
+  existing_with_batch integer, -- P5: valid memories that accompany a batch (chosen by what the
+                               -- batch is about; every record depends on what they rest on)
   title_bytes integer,         -- P6
   summary_bytes integer,       -- P6
   candidates integer,          -- P9: records a consolidation sees
@@ -108,15 +109,13 @@ create type memory_private.policy_values as (
   -- retention (T5)
   unused_days integer,         -- T5: records unused this long are pruned
   workspace_records integer,   -- T5: the most records a workspace keeps
-  -- provenance by content (V7, docs/retention.md: memory_private.copied_parts)
-  copy_run_words integer,      -- consecutive words of a message that make a copy
-  copy_message_words integer,  -- a message of fewer words is trivial: never "copied whole"
-  copy_token_chars integer,    -- the shortest distinctive token (a number, code, address)
-  copy_stock_records integer,  -- the newest records searched for the model's stock phrasing
   -- bounded search (R4): what one query_memories call may make the search do
   query_terms integer,         -- words and CJK pairs the word stage searches for
   fuzzy_words integer,         -- query words the fuzzy stage compares
-  fuzzy_neighbours integer     -- scope words a fuzzy query word is compared with, on each side
+  fuzzy_neighbours integer,    -- scope words a fuzzy query word is compared with, on each side
+  -- jobs, continued
+  batch_messages integer       -- P4: the most messages one extraction batch holds (what a
+                               -- record may depend on, bounded however short the messages)
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -135,7 +134,7 @@ create function memory_private.policy() returns memory_private.policy_values
     30,                     -- default_idle_minutes
     1000000,                -- max_dollars
     24000,                  -- batch_bytes
-    4,                      -- existing_with_batch
+    0,                      -- existing_with_batch
     300,                    -- title_bytes
     4000,                   -- summary_bytes
     48,                     -- candidates
@@ -153,23 +152,19 @@ create function memory_private.policy() returns memory_private.policy_values
     60,                     -- note_title_chars
     30,                     -- unused_days
     256,                    -- workspace_records
-    8,                      -- copy_run_words
-    4,                      -- copy_message_words
-    4,                      -- copy_token_chars
-    48,                     -- copy_stock_records
     32,                     -- query_terms
     8,                      -- fuzzy_words
-    16                      -- fuzzy_neighbours
+    16,                     -- fuzzy_neighbours
+    200                     -- batch_messages
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
   'Every limit, count and period of the memory''s rules (memory_private.policy_values names '
   'them): byte and count limits of ingest, model output, recall and tools; three model calls per '
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
-  'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
-  'words, a token of 4 characters; stock phrasing looked for in the 48 newest records); the '
-  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side). Immutable: '
-  'changing one is a migration.';
+  'per workspace; a batch of at most 24,000 bytes and 200 messages, shown with no earlier '
+  'memory (docs/retention.md: what that choice measured); the bounds of one search (32 query '
+  'terms, 8 fuzzy words, 16 neighbours a side). Immutable: changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor
 -- rather than as `(memory_private.policy()).name`: a field of the composite type makes the

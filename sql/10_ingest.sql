@@ -105,7 +105,7 @@ begin
   -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
   -- a tick that started before this transaction commits, and the change would be missed.
   if p_outcome in ('inserted', 'updated') then
-    if p_conversation then
+    if p_conversation and p_request_id is not null then
       select v_now + idle_window into v_idle_at from memory_private.workspaces
        where workspace_id = p_workspace_id;
     end if;
@@ -118,8 +118,8 @@ end
 $$;
 comment on function memory_private.note_change(text, text, boolean, text, bigint) is
   'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
-  'updated), and, for a change to a conversation (a request or a message), again when the '
-  'workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
+  'updated), and, for a change to a conversation (p_conversation, with its request: a request '
+  'or a message), again when the workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
   'that request (a new message or request) or scope; neither: anything may have changed. '
   'Returns p_outcome, so an upsert can return through it.';
 
@@ -224,7 +224,8 @@ create table memory_private.messages (
   created_at timestamptz not null,
   edited_at timestamptz,
   removed_at timestamptz,
-  removal_reason text check (removal_reason in ('removed', 'derived_from_removed')),
+  removal_reason text check (removal_reason in ('removed', 'derived_from_removed',
+                                                 'member_erased')),
   scrub_pending boolean not null default false,
   primary key (workspace_id, message_id),
   foreign key (workspace_id, request_id) references memory_private.requests on delete cascade,
@@ -238,7 +239,8 @@ comment on table memory_private.messages is
   'ends; content_hash is computed here. Non-directed group messages are never stored (V10).';
 comment on column memory_private.messages.removal_reason is
   'removed: the backend reported the removal; derived_from_removed: a privacy sweep erased an '
-  'answer derived from recalled sources that are gone (T3).';
+  'answer derived from recalled sources that are gone (T3); member_erased: '
+  'memory.erase_member erased the statements of the member who spoke or asked it.';
 comment on column memory_private.messages.retain_until is
   'End of the original retention; NULL means retained until removed.';
 comment on column memory_private.messages.scrub_pending is
@@ -753,7 +755,8 @@ begin
            scrub_pending = true
      where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
     return memory_private.note_change(p_workspace_id,
-                                      case when found then 'updated' else 'unchanged' end, true);
+                                      case when found then 'updated' else 'unchanged' end, true,
+                                      v_old.request_id);
   end if;
   if v_old.message_id is not null then
     if v_old.removed_at is not null then
@@ -773,7 +776,9 @@ begin
            retain_until = p_retain_until, repositories = v_repos,
            edited_at = case when content_hash <> v_hash then v_now else edited_at end
      where workspace_id = p_workspace_id and message_id = p_message_id;
-    return memory_private.note_change(p_workspace_id, 'updated', true);
+    -- An edit changes its conversation (extracted again once idle) and what records anywhere
+    -- rest on (the tick's sweep finds those).
+    return memory_private.note_change(p_workspace_id, 'updated', true, p_request_id);
   end if;
 
   insert into memory_private.messages
@@ -797,15 +802,20 @@ create function memory.remove_message(p_workspace_id text, p_message_id text) re
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
   as $$
+declare
+  v_request text;
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('message_id', p_message_id);
   update memory_private.messages
      set body = null, content_hash = null, removed_at = memory_private.clock_now(),
          removal_reason = 'removed', scrub_pending = true
-   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
+   where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null
+  returning request_id into v_request;
   if found then
-    return memory_private.note_change(p_workspace_id, 'updated', true);
+    -- Its conversation changed (what is left of it is extracted again once idle); what records
+    -- anywhere rest on it, the tick's sweep finds.
+    return memory_private.note_change(p_workspace_id, 'updated', true, v_request);
   end if;
   if not exists (select 1 from memory_private.messages
                   where workspace_id = p_workspace_id and message_id = p_message_id) then

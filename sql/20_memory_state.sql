@@ -6,12 +6,13 @@
 -- sets of messages (V7):
 --   sources       the messages its output cites, in the order the summary uses them: what
 --                 query_memories shows (20 at most) and what enters a request's citation set;
---   dependencies  what its content was made from, each message with the content hash it had:
---                 the cited messages, plus every dependency of the memories the output declared
---                 it reused, plus any uncited message whose words the summary repeats (the
---                 defence in depth of commit_job). Never the rest of what the model saw.
+--   dependencies  what its content may have been made from, each message with the content hash
+--                 it had: everything its model call was shown (every message of the batch,
+--                 every dependency of every memory shown with the batch), whatever the output
+--                 cites, declares or copies; a note, the message that asked for it. The model
+--                 is stateless per call: it can only write what it was shown.
 -- Validity, forgetting, retention and grants act on the dependencies (T1, T7, T8), so a record
--- outlives every message it was not made from.
+-- never outlives a message it may hold, in whatever spelling or words (docs/retention.md).
 
 create table memory_private.scopes (
   workspace_id text not null,
@@ -294,9 +295,8 @@ create table memory_private.record_dependencies (
   record_id bigint not null,
   message_id text not null,
   content_hash text not null,
-  via text not null check (via in ('cited', 'reused', 'copied')),
+  via text not null check (via in ('cited', 'shown', 'inherited')),
   position integer constraint record_dependencies_position_check check (position >= 1),
-  copied_by text[],
   -- content_hash and position included: a record's dependencies and sources in order are read
   -- from the index alone (memory_private.copy_dependencies after every write, and the readers
   -- of record_sources: request_citations, record_status, explain_record).
@@ -306,26 +306,17 @@ create table memory_private.record_dependencies (
   -- places: the planner would read a record's sources through it and the heap instead of from
   -- the primary key alone.)
   constraint record_dependencies_cited_position check ((via = 'cited') = (position is not null)),
-  -- What the copy rule found a copied dependency by; a reused one has it when the memory it
-  -- came through was copied rather than declared; a cited one never.
-  constraint record_dependencies_copied_by_check
-    check (case when copied_by is null then via <> 'copied'
-                else via in ('copied', 'reused') and cardinality(copied_by) > 0
-                     and copied_by <@ array['message', 'run', 'token'] end),
   foreign key (workspace_id, record_id) references memory_private.records on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
 comment on table memory_private.record_dependencies is
-  'What a record''s content was made from: each message with the content hash it had when used, '
-  'and why it counts: cited (a source of the record), reused (a dependency of a memory shown '
-  'with the batch that the output declared it reused or copies) or copied (an uncited message '
-  'of the batch whose content the record copies: memory_private.copied_sources). '
-  'Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
+  'What a record''s content may have been made from: everything its model call was shown, each '
+  'message with the content hash it had then, and why it counts: cited (a source of the record: '
+  'its output cites it), shown (a message of its batch the output does not cite) or inherited '
+  '(a dependency of a memory shown with the batch). A note depends on the message that asked for '
+  'it. Validity, forgetting, retention and grants act on these (T1, T7, T8). A cited one is a '
   'source: position numbers the sources in the order the summary uses them (position 1 first; '
   'memory_private.record_sources lists them).';
-comment on column memory_private.record_dependencies.copied_by is
-  'Which parts of the copy rule (memory_private.copied_parts: message, run, token) found the '
-  'copied message, or the copied memory a reused dependency came through; NULL otherwise.';
 comment on column memory_private.record_dependencies.position is
   'For a source (via = cited): its place among the record''s sources, in the order the summary '
   'uses them; NULL for any other dependency.';

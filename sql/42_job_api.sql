@@ -262,286 +262,12 @@ comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
   '(MB021: the output could never be committed and may carry the text that changed) changes '
   'nothing: report it with fail_job(..., ''failed'', code, usage).';
 
--- What a record copies ------------------------------------------------------------------------
--- A record depends on every message of its batch and every memory shown with the batch whose
--- content it copies, cited or not (docs/retention.md, "What a record copies"). The record's
--- text is its title and summary: everything else it stores (record_texts, record_documents,
--- record_lines, line_sources) is derived from those two. The rule's functions that read FROM
--- something are PL/pgSQL: such a SQL function is not inlined and is planned again in every
--- transaction that calls it, where a PL/pgSQL one keeps its plans for the session (a commit
--- runs them a dozen times).
-
-create function memory_private.copy_normal(p_text text) returns text
-  language sql immutable strict parallel safe
-  as $$
-  -- Without invisible characters (every format character, Unicode category Cf, and the other
-  -- default-ignorable code points: variation selectors, fillers, tags), in Unicode
-  -- compatibility form (full-width letters, ligatures and the like become the plain ones),
-  -- lower case. The database is UTF-8, as normalize() and every CJK rule here need.
-  select lower(normalize(regexp_replace(p_text,
-           '[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u115f-\u1160'
-           '\u17b4-\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164'
-           '\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f'
-           '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]', '', 'g'), nfkc))
-$$;
-comment on function memory_private.copy_normal(text) is
-  'A text as the copy rule compares it: format characters (Unicode category Cf) and the other '
-  'default-ignorable code points removed, NFKC (compatibility form), lower case.';
-
-create function memory_private.copy_words(p_text text) returns text[]
-  language plpgsql immutable strict parallel safe
-  as $$
-begin
-  -- Words are runs of letters and digits of the normalised text; a Chinese, Japanese or Korean
-  -- character is a word of its own (those scripts do not separate words with spaces). They are
-  -- spaced apart first: a regular expression takes the longest match, so a run of them would
-  -- otherwise be one word.
-  return (
-    select coalesce(array_agg(m.word[1] order by m.n), '{}')
-      from regexp_matches(
-             regexp_replace(memory_private.copy_normal(p_text),
-                            '([぀-ヿ㐀-䶿一-鿿가-힯豈-﫿])', ' \1 ', 'g'),
-             '[぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]|[[:alnum:]]+', 'g') with ordinality as m(word, n)
-  );
-end
-$$;
-comment on function memory_private.copy_words(text) is
-  'The words of a text in order, normalised (memory_private.copy_normal): runs of letters and '
-  'digits, each CJK character a word of its own.';
-
-create function memory_private.word_runs(p_words text[]) returns text[]
-  language plpgsql immutable strict parallel safe
-  as $$
-begin
-  return (
-    select coalesce(array_agg(distinct array_to_string(
-                      p_words[i:i + (memory_private.policy()).copy_run_words - 1], ' ')), '{}')
-      from generate_series(1, cardinality(p_words) - (memory_private.policy()).copy_run_words + 1)
-           as i
-  );
-end
-$$;
-comment on function memory_private.word_runs(text[]) is
-  'Every run of policy copy_run_words (8) consecutive words of a word list '
-  '(memory_private.copy_words), joined by a space; none when the list is shorter.';
-
-create function memory_private.distinctive_tokens(p_text text) returns text[]
-  language plpgsql immutable strict parallel safe
-  as $$
-begin
-  -- A token is a run of characters other than blanks and CJK characters, without what is not a
-  -- letter or a digit at either end ("4711-ZEBRA." -> 4711-zebra). Distinctive: at least
-  -- copy_token_chars characters, and a digit in it (numbers, codes, dates, times, phone
-  -- numbers), or one of @ _ / \ : = # $ % & + ~ | in it (e-mail addresses, URLs, paths,
-  -- identifiers, key=value, credential-shaped strings), or a dot between two letters or digits
-  -- (domains, file names). Plain words, hyphenated words and short numbers are not.
-  return (
-    select coalesce(array_agg(distinct t.token), '{}')
-      from (select regexp_replace(m.run[1], '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g') as token
-              from regexp_matches(memory_private.copy_normal(p_text),
-                                  '[^[:space:]぀-ヿ㐀-䶿一-鿿가-힯豈-﫿]+', 'g') as m(run)) t
-     where char_length(t.token) >= (memory_private.policy()).copy_token_chars
-       and t.token ~ '[[:digit:]]|[@_/\\:=#$%&+~|]|[[:alnum:]]\.[[:alnum:]]'
-  );
-end
-$$;
-comment on function memory_private.distinctive_tokens(text) is
-  'The distinctive tokens of a text, normalised (memory_private.copy_normal): blank-separated '
-  'runs trimmed to a letter or digit at both ends, of at least policy copy_token_chars (4) '
-  'characters, holding a digit, one of @ _ / \ : = # $ % & + ~ |, or a dot between letters '
-  'or digits: numbers, codes, identifiers, URLs, e-mail addresses, credential-shaped strings.';
-
-create function memory_private.is_trivial(p_words text[]) returns boolean
-  language sql immutable strict parallel safe
-  as $$
-  select cardinality(p_words) < (memory_private.policy()).copy_message_words
-      or pg_catalog.to_tsvector('pg_catalog.english', array_to_string(p_words, ' '))
-         = ''::pg_catalog.tsvector
-$$;
-comment on function memory_private.is_trivial(text[]) is
-  'Whether a message''s words (memory_private.copy_words) are too few to count as copied whole: '
-  'fewer than policy copy_message_words (4; a CJK character is a word), or English stop words '
-  'only ("ok", "thanks", "sounds good", "it is what it is").';
-
-create function memory_private.copied_parts(p_record text, p_texts text[], p_common text[])
-  returns table (n integer, parts text[])
-  language plpgsql immutable strict parallel safe
-  as $$
-begin
-  -- The record's words, runs and tokens (but the common ones) once (materialized: not
-  -- recomputed for each text); each text's against them. Each text's words are found once
-  -- (offset 0: the planner would otherwise copy the call into each of its three uses).
-  return query
-    with rec as materialized (
-      select ' ' || array_to_string(w.words, ' ') || ' ' as line,
-             array(select unnest(memory_private.word_runs(w.words))
-                   except select unnest(p_common)) as runs,
-             array(select unnest(memory_private.distinctive_tokens(p_record))
-                   except select unnest(p_common)) as tokens
-        from (select memory_private.copy_words(p_record) as words offset 0) w
-    )
-    select x.n, x.parts
-      from (select t.n::integer as n,
-                   array_remove(array[
-                     case when not memory_private.is_trivial(w.words)
-                           and strpos(rec.line, ' ' || array_to_string(w.words, ' ') || ' ') > 0
-                          then 'message' end,
-                     case when memory_private.word_runs(w.words) && rec.runs then 'run' end,
-                     case when memory_private.distinctive_tokens(t.body) && rec.tokens
-                          then 'token' end], null) as parts
-              from rec
-             cross join unnest(p_texts) with ordinality as t(body, n)
-             cross join lateral (select memory_private.copy_words(t.body) as words offset 0) w) x
-     where cardinality(x.parts) > 0;
-end
-$$;
-comment on function memory_private.copied_parts(text, text[], text[]) is
-  'The copy rule: which of p_texts (by place, from 1) the text p_record copies, and by which '
-  'parts of the rule, on normalised text (memory_private.copy_normal): message (all its words, '
-  'in order, unless trivial: memory_private.is_trivial), run (policy copy_run_words consecutive '
-  'words, memory_private.word_runs), token (a distinctive token: '
-  'memory_private.distinctive_tokens); runs and tokens of p_common do not count. Texts it '
-  'copies nothing of are left out.';
-
-create function memory_private.stock_runs(
-  p_workspace_id text, p_scope_id bigint, p_runs text[]
-) returns text[]
-  language plpgsql stable
-  as $$
-begin
-  -- A run of words that two records of the scope hold although they cite no message in common
-  -- is the model's own stock phrasing (a label, a set phrase), not what either was made from.
-  -- Only the given runs are looked for, in the scope's policy copy_stock_records newest
-  -- records (records_scope_idx); none when no run is given.
-  return (
-    with recent as (
-      select r.record_id, r.source_ids, r.title, r.summary
-        from memory_private.records r
-       where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
-         and cardinality(p_runs) > 0
-       order by r.created_at desc
-       limit (memory_private.policy()).copy_stock_records
-    ), hits as (
-      select r.record_id, r.source_ids, x.run
-        from recent r
-       cross join lateral unnest(memory_private.word_runs(
-                    memory_private.copy_words(r.title || e'\n' || r.summary))) as x(run)
-       where x.run = any (p_runs)
-    )
-    select coalesce(array_agg(distinct a.run), '{}')
-      from hits a
-      join hits b on b.run = a.run and b.record_id > a.record_id
-     where not a.source_ids && b.source_ids
-  );
-end
-$$;
-comment on function memory_private.stock_runs(text, bigint, text[]) is
-  'Those of p_runs (runs of words: memory_private.word_runs) that two of the scope''s newest '
-  'records (policy copy_stock_records) hold although they cite no message in common: stock '
-  'phrasing of the model (a label, a set phrase), which the copy rule does not take as '
-  'copying a shown memory.';
-
-create function memory_private.copied_sources(p_job memory_private.jobs, p_output jsonb)
-  returns table (message_id text, content_hash text, record_id bigint, copied_by text[])
-  language sql stable
-  as $$
-  -- What the model saw besides what the output cites or declares it reused, as it saw it
-  -- (redacted, memory_private.job_payload): the batch's other messages at the hash the job saw,
-  -- and the other memories shown with the batch (title and summary). Against a memory, what
-  -- the batch itself says (its runs and tokens) and the scope's stock phrasing
-  -- (memory_private.stock_runs) do not count: the record has those from its batch or from the
-  -- model. Each list numbered once (materialized), so that the rule's answer by place finds
-  -- its row. A message is redacted once, and only when something reads it (a cited one only
-  -- when memories were shown).
-  with said as (
-    select concat_ws(e'\n', p_output ->> 'title', p_output ->> 'summary') as text
-  ), batch as materialized (
-    select s.id, s.hash, m.body, (p_output -> 'source_ids') ? s.id as cited
-      from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-      join memory_private.messages m
-        on m.workspace_id = p_job.workspace_id and m.message_id = s.id
-     where m.content_hash = s.hash
-  ), messages as materialized (
-    select row_number() over ()::integer as n, b.id, b.hash, memory_private.redact(b.body) as body
-      from batch b where not b.cited
-  ), batch_texts as materialized (
-    select m.body from messages m
-    union all
-    select memory_private.redact(b.body) from batch b where b.cited
-  ), memories as materialized (
-    select row_number() over ()::integer as n, r.record_id,
-           memory_private.redact(r.title) || e'\n' || memory_private.redact(r.summary) as body
-      from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
-      join memory_private.records r
-        on r.workspace_id = p_job.workspace_id and r.record_id = e.id::bigint
-     where not coalesce(p_output -> 'reused_ids', '[]') @> to_jsonb(r.record_id)
-  ), batch_says as (
-    select array(select unnest(memory_private.word_runs(memory_private.copy_words(b.body)))
-                   from batch_texts b
-                 union
-                 select unnest(memory_private.distinctive_tokens(b.body)) from batch_texts b)
-             as parts
-  ), common as (
-    -- Stock phrasing is looked for only among the runs the record shares with a shown memory
-    -- and not with its batch (usually none).
-    select s.parts || memory_private.stock_runs(
-             p_job.workspace_id, p_job.scope_id,
-             array(select unnest(memory_private.word_runs(memory_private.copy_words(said.text)))
-                   intersect
-                   select unnest(memory_private.word_runs(memory_private.copy_words(m.body)))
-                     from memories m
-                   except
-                   select unnest(s.parts))) as parts
-      from said, batch_says s
-  )
-  -- Each half runs only when it has texts to compare (the condition is checked once, first):
-  -- with no memory shown, what the batch says and the stock phrasing are not derived at all.
-  select m.id, m.hash, null::bigint, c.parts
-    from said, memory_private.copied_parts(said.text, array(select b.body from messages b
-                                                            order by b.n), '{}') c
-    join messages m on m.n = c.n
-   where exists (select from messages)
-  union all
-  select null, null, m.record_id, c.parts
-    from said, common,
-         memory_private.copied_parts(said.text, array(select b.body from memories b
-                                                      order by b.n), common.parts) c
-    join memories m on m.n = c.n
-   where exists (select from memories)
-$$;
-comment on function memory_private.copied_sources(memory_private.jobs, jsonb) is
-  'The batch messages (message_id, with the hash the job saw) and the memories shown with the '
-  'batch (record_id) that a validated extraction output (its title and summary) copies '
-  'although it neither cites nor declares reusing them (memory_private.copied_parts, against '
-  'what the model saw: redacted), with the parts of the rule that found each (copied_by). '
-  'Against a memory, the runs and tokens of the batch''s own messages and the scope''s stock '
-  'phrasing (memory_private.stock_runs) do not count. write_extraction makes the messages '
-  'dependencies (via copied) and the memories reused.';
-
-create function memory_private.copy_counts(p_copied jsonb, p_via text[]) returns jsonb
-  language sql immutable
-  as $$
-  -- p_copied: memory_private.copied_sources as a JSON array; p_via: the record's dependencies'.
-  select jsonb_build_object(
-           'copied', v.copied,
-           -- The name of the count before the copy rule replaced the eight-word rule
-           -- (schema version 6), kept for readers of that release.
-           'repeated', v.copied,
-           'copied_memories', c.memories,
-           'copied_by', jsonb_build_object('message', c.message, 'run', c.run,
-                                           'token', c.token))
-    from (select count(*) filter (where x = 'copied') as copied from unnest(p_via) x) v,
-         (select count(*) filter (where e ->> 'record_id' is not null) as memories,
-                 count(*) filter (where e -> 'copied_by' ? 'message') as message,
-                 count(*) filter (where e -> 'copied_by' ? 'run') as run,
-                 count(*) filter (where e -> 'copied_by' ? 'token') as token
-            from jsonb_array_elements(p_copied) e) c
-$$;
-comment on function memory_private.copy_counts(jsonb, text[]) is
-  'What commit_job answers of the copy rule for one record: copied (dependencies via copied; '
-  'also under its former name repeated), copied_memories (memories shown with the batch that it '
-  'copies, reused), and copied_by: how many of those messages and memories each part of the '
-  'rule found (message, run, token).';
+-- What a record rests on -----------------------------------------------------------------------
+-- A record depends on everything its model call was shown: every message of its batch at the
+-- hash the job saw, and every dependency of every memory shown with the batch (P5: what those
+-- rest on stays tracked without resending it). The model is stateless per call, so nothing
+-- else can be in its output, and whatever it restates, in whatever spelling or words, goes
+-- when what it was shown goes (docs/retention.md). Its sources are what its output cites.
 
 create function memory_private.write_extraction(p_job memory_private.jobs, p_output jsonb)
   returns jsonb
@@ -550,55 +276,16 @@ create function memory_private.write_extraction(p_job memory_private.jobs, p_out
 declare
   v_now timestamptz := memory_private.clock_now();
   v_cited text[] := array(select jsonb_array_elements_text(p_output -> 'source_ids'));
-  v_reused bigint[] := array(select jsonb_array_elements_text(p_output -> 'reused_ids')::bigint);
-  v_copied jsonb := coalesce((select jsonb_agg(to_jsonb(c))
-                                from memory_private.copied_sources(p_job, p_output) c), '[]');
-  v_dep_ids text[];
-  v_dep_hashes text[];
-  v_dep_via text[];
-  v_dep_by text[];
+  v_counts jsonb;
   v_speakers text[];
   v_threads text[];
   v_repositories text[];
   v_record_id bigint;
 begin
-  -- The dependencies: the cited messages at the hash the job saw; every dependency of the
-  -- memories the output declared it reused (P5: existing memory accompanies the batch; what it
-  -- rests on stays tracked without resending it) or copies (memory_private.copied_sources: a
-  -- copied memory counts as reused); and the batch messages it copies without citing. A
-  -- message that counts twice is kept once, under its first reason in that order.
-  select array_agg(d.message_id order by d.message_id),
-         array_agg(d.content_hash order by d.message_id),
-         array_agg(d.via order by d.message_id),
-         array_agg(d.copied_by order by d.message_id)
-    into v_dep_ids, v_dep_hashes, v_dep_via, v_dep_by
-    from (select distinct on (u.message_id) u.message_id, u.content_hash, u.via,
-                 array_to_string(u.copied_by, ' ') as copied_by
-            from (select s.id as message_id, s.hash as content_hash, 'cited' as via, 1 as rank,
-                         null::text[] as copied_by
-                    from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
-                   where s.id = any (v_cited)
-                  union all
-                  select rd.message_id, rd.content_hash, 'reused', 2, null
-                    from memory_private.record_dependencies rd
-                   where rd.workspace_id = p_job.workspace_id and rd.record_id = any (v_reused)
-                  union all
-                  select rd.message_id, rd.content_hash, 'reused', 3, c.copied_by
-                    from jsonb_to_recordset(v_copied) as c(record_id bigint, copied_by text[])
-                    join memory_private.record_dependencies rd
-                      on rd.workspace_id = p_job.workspace_id and rd.record_id = c.record_id
-                  union all
-                  select c.message_id, c.content_hash, 'copied', 4, c.copied_by
-                    from jsonb_to_recordset(v_copied)
-                         as c(message_id text, content_hash text, record_id bigint,
-                              copied_by text[])
-                   where c.record_id is null
-                 ) u
-           order by u.message_id, u.rank) d;
-
-  -- Statements are attributed to the people whose messages the record rests on (V9); grants
-  -- follow every repository those messages drew on (V6). Read first, then written by key: on
-  -- Citus an INSERT ... SELECT cannot carry a subquery beside aggregates.
+  -- Statements are attributed to the people whose messages the output cites (V9: the speaker
+  -- of a line is who said it); grants follow every repository any dependency drew on (V6).
+  -- Read first, then written by key: on Citus an INSERT ... SELECT cannot carry a subquery
+  -- beside aggregates.
   select coalesce(array_agg(distinct m.speaker_id order by m.speaker_id)
                     filter (where m.role = 'user'), '{}'),
          coalesce(array_agg(distinct q.thread_id order by q.thread_id), '{}')
@@ -606,10 +293,17 @@ begin
     from memory_private.messages m
     join memory_private.requests q
       on q.workspace_id = m.workspace_id and q.request_id = m.request_id
-   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_dep_ids);
+   where m.workspace_id = p_job.workspace_id and m.message_id = any (v_cited);
   v_repositories := coalesce(array(
-    select distinct x from memory_private.messages mm, unnest(mm.repositories) as x
-     where mm.workspace_id = p_job.workspace_id and mm.message_id = any (v_dep_ids)
+    select distinct x
+      from memory_private.messages mm, unnest(mm.repositories) as x
+     where mm.workspace_id = p_job.workspace_id
+       and (mm.message_id in (select s.id from jsonb_to_recordset(p_job.input -> 'sources')
+                                                 as s(id text))
+            or mm.message_id in (select d.message_id from memory_private.record_dependencies d
+                                  where d.workspace_id = p_job.workspace_id
+                                    and d.record_id in (select e::bigint from
+                                          jsonb_array_elements_text(p_job.input -> 'existing') e)))
      order by 1), '{}');
   insert into memory_private.records
     (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
@@ -618,36 +312,58 @@ begin
           p_output ->> 'summary', v_speakers, v_threads, v_repositories,
           p_job.input ->> 'bot_identity', p_job.origin_request_id, v_now)
   returning record_id into v_record_id;
-  -- The dependencies; the cited ones are the sources, numbered in the order the summary uses
-  -- them: by the first line that cites each, then those no line cites, in the order the
-  -- output listed them.
+  -- Everything the call was shown, each message once under its first reason: cited (a source,
+  -- numbered in the order the summary uses them: by the first line that cites each, then those
+  -- no line cites, in the order the output listed them), shown (the rest of the batch, at the
+  -- hash the job saw) and inherited (what the memories shown with the batch rest on, at the
+  -- hash they kept; commit_job has checked that each is still valid).
   insert into memory_private.record_dependencies
-    (workspace_id, record_id, message_id, content_hash, via, position, copied_by)
-  select p_job.workspace_id, v_record_id, d.id, d.hash, d.via, o.position,
-         string_to_array(nullif(d.copied_by, ''), ' ')
-    from unnest(v_dep_ids, v_dep_hashes, v_dep_via, v_dep_by) as d(id, hash, via, copied_by)
-    left join (select f.id, row_number() over (order by f.first_line nulls last, f.n) as position
-                 from (select c.id, c.n,
-                              (select min(l.line_no)
-                                 from memory_private.line_citations(p_output ->> 'summary',
-                                                                    v_cited) l
-                                where l.message_id = c.id) as first_line
-                         from unnest(v_cited) with ordinality as c(id, n)) f) o
-      on d.via = 'cited' and o.id = d.id;
+    (workspace_id, record_id, message_id, content_hash, via, position)
+  select distinct on (u.message_id) p_job.workspace_id, v_record_id, u.message_id,
+         u.content_hash, u.via, u.position
+    from (select s.id as message_id, s.hash as content_hash,
+                 case when o.position is not null then 'cited' else 'shown' end as via,
+                 o.position, 1 as rank
+            from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+            left join (select f.id,
+                              row_number() over (order by f.first_line nulls last, f.n)
+                                as position
+                         from (select c.id, c.n,
+                                      (select min(l.line_no)
+                                         from memory_private.line_citations(
+                                                p_output ->> 'summary', v_cited) l
+                                        where l.message_id = c.id) as first_line
+                                 from unnest(v_cited) with ordinality as c(id, n)) f) o
+              on o.id = s.id
+          union all
+          select d.message_id, d.content_hash, 'inherited', null, 2
+            from memory_private.record_dependencies d
+           where d.workspace_id = p_job.workspace_id
+             and d.record_id in (select e::bigint
+                                   from jsonb_array_elements_text(p_job.input -> 'existing') e)
+         ) u
+   order by u.message_id, u.rank;
+  select jsonb_build_object(
+           'dependencies', count(*),
+           'shown', count(*) filter (where via = 'shown'),
+           'inherited', count(*) filter (where via = 'inherited'),
+           -- 0.1.0's name of the uncited messages of the batch a record rests on
+           'repeated', count(*) filter (where via = 'shown'))
+    into v_counts
+    from memory_private.record_dependencies
+   where workspace_id = p_job.workspace_id and record_id = v_record_id;
   perform memory_private.mark_consolidation_due(p_job.workspace_id, p_job.scope_id);
-  return jsonb_build_object('record_id', v_record_id,
-                            'sources', cardinality(v_cited),
-                            'dependencies', cardinality(v_dep_ids))
-         || memory_private.copy_counts(v_copied, v_dep_via);
+  return jsonb_build_object('record_id', v_record_id, 'sources', cardinality(v_cited))
+         || v_counts;
 end
 $$;
 comment on function memory_private.write_extraction(memory_private.jobs, jsonb) is
   'Writes the record of a validated, non-empty extraction output: its sources (the cited '
-  'messages in the order given), its dependencies (cited; reused: of the memories it declared '
-  'it reused or copies; copied: the batch messages it copies without citing, '
-  'memory_private.copied_sources) with the hashes the job saw, speakers, threads and '
-  'repositories taken from the dependencies; marks the scope due for consolidation. Returns '
-  'the record id and the counts (memory_private.copy_counts).';
+  'messages, numbered in the order the summary uses them) and its dependencies, everything the '
+  'call was shown (cited; shown: the rest of the batch at the hashes the job saw; inherited: '
+  'what the memories shown with the batch rest on); speakers and threads from the sources, '
+  'repositories from every dependency; marks the scope due for consolidation. Returns the '
+  'record id and the counts (sources, dependencies, shown, inherited).';
 
 create function memory_private.install_index(
   p_workspace_id text, p_scope_id bigint, p_text text, p_record_ids bigint[],
@@ -782,9 +498,10 @@ comment on function memory.commit_job(text, bigint, text) is
   'Writes a job''s checkpointed output and marks the job succeeded, after re-checking '
   'ownership (MB020), the config version (MB022) and that the input snapshot is still current '
   '(MB021). extract: one record whose sources are the cited messages and whose dependencies '
-  'are what it was made from (cited, reused, copied), the batch marked extracted, the scope '
-  'due for consolidation; an empty output only marks the batch. consolidate: the scope index, '
-  'depending on every candidate. All or nothing.';
+  'are everything the model call was shown (the batch, and what the memories shown with it '
+  'rest on), the batch marked extracted, the scope due for consolidation; an empty output '
+  'only marks the batch. consolidate: the scope index, depending on every candidate. All or '
+  'nothing.';
 
 create function memory.fail_job(
   p_workspace_id text, p_job_id bigint, p_token text, p_outcome text, p_error text,

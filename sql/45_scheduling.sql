@@ -12,8 +12,9 @@
 -- at its current content hash. The window is per conversation, not per scope: in a busy group
 -- topic, someone always talking must not hold back everyone's finished conversations. Scheduled requests have no scope (V5); group
 -- messages not directed at the bot are never stored (V10). The batch takes the most recent
--- conversations whose texts fit 24,000 bytes together; a conversation that cannot fit alone is
--- recorded as a 'skipped' job and its messages marked skipped, so it is never retried.
+-- conversations whose texts fit 24,000 bytes and 200 messages together (what the record it
+-- makes depends on); a conversation that cannot fit alone is recorded as a 'skipped' job and
+-- its messages marked skipped, so it is never retried.
 -- Consolidation: a scope whose index is due gets a job over its 48 most recent valid records,
 -- or, with no valid record, just loses its index.
 
@@ -205,6 +206,54 @@ comment on function memory_private.extraction_units(text, memory_private.scopes,
   'The conversations of a scope that qualify for extraction now, newest first, each with its '
   'byte size and its sources ({id, hash}).';
 
+create function memory_private.batch_memories(
+  p_workspace_id text, p_scope_id bigint, p_sources jsonb, p_limit integer
+) returns bigint[]
+  language plpgsql stable
+  as $$
+begin
+  -- The memories that accompany a batch (P5), chosen by what the batch is about: the scope's
+  -- valid records sharing the most distinct words (four characters or more, case-folded) with
+  -- the batch's messages, the newest first among equals. Each one shown makes every message it
+  -- rests on a dependency of the record the batch makes (write_extraction), so the policy
+  -- shows none unless measured otherwise (docs/retention.md).
+  if p_limit <= 0 then
+    return '{}';
+  end if;
+  return array(
+    with batch_words as (
+      select distinct w
+        from jsonb_to_recordset(p_sources) as s(id text)
+        join memory_private.messages m
+          on m.workspace_id = p_workspace_id and m.message_id = s.id
+       cross join regexp_split_to_table(memory_private.fold(m.body), '[^[:alnum:]]+') as w
+       where char_length(w) >= 4
+    ), scored as (
+      select t.record_id, t.created_at,
+             (select count(*) from batch_words b
+               where b.w in (select regexp_split_to_table(t.search_text, '[^[:alnum:]]+')))
+               as shared
+        from memory_private.record_texts t
+       where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+    ), ranked as (
+      select s.record_id, s.shared, s.created_at from scored s where s.shared > 0
+       order by s.shared desc, s.created_at desc, s.record_id desc
+       limit 4 * p_limit
+    )
+    select r.record_id
+      from ranked r
+      join memory_private.invalid_records(p_workspace_id, p_scope_id,
+                                          array(select record_id from ranked), null) v
+        on v.record_id = r.record_id and v.reason is null
+     order by r.shared desc, r.created_at desc, r.record_id desc
+     limit p_limit);
+end
+$$;
+comment on function memory_private.batch_memories(text, bigint, jsonb, integer) is
+  'The valid memories of a scope shown with an extraction batch (P5): at most p_limit, those '
+  'sharing the most distinct words with the batch''s messages, newest first among equals; '
+  'none when p_limit is 0 (the policy''s existing_with_batch).';
+
 create function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
   returns jsonb
   language plpgsql volatile
@@ -216,7 +265,9 @@ declare
   v_identity text;
   v_unit record;
   v_ceiling integer := (memory_private.policy()).batch_bytes;
+  v_most integer := (memory_private.policy()).batch_messages;
   v_bytes integer := 0;
+  v_count integer := 0;
   v_batch jsonb := '[]';
   v_origin text;
   v_skipped jsonb := '[]';
@@ -242,15 +293,19 @@ begin
   -- is recorded as skipped, never retried.
   for v_unit in select * from memory_private.extraction_units(p_workspace_id, v_scope, v_now,
                                                               v_now - v_ws.idle_window) loop
-    if v_unit.bytes > v_ceiling then
+    if v_unit.bytes > v_ceiling or jsonb_array_length(v_unit.sources) > v_most then
       v_skipped := v_skipped || v_unit.sources;
       v_skip_origin := coalesce(v_skip_origin, v_unit.request_id);
       v_skip_reason := coalesce(v_skip_reason, format(
-        'the conversation of request %s is %s bytes: not even one user/assistant pair fits '
-        'the %s-byte batch ceiling', v_unit.request_id, v_unit.bytes, v_ceiling));
-    elsif v_bytes + v_unit.bytes <= v_ceiling then
+        'the conversation of request %s is %s bytes in %s messages: not even one '
+        'user/assistant pair fits the batch ceiling of %s bytes and %s messages',
+        v_unit.request_id, v_unit.bytes, jsonb_array_length(v_unit.sources), v_ceiling,
+        v_most));
+    elsif v_bytes + v_unit.bytes <= v_ceiling
+          and v_count + jsonb_array_length(v_unit.sources) <= v_most then
       v_batch := v_batch || v_unit.sources;
       v_bytes := v_bytes + v_unit.bytes;
+      v_count := v_count + jsonb_array_length(v_unit.sources);
       v_origin := coalesce(v_origin, v_unit.request_id);
     else
       exit;   -- older conversations wait for the next batch
@@ -274,20 +329,22 @@ begin
   if jsonb_array_length(v_batch) = 0 then
     return v_result;
   end if;
-  -- The batch, with the scope's most recent valid memories (P5).
+  -- The batch, with the memories chosen to accompany it (P5: none by the policy's choice).
   v_input := jsonb_build_object(
     'bot_identity', v_identity,
     'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.recent_valid_records(
-                  p_workspace_id, p_scope_id, (memory_private.policy()).existing_with_batch)));
+    'existing', to_jsonb(memory_private.batch_memories(
+                  p_workspace_id, p_scope_id, v_batch,
+                  (memory_private.policy()).existing_with_batch)));
   return v_result || memory_private.renew_open_job(p_workspace_id, p_scope_id, 'extract',
                                                    v_input, v_origin, v_ws.config_version);
 end
 $$;
 comment on function memory_private.schedule_extraction(text, bigint) is
   'Creates (or renews) the extraction job of one scope when it has qualifying conversations: '
-  'the most recent ones up to 24,000 bytes, with the scope''s recent valid memories; records a '
-  'skipped job for a conversation that cannot fit alone. Returns counts.';
+  'the most recent ones up to 24,000 bytes and 200 messages, with the memories chosen to '
+  'accompany them (memory_private.batch_memories); records a skipped job for a conversation '
+  'that cannot fit alone. Returns counts.';
 
 create function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
   returns jsonb

@@ -474,7 +474,21 @@ begin
              (memory_private.policy()).summary_bytes));
     return;
   end if;
-  v_title := memory_private.note_redact(coalesce(p_title, memory_private.note_title(v_source.body)));
+  -- A note carries nothing its message did not say (C3): a title the model gives must be a
+  -- part of the message as stored (redacted, spaces collapsed), letter for letter; otherwise
+  -- the message's first words are the title.
+  if p_title is not null then
+    v_title := btrim(regexp_replace(memory_private.note_redact(p_title), '\s+', ' ', 'g'));
+    if v_title = ''
+       or strpos(regexp_replace(v_summary, '\s+', ' ', 'g'), v_title) = 0 then
+      outcome := memory_private.control_outcome('refused', c_action, 'title_not_in_message',
+        'Not remembered: a note''s title must be words copied from the message itself, letter '
+        'for letter (a part of it), or left out to use its first words.');
+      return;
+    end if;
+  else
+    v_title := memory_private.note_redact(memory_private.note_title(v_source.body));
+  end if;
   v_title := memory_private.clip_bytes(v_title, (memory_private.policy()).title_bytes);
   insert into memory_private.records
     (workspace_id, scope_id, kind, title, summary, speaker_ids, thread_ids, repositories,
@@ -501,8 +515,9 @@ $$;
 comment on function memory_private.control_remember(memory_private.requests,
                                                     memory_private.scopes, text, text) is
   'manage_memory remember, once the source asks for it: the user''s standing, recall on, not '
-  'forgotten, not already a note; then the message itself (redacted) becomes a note citing and '
-  'resting on it (C3, C5, C6). Returns the outcome and the standing it needed.';
+  'forgotten, not already a note, a given title a part of the message; then the message itself '
+  '(redacted) becomes a note citing and resting on it, nothing else in it (C3, C5, C6). Returns '
+  'the outcome and the standing it needed.';
 
 create function memory_private.control_forget(
   p_request memory_private.requests, p_scope memory_private.scopes, p_memory_id bigint,

@@ -75,8 +75,9 @@ create function memory.tool_definitions() returns json
           'title', json_build_object(
             'type', 'string', 'maxLength', l.title_bytes / 4,
             'description', format(
-              'remember only: a short title for the note (defaults to its first words). At '
-              'most %s UTF-8 bytes, so at most %s characters in any script.',
+              'remember only: a short title for the note, copied letter for letter from the '
+              'message (a part of it; leave it out to use its first words). At most %s UTF-8 '
+              'bytes, so at most %s characters in any script.',
               l.title_bytes, l.title_bytes / 4))),
         'required', json_build_array('action', 'sourceId'),
         'additionalProperties', false)))

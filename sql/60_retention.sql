@@ -130,6 +130,7 @@ create function memory_private.purge_permanently_invalid(p_workspace_id text) re
   as $$
 declare
   v_ids bigint[];
+  v_changed bigint[];
 begin
   -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
   -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
@@ -137,23 +138,44 @@ begin
   -- it was made from.
   -- The rule is asked once per scope that has records (a scope without any has nothing to
   -- purge: the sweep runs every tick, and most scopes of a workspace may hold no record).
-  v_ids := array(
-    select distinct x.record_id
-      from (select r.scope_id, array_agg(r.record_id) as record_ids
-              from memory_private.records r
-             where r.workspace_id = p_workspace_id
-             group by r.scope_id) s
-     cross join lateral memory_private.record_reasons(p_workspace_id, s.scope_id,
-                                                      s.record_ids) x
-      join memory_private.invalid_reasons ir on ir.reason = x.reason
-     where ir.permanent);
+  select coalesce(array_agg(distinct x.record_id), '{}'),
+         coalesce(array_agg(distinct x.record_id)
+                    filter (where x.reason in ('source_removed', 'source_expired',
+                                               'source_edited')), '{}')
+    into v_ids, v_changed
+    from (select r.scope_id, array_agg(r.record_id) as record_ids
+            from memory_private.records r
+           where r.workspace_id = p_workspace_id
+           group by r.scope_id) s
+   cross join lateral memory_private.record_reasons(p_workspace_id, s.scope_id,
+                                                    s.record_ids) x
+    join memory_private.invalid_reasons ir on ir.reason = x.reason
+   where ir.permanent;
+  -- What such a record took away comes back where it can: the rest of its batch (its cited and
+  -- shown messages) is extracted again from what remains, without the removed, expired or
+  -- edited text (an edit's new text is new anyway) and without tombstoned messages
+  -- (extraction_units leaves those out). A message another kept record rests on stays handled.
+  -- Not after a forget (its messages are tombstoned) or a bot replaced (the memory was that
+  -- identity's).
+  delete from memory_private.extracted_sources e
+   using memory_private.record_dependencies d, memory_private.records r
+   where d.workspace_id = p_workspace_id and d.record_id = any (v_changed)
+     and d.via in ('cited', 'shown')
+     and r.workspace_id = d.workspace_id and r.record_id = d.record_id
+     and e.workspace_id = p_workspace_id and e.scope_id = r.scope_id
+     and e.message_id = d.message_id and e.outcome = 'extracted'
+     and not exists (select 1 from memory_private.record_dependencies k
+                      where k.workspace_id = p_workspace_id and k.message_id = d.message_id
+                        and k.via in ('cited', 'shown') and not k.record_id = any (v_ids));
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
 comment on function memory_private.purge_permanently_invalid(text) is
   'Deletes the records that can never be valid again: a dependency removed, expired, edited or '
   'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
-  'link, grants) hides them. Reversible reasons alone keep the record.';
+  'link, grants) hides them. Reversible reasons alone keep the record. The batch of a record '
+  'that went for a removed, expired or edited message is marked for extraction again (its '
+  'extraction markers cleared), so what did not rest on that message comes back.';
 
 create function memory_private.scrub_erased(p_workspace_id text) returns integer
   language plpgsql volatile

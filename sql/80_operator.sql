@@ -893,7 +893,7 @@ begin
   -- state by the rule (memory_private.dependency_state).
   return (
   select coalesce(jsonb_agg(jsonb_build_object(
-           'message_id', d.message_id, 'via', d.via, 'copied_by', d.copied_by,
+           'message_id', d.message_id, 'via', d.via,
            'role', m.role, 'speaker_id', m.speaker_id,
            'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
            'retain_until', m.retain_until, 'removed_at', m.removed_at,
@@ -913,7 +913,7 @@ begin
 end
 $$;
 comment on function memory_private.record_dependency_states(text, bigint, bigint, timestamptz) is
-  'What explain_record shows of each message a record was made from: via, copied_by, role, '
+  'What explain_record shows of each message a record may have been made from: via, role, '
   'speaker, the hash when used and now, retention, removal, edit, tombstone and its state by '
   'the rule at p_now. No text.';
 
@@ -1013,8 +1013,8 @@ comment on function memory.explain_record(text, bigint, text) is
   'every check in the order the rule applies them (recall on, bot '
   'active, group linked, membership, requester owns the private scope, bot identity, '
   'dependencies current, repository grants) with ok and a detail, its sources (the messages it '
-  'cites, in summary order), which line of the summary cites which source, and every dependency (the messages it was made from: via cited, '
-  'reused or copied, with copied_by: the parts of the copy rule that found it) with the hash it had when used, the hash it has now and its state '
+  'cites, in summary order), which line of the summary cites which source, and every dependency (everything its '
+  'model call was shown: via cited, shown or inherited) with the hash it had when used, the hash it has now and its state '
   '(current, source_removed, source_expired, source_edited, forgotten). A record forgotten '
   'through manage_memory answers exists false, invalid_reason forgotten and forgotten: when, '
   'by which user, in which request and tool call, with which other records (ids only). MB001, '

@@ -116,3 +116,14 @@ def run_one_extraction(conn: psycopg.Connection, ws: str = "ws1") -> dict[str, A
     else:
         checkpoint(conn, job, consolidation_of(job))
     return commit(conn, job)
+
+
+def show_memories_with_batches(conn: psycopg.Connection, count: int) -> None:
+    """Makes the policy show up to ``count`` memories with each extraction batch (the policy
+    shows none: docs/retention.md). A schema change: the test asks for ``fresh_conn``."""
+    row = conn.execute("select pg_get_functiondef('memory_private.policy()'::regprocedure)"
+                       ).fetchone()
+    assert row is not None
+    old = "    0,                      -- existing_with_batch"
+    assert old in row[0]
+    conn.execute(row[0].replace(old, f"    {count},                      -- existing_with_batch"))

@@ -57,7 +57,7 @@ def make_record(conn: psycopg.Connection, ws: str, request: str, sources: list[s
         """insert into memory_private.record_dependencies (workspace_id, record_id, message_id,
                                                            content_hash, via, position)
            select m.workspace_id, %s, m.message_id, m.content_hash,
-                  case when s.n is not null then 'cited' else 'reused' end, s.n
+                  case when s.n is not null then 'cited' else 'inherited' end, s.n
              from memory_private.messages m
              left join unnest(%s::text[]) with ordinality as s(id, n) on s.id = m.message_id
             where m.workspace_id = %s and m.message_id = any(%s)

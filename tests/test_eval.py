@@ -157,8 +157,11 @@ def test_provenance_counts_match_removing_each_message_for_real(db_dsn: str,
     p = run["provenance"]
     ws = run["workspace"]
     assert p["mismatches"] == [] and all(w["as_expected"] for w in p["worked_removals"])
-    # 16 turns, each with the bot's stand-in reply; the offline summaries cite turns only.
-    assert p["messages"] == 32 and p["messages_by_kind"]["reply"]["undepended"] == 16
+    # 16 turns, each with the bot's stand-in reply; the offline summaries cite turns only, but
+    # every record rests on its whole batch: no message the model was shown is undepended.
+    assert p["messages"] == 32 and p["messages_by_kind"]["reply"]["undepended"] == 0
+    assert p["dependencies_by_via"]["shown"] >= 16
+    assert p["invalidated_by_removal"]["max"] == 1, "each message is in one batch"
     assert p["records"] == p["records_valid"] == 3 and p["sources_are_cited_ids"] == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rows = conn.execute(
@@ -173,12 +176,11 @@ def test_provenance_counts_match_removing_each_message_for_real(db_dsn: str,
         assert p["invalidated_by_message"] == {m: list(ids) for m, ids in rows}
         assert p["messages_undepended"] == 32 - len(rows)
         assert sum(p["invalidated_histogram"].values()) == 32
-        # Removing for real (committed) agrees: an undepended turn changes nothing; the turn
-        # the report says invalidates records makes exactly those records go at maintenance.
-        free = next(w["message_id"] for w in p["worked_removals"] if not w["expected"])
+        # Removing for real (committed) agrees: the turn the report says invalidates records
+        # makes exactly those records go at maintenance (every message was shown to a call, so
+        # none is undepended).
+        assert p["messages_undepended"] == 0
         held, gone = next(iter(p["invalidated_by_message"].items()))
-        conn.execute("select memory.remove_message(%s, %s)", (ws, free))
-        conn.execute("select memory.run_maintenance(%s)", (ws,))
         left = {r[0] for r in conn.execute(
             "select record_id from memory.record_status where workspace_id = %s and valid",
             (ws,))}

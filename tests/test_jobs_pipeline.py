@@ -26,6 +26,7 @@ from tests.jobs_world import (
     jobs,
     maintenance,
     run_one_extraction,
+    show_memories_with_batches,
     start,
 )
 from tests.records import copies_differing, invalid_reason, record_copy, usage_rows_missing
@@ -86,7 +87,7 @@ def test_claim_returns_the_full_payload_and_a_lease(conn: psycopg.Connection) ->
     assert claim(conn) is None, "one job at a time, and nothing else is pending"
 
 
-def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_the_whole_batch(
+def test_a_committed_extraction_cites_what_its_output_cites_and_depends_on_the_whole_batch(
         conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
@@ -105,6 +106,7 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
                            "source_ids": ["r1-u", "r1-a", "r1-u"]})
     result = commit(conn, job)
     assert result["status"] == "committed" and result["record_id"]
+    assert (result["sources"], result["dependencies"], result["shown"]) == (2, 4, 2)
     rec = conn.execute("select kind, speaker_ids, thread_ids, repositories, bot_identity, "
                        "origin_request_id from memory_private.records").fetchone()
     assert rec == ("extracted", ["alice"], ["t-9"], ["repo-a", "repo-b"], "bot1-identity", "r2")
@@ -114,17 +116,15 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
     deps = conn.execute("select message_id, d.content_hash = m.content_hash, via "
                         "from memory_private.record_dependencies d join memory_private.messages m "
                         "using (workspace_id, message_id) order by 1").fetchall()
-    assert deps == [("r1-a", True, "cited"), ("r1-u", True, "cited")], \
-        "bob's uncited exchange is no dependency"
+    assert deps == [("r1-a", True, "cited"), ("r1-u", True, "cited"), ("r2-a", True, "shown"),
+                    ("r2-u", True, "shown")], "the model saw bob's exchange: it may be in it"
     # The record's own copy, which the validity rule and query_memories read, says the same.
-    assert record_copy(conn, "ws1", result["record_id"])[::2] == (["r1-a", "r1-u"],
-                                                                  ["r1-u", "r1-a"])
+    assert record_copy(conn, "ws1", result["record_id"])[::2] == (
+        ["r1-a", "r1-u", "r2-a", "r2-u"], ["r1-u", "r1-a"])
     assert copies_differing(conn) == 0
     assert usage_rows_missing(conn) == 0
-    # ... so removing it leaves the record valid, and removing a cited message does not.
+    # ... so removing bob's uncited message takes the record too.
     w.remove("ws1", "r2-u")
-    assert invalid_reason(conn, "ws1", result["record_id"]) is None
-    w.remove("ws1", "r1-a")
     assert invalid_reason(conn, "ws1", result["record_id"]) == "source_removed"
     marked = conn.execute("select message_id, outcome from memory_private.extracted_sources "
                           "order by 1").fetchall()
@@ -135,15 +135,17 @@ def test_a_committed_extraction_cites_and_depends_on_what_its_output_cites_not_t
 
 def _second_extraction(conn: psycopg.Connection, w: World,
                        reuse_first: bool) -> tuple[int, int]:
-    """A first record, then a second batch shown with it, whose output declares it reused the
-    first record or not (and copies nothing of it: tests/test_copied_content.py)."""
+    """A first record, then a second batch shown with it (the policy made to show one memory),
+    whose output declares it reused the first record or not."""
+    show_memories_with_batches(conn, 1)
     first = run_one_extraction(conn)["record_id"]
     run_one_extraction(conn)  # consolidation
-    w.conversation("ws1", "r2", chat="dm-alice", user="alice")
+    w.conversation("ws1", "r2", chat="dm-alice", user="alice",
+                   user_text="more on the preference: I prefer tea in the morning")
     advance(conn, "31 minutes")
     maintenance(conn, "ws1")
     job = claimed(conn)
-    assert [e["id"] for e in job["input"]["existing"]] == [first]
+    assert [e["id"] for e in job["input"]["existing"]] == [first], "chosen: it shares words"
     start(conn, job)
     output = {**extraction_of(job, "Greeting", "The user said hello to the bot."),
               **({"reused_ids": [first]} if reuse_first else {})}
@@ -158,21 +160,13 @@ def _dependencies(conn: psycopg.Connection, record_id: int) -> list[tuple[str, s
         "order by 1", (record_id,))]
 
 
-def test_a_memory_shown_with_a_batch_is_no_dependency_unless_the_output_reuses_it(
-        conn: psycopg.Connection) -> None:
+@pytest.mark.parametrize("reuse_declared", [False, True])
+def test_a_memory_shown_with_a_batch_lends_its_dependencies_whatever_the_output_declares(
+        fresh_conn: psycopg.Connection, reuse_declared: bool) -> None:
+    conn = fresh_conn
     w = idle_private_world(conn)
-    first, second = _second_extraction(conn, w, False)
-    assert _dependencies(conn, second) == [("r2-a", "cited"), ("r2-u", "cited")]
-    w.remove("ws1", "r1-u")  # the first record's source
-    assert invalid_reason(conn, "ws1", first) == "source_removed"
-    assert invalid_reason(conn, "ws1", second) is None
-
-
-def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
-        conn: psycopg.Connection) -> None:
-    w = idle_private_world(conn)
-    _, second = _second_extraction(conn, w, True)
-    assert _dependencies(conn, second) == [("r1-a", "reused"), ("r1-u", "reused"),
+    first, second = _second_extraction(conn, w, reuse_declared)
+    assert _dependencies(conn, second) == [("r1-a", "inherited"), ("r1-u", "inherited"),
                                            ("r2-a", "cited"), ("r2-u", "cited")]
     assert record_copy(conn, "ws1", second)[::2] == (["r1-a", "r1-u", "r2-a", "r2-u"],
                                                      ["r2-u", "r2-a"])
@@ -180,16 +174,33 @@ def test_a_declared_reuse_makes_the_reused_memorys_dependencies_the_records_own(
     assert usage_rows_missing(conn) == 0
     assert [r[0] for r in conn.execute(
         "select message_id from memory_private.record_sources where record_id = %s "
-        "order by position", (second,))] == ["r2-u", "r2-a"], "reuse cites nothing new"
-    w.remove("ws1", "r1-u")
+        "order by position", (second,))] == ["r2-u", "r2-a"], "what it was shown cites nothing"
+    w.remove("ws1", "r1-u")  # the first record's source
+    assert invalid_reason(conn, "ws1", first) == "source_removed"
     assert invalid_reason(conn, "ws1", second) == "source_removed"
 
 
-def test_reuse_of_a_memory_not_shown_with_the_batch_is_refused(conn: psycopg.Connection) -> None:
+def test_no_memory_accompanies_a_batch_by_the_policy(conn: psycopg.Connection) -> None:
+    w = idle_private_world(conn)
+    run_one_extraction(conn)
+    run_one_extraction(conn)  # consolidation
+    w.conversation("ws1", "r2", chat="dm-alice", user="alice",
+                   user_text="more on the preference: I prefer tea in the morning")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    job = claimed(conn)
+    assert job["input"]["existing"] == []
+
+
+def test_reuse_of_a_memory_not_shown_with_the_batch_is_refused(
+        fresh_conn: psycopg.Connection) -> None:
+    conn = fresh_conn
+    show_memories_with_batches(conn, 1)
     w = idle_private_world(conn)
     first = run_one_extraction(conn)["record_id"]
     run_one_extraction(conn)
-    w.conversation("ws1", "r2", chat="dm-alice", user="alice")
+    w.conversation("ws1", "r2", chat="dm-alice", user="alice",
+                   user_text="more on the preference: I prefer tea in the morning")
     advance(conn, "31 minutes")
     maintenance(conn, "ws1")
     job = claimed(conn)

@@ -311,16 +311,27 @@ def test_a_blocked_input_is_derived_again_when_its_scope_changes(
     assert seen["extract_jobs_created"] == 1, "a changed input is a new job, not a replay"
 
 
-@pytest.mark.parametrize("change", ["member", "edit"])
 def test_a_blocked_input_is_derived_again_after_a_workspace_wide_change(
-    conn: psycopg.Connection, change: str
+    conn: psycopg.Connection
 ) -> None:
     w = _stopped_input(conn)
-    if change == "member":
-        w.member("busy", "carol")
-    else:  # an edit elsewhere may change what any record rests on
-        w.conversation("busy", "g1", chat="grp", user="bob")
-        settled(conn)
-        w.message("busy", "g1-u", "g1", "user", "bob", "hello again")
+    w.member("busy", "carol")
     seen = walk_busy(conn)
     assert seen["replays_blocked"] == 1
+
+
+def test_an_edit_elsewhere_derives_only_its_own_conversations_scope(
+    conn: psycopg.Connection
+) -> None:
+    """A message belongs to one conversation of one scope: what its edit can change is that
+    scope's input and the records resting on it (the sweep then derives every scope)."""
+    w = _stopped_input(conn)
+    w.conversation("busy", "g1", chat="grp", user="bob")
+    settled(conn)
+    w.message("busy", "g1-u", "g1", "user", "bob", "hello again")
+    seen = walk_busy(conn)
+    assert "replays_blocked" not in seen, "the stopped input elsewhere is not derived again"
+    advance(conn, "31 minutes")
+    assert walk_busy(conn)["extract_jobs_created"] == 1, "the edited conversation, once idle"
+
+

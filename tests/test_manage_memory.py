@@ -164,14 +164,47 @@ def test_remember_takes_a_given_title_and_redacts_credentials(conn: psycopg.Conn
                                                               w: World) -> None:
     source = turn(w, "r1", "remember that the deploy token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
     outcome = manage(conn, "ws1", "r1", "c1",
-                     {"action": "remember", "sourceId": source, "title": "Deploy token"})
+                     {"action": "remember", "sourceId": source, "title": "the deploy  token"})
     row = conn.execute("select title, summary from memory_private.records where record_id = %s",
                        (outcome["memory_id"],)).fetchone()
     assert row is not None
     title, summary = row
-    assert title == "Deploy token"
+    assert title == "the deploy token"
     assert "ghp_abcdefghijklmnopqrstuvwxyz0123456789" not in summary
+    # A title of what redaction took out is the redacted part: it carries no secret.
+    again = turn(w, "r2", "remember the deploy token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
+    outcome = manage(conn, "ws1", "r2", "c2",
+                     {"action": "remember", "sourceId": again,
+                      "title": "token is ghp_abcdefghijklmnopqrstuvwxyz0123456789"})
+    assert outcome["status"] == "done"
+    row = conn.execute("select title from memory_private.records where record_id = %s",
+                       (outcome["memory_id"],)).fetchone()
+    assert row is not None and "ghp_" not in row[0] and row[0].startswith("token is ")
     assert summary.startswith("remember that the deploy token is")
+
+
+@pytest.mark.parametrize("title", [
+    "Deploy token",                          # not letter for letter (a capital)
+    "the deploy tоken",                      # a Cyrillic o
+    "the deploy\u00adtoken",                # a soft hyphen
+    "the pin of the safe is 4711",           # another message of the conversation
+])
+def test_a_note_title_that_is_not_a_part_of_the_message_is_refused(
+        conn: psycopg.Connection, w: World, title: str) -> None:
+    """A note carries nothing its asking message did not say: a model-supplied title that is
+    not a part of the message, letter for letter, is refused and nothing is stored."""
+    w.request("ws1", "r0", chat="dm-alice", user="alice")
+    w.message("ws1", "r0-u", "r0", "user", "alice", "the pin of the safe is 4711")
+    source = turn(w, "r1", "remember that the deploy token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
+    before = count(conn, "records")
+    outcome = manage(conn, "ws1", "r1", "c1",
+                     {"action": "remember", "sourceId": source, "title": title})
+    assert outcome["status"] == "refused" and outcome["code"] == "title_not_in_message", outcome
+    assert count(conn, "records") == before
+    row = conn.execute("select count(*) from memory_private.records r, "
+                       "memory_private.record_texts t where strpos(r.title, '4711') > 0 "
+                       "or strpos(t.search_text, '4711') > 0").fetchone()
+    assert row == (0,)
 
 
 def test_remember_twice_keeps_one_note_and_too_long_is_refused(conn: psycopg.Connection,

@@ -1,10 +1,10 @@
-"""Provenance: a record depends on what its content was made from, and nothing else.
+"""Provenance: a record depends on everything its model call was shown.
 
-Sources (what the output cites, in summary order) and dependencies (cited messages, the
-dependencies of reused memories, uncited messages the summary repeats) are kept apart; the index
-depends on every candidate it was built from; retention and derived answers follow every
-dependency of every record a request was shown; after the sweep nothing made from an erased
-message is left in any table."""
+Sources (what the output cites, in summary order) and dependencies (the whole batch and what the
+memories shown with it rest on) are kept apart; the index depends on every candidate it was
+built from; retention and derived answers follow every dependency of every record a request was
+shown; after the sweep nothing made from an erased message is left in any table.
+tests/test_shown_dependencies.py holds the attacks the rule answers."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tests.jobs_world import (
     maintenance,
     start,
 )
-from tests.records import invalid_reason, make_record, scope_of, sweep
+from tests.records import make_record, scope_of, sweep
 
 SECRET = "zebra-umbrella-42"
 
@@ -86,37 +86,7 @@ def deps(conn: psycopg.Connection, record_id: int) -> list[tuple[str, str]]:
         "order by 1", (record_id,))]
 
 
-# Extraction: sources, declared reuse, copied passages --------------------------------------
-
-
-def test_a_summary_repeating_eight_words_of_an_uncited_message_depends_on_it(
-        conn: psycopg.Connection) -> None:
-    w = World(conn)
-    w.basic()
-    w.request("ws1", "r1", chat="dm-alice", user="alice")
-    w.message("ws1", "k1", "r1", "user", "alice",
-              "I keep the spare key under the blue flower pot by the door.")
-    w.message("ws1", "k2", "r1", "user", "alice", "The wifi password changes every Monday now.")
-    w.message("ws1", "k3", "r1", "user", "alice", "我把备用钥匙放在门口的蓝色花盆下面了。")
-    w.message("ws1", "k4", "r1", "assistant", "bot1", "Thanks, noted.")
-    advance(conn, "31 minutes")
-    result = extract(conn, {
-        "title": "Household notes",
-        # Repeats k1 (11 words) and k3 (a run of CJK characters) without citing them; shares
-        # only seven words in a row with k2.
-        "summary": "Alice keeps the spare key under the blue flower pot by the door. "
-                   "Alice: the wifi password changes every Monday, she says. 备用钥匙放在门口的蓝色花盆。",
-        "source_ids": ["k4"]})
-    assert result["copied"] == result["repeated"] == 2
-    assert deps(conn, result["record_id"]) == [("k1", "copied"), ("k3", "copied"),
-                                               ("k4", "cited")]
-    assert [r[0] for r in conn.execute(
-        "select message_id from memory_private.record_sources where record_id = %s",
-        (result["record_id"],))] == ["k4"], "a copied message is no source"
-    w.remove("ws1", "k2")
-    assert invalid_reason(conn, "ws1", result["record_id"]) is None
-    w.remove("ws1", "k1")
-    assert invalid_reason(conn, "ws1", result["record_id"]) == "source_removed"
+# Extraction: sources and dependencies ------------------------------------------------------
 
 
 def test_a_source_is_a_cited_dependency_with_a_place_and_nothing_else_has_one(
@@ -137,17 +107,8 @@ def test_a_source_is_a_cited_dependency_with_a_place_and_nothing_else_has_one(
     assert deps(conn, rec) == [("h1-a", "cited"), ("h1-u", "cited")]
 
 
-def test_word_runs_are_runs_of_eight_words_and_a_cjk_character_is_a_word(
+def test_speakers_and_threads_come_from_the_sources_and_grants_from_everything_shown(
         conn: psycopg.Connection) -> None:
-    def runs(text: str) -> Any:
-        return value(conn, "select memory_private.word_runs(memory_private.copy_words(%s))", text)
-    assert runs("One two three four five six seven") == []
-    assert runs("One, two; three four five six seven EIGHT!") == [
-        "one two three four five six seven eight"]
-    assert len(runs("我喜欢喝咖啡和茶水")) == 2
-
-
-def test_speakers_threads_and_grants_come_from_the_dependencies(conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
     w.request("ws1", "r1", chat="grp", user="alice", thread="t-1")
@@ -162,7 +123,16 @@ def test_speakers_threads_and_grants_come_from_the_dependencies(conn: psycopg.Co
                             "source_ids": ["a1", "a2"]})
     row = conn.execute("select speaker_ids, thread_ids, repositories from memory_private.records "
                        "where record_id = %s", (result["record_id"],)).fetchone()
-    assert row == (["alice"], ["t-1"], ["repo-a"]), "bob's uncited message lends nothing"
+    # The record says who said what it cites; but the model saw bob's message, so a reader who
+    # may not read repo-b may not read the record, and bob's words may be in it.
+    assert row == (["alice"], ["t-1"], ["repo-a", "repo-b"])
+    assert deps(conn, result["record_id"]) == [("a1", "cited"), ("a2", "cited"),
+                                               ("b1", "shown"), ("b2", "shown")]
+    assert (result["dependencies"], result["shown"], result["inherited"]) == (4, 2, 0)
+    owners = {r[0] for r in conn.execute(
+        "select owner_id from memory_private.record_owners('ws1', array[%s]::bigint[])",
+        (result["record_id"],))}
+    assert owners == {"alice", "bob"}, "forget's authority counts everyone whose words it saw"
 
 
 # The index depends on every candidate ------------------------------------------------------

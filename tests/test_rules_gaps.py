@@ -20,13 +20,16 @@ from tests.jobs_world import (
     advance,
     checkpoint,
     claim,
+    commit,
+    consolidation_of,
     extraction_of,
     idle_private_world,
     jobs,
     maintenance,
+    show_memories_with_batches,
     start,
 )
-from tests.records import make_record, scope_of
+from tests.records import make_record, record_exists, scope_of
 from tests.test_recall import query, recall, set_index
 from tests.test_worker_e2e import finished_conversation, make_worker, openai_adapter
 from tests.test_worker_units import payload
@@ -83,18 +86,39 @@ def test_a_workspace_reported_without_an_idle_window_waits_thirty_minutes(
 # P5 ------------------------------------------------------------------------------------------
 
 
-def test_the_four_newest_valid_memories_accompany_a_batch(conn: psycopg.Connection) -> None:
+def test_the_memories_sharing_most_words_with_a_batch_accompany_it_when_the_policy_shows_some(
+        fresh_conn: psycopg.Connection) -> None:
+    conn = fresh_conn
+    show_memories_with_batches(conn, 2)
     w = World(conn)
     w.basic()
-    made = []
-    for i in range(6):
-        u, _ = w.conversation("ws1", f"h{i}", chat="dm-alice", user="alice", user_text=f"fact {i}")
-        made.append(make_record(conn, "ws1", f"h{i}", [u], summary=f"fact {i}"))
-    w.message("ws1", "h5-u", "h5", "user", "alice", "fact 5, edited")  # the newest is invalid
+    made = {}
+    for key, text in (("tea", "alice drinks green tea every morning"),
+                      ("jazz", "alice plays jazz piano on weekends"),
+                      ("tea2", "alice buys tea leaves from the market"),
+                      ("cats", "alice has two cats named pixel and byte")):
+        w.conversation("ws1", f"h-{key}", chat="dm-alice", user="alice", user_text=text)
+        advance(conn, "31 minutes")
+        maintenance(conn, "ws1")
+        while (job := claim(conn)) is not None:
+            start(conn, job)
+            if job["phase"] == "extract":
+                checkpoint(conn, job, extraction_of(job, key, text))
+                made[key] = commit(conn, job)["record_id"]
+            else:
+                checkpoint(conn, job, consolidation_of(job))
+                commit(conn, job)
+    w.message("ws1", "h-tea2-u", "h-tea2", "user", "alice", "edited")  # invalid from now
+    w.conversation("ws1", "new", chat="dm-alice", user="alice",
+                   user_text="which green tea leaves should alice buy at the market?")
     advance(conn, "31 minutes")
     maintenance(conn, "ws1")
     [job] = [j for j in jobs(conn) if j["phase"] == "extract" and j["status"] == "pending"]
-    assert job["input"]["existing"] == [made[4], made[3], made[2], made[1]]
+    # tea2 shares the most words but is no longer valid; nor is cats, which was made with tea2
+    # shown and so rests on the edited message too; tea shares "alice" and "green", jazz only
+    # "alice".
+    assert job["input"]["existing"] == [made["tea"], made["jazz"]]
+    assert not record_exists(conn, "ws1", made["cats"]), "purged by the tick after the edit"
 
 
 # P7 ------------------------------------------------------------------------------------------

@@ -322,18 +322,44 @@ def test_scopes_are_scheduled_separately(conn: psycopg.Connection) -> None:
     assert sorted(batch_ids(j)[0][:2] for j in extract_jobs(conn)) == ["a1", "b1", "g0", "g7"]
 
 
-def test_existing_memories_accompany_a_newer_batch(conn: psycopg.Connection) -> None:
+def test_a_newer_batch_resends_no_old_source_and_shows_no_memory_by_the_policy(
+        conn: psycopg.Connection) -> None:
     w = World(conn)
     w.basic()
     w.conversation("ws1", "r1", chat="dm-alice", user="alice")
     advance(conn, "31 minutes")
-    record_id = run_one_extraction(conn)["record_id"]
+    run_one_extraction(conn)
     w.conversation("ws1", "r2", chat="dm-alice", user="alice")
     advance(conn, "31 minutes")
     maintenance(conn, "ws1")
     [job] = extract_jobs(conn)
-    assert job["input"]["existing"] == [record_id]
+    assert job["input"]["existing"] == [], "docs/retention.md: what showing memories costs"
     assert batch_ids(job) == ["r2-a", "r2-u"], "old sources are not resent"
+
+
+def test_a_batch_holds_at_most_200_messages(conn: psycopg.Connection) -> None:
+    w = World(conn)
+    w.basic()
+    for i in range(3):  # 3 conversations of 80 messages: two fit, the third waits
+        w.request("ws1", f"big{i}", chat="dm-alice", user="alice")
+        for j in range(40):
+            w.message("ws1", f"big{i}-u{j:02}", f"big{i}", "user", "alice", f"fact {i}.{j}")
+            w.message("ws1", f"big{i}-a{j:02}", f"big{i}", "assistant", "bot1", "ok")
+        advance(conn, "1 second")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    [job] = extract_jobs(conn)
+    assert len(batch_ids(job)) == 160
+    assert {i.split("-")[0] for i in batch_ids(job)} == {"big1", "big2"}, "the newest first"
+    w.request("ws1", "huge", chat="dm-alice", user="alice")
+    for j in range(101):
+        w.message("ws1", f"huge-u{j:03}", "huge", "user", "alice", "x")
+        w.message("ws1", f"huge-a{j:03}", "huge", "assistant", "bot1", "y")
+    advance(conn, "31 minutes")
+    maintenance(conn, "ws1")
+    skipped = conn.execute(
+        "select last_error from memory_private.jobs where status = 'skipped'").fetchall()
+    assert len(skipped) == 1 and "202 messages" in skipped[0][0]
 
 
 # Consolidation triggers (P10) -------------------------------------------------------------------

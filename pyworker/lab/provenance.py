@@ -6,11 +6,9 @@ database (``memory_private.record_reasons``/``invalid_records``, ``sweep_retenti
 module only reads, removes messages inside transactions it rolls back, and counts.
 
 - **Per record** (``memory.explain_record``): its sources (what it cites, what query_memories
-  shows, 20 at most) and its dependencies by ``via`` (``cited``, ``reused``: a dependency of a
-  memory shown with the batch that the output declared it reused or copies, ``copied``: an
-  uncited batch message whose content the title or summary copies), and how often each part of
-  the copy rule (``copied_by``: ``message``, ``run``, ``token``) found a dependency. Whether the sources are exactly the ids the summary
-  cites inline (``[id, ...]``, read back with ``memory.query_memories`` by id; a bracket
+  shows, 20 at most) and its dependencies by ``via`` (``cited``; ``shown``: a message of its batch
+  the output does not cite; ``inherited``: a dependency of a memory shown with the batch).
+  Whether the sources are exactly the ids the summary cites inline (``[id, ...]``, read back with ``memory.query_memories`` by id; a bracket
   that names no message of the conversation, such as a photo caption, is not a citation).
 - **Per message** of the conversation: the records that declare a dependency on it (the rows
   explain_record lists), and the records that removing it actually invalidates: in a
@@ -41,8 +39,7 @@ from pyworker.lab import locomo
 from pyworker.terminal import emit, fitted_table
 
 SHOWN_SOURCES = 20  # query_memories shows the first 20 sources of a record
-VIAS = ("cited", "reused", "copied")  # record_dependencies.via
-PARTS = ("message", "run", "token")  # the parts of the copy rule (copied_by)
+VIAS = ("cited", "shown", "inherited")  # record_dependencies.via
 
 
 def message_ids(conv: locomo.Conversation, variant: locomo.Variant) -> list[tuple[str, str]]:
@@ -122,11 +119,6 @@ def measure(db: Database, dsn: str, layout: locomo.Layout, conv: locomo.Conversa
             for rid, e in explained.items()}
     via_rows: Counter[str] = Counter(v for d in deps.values() for v in d.values())
     via_records = {v: sum(1 for d in deps.values() if v in d.values()) for v in VIAS}
-    copied = sorted({m for d in deps.values() for m, v in d.items() if v == "copied"})
-    # Each dependency the copy rule found (copied, or reused through a copied memory), by part.
-    found_by = [(str(d["via"]), list(d.get("copied_by") or [])) for e in explained.values()
-                for d in e.get("dependencies") or [] if d.get("copied_by")]
-    copied_by = {part: sum(1 for _v, parts in found_by if part in parts) for part in PARTS}
 
     messages = message_ids(conv, layout.variant)
     depended: dict[str, set[int]] = {m: set() for m, _ in messages}
@@ -180,9 +172,6 @@ def measure(db: Database, dsn: str, layout: locomo.Layout, conv: locomo.Conversa
         "sources_are_cited_ids": sources_match,
         "dependencies_by_via": {v: via_rows.get(v, 0) for v in VIAS},
         "records_with_via": via_records,
-        "copied_messages": copied,
-        "copied_by": copied_by,
-        "reused_by_copy": sum(1 for v, _parts in found_by if v == "reused"),
         "messages": len(messages),
         "messages_by_kind": by_kind,
         "messages_undepended": sum(1 for c in counts if c == 0),
@@ -216,7 +205,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             f"{escape(r['conversation'])}\n{escape(r['variant'])}", str(p["records"]),
             (f"deps {mmm(p['dependencies_per_record'])}\n"
             f"sources {mmm(p['sources_per_record'])}\n"
-            f"reused/copied {via['reused']}/{via['copied']}"),
+            f"shown/inherited {via['shown']}/{via['inherited']}"),
             (f"{p['messages_undepended']} of {p['messages']} undepended\n"
             f"one removal invalidates {mmm(p['invalidated_by_removal'])}\n"
             f"the first: {first['invalidates']} of {p['records_valid']}"),

@@ -52,6 +52,7 @@ class Profile:
     floor_samples: int = 1000
     hostile_notes: int = 256   # notes of the worst-case search's scope
     hostile_samples: int = 200
+    commit_samples: int = 20   # the largest commit (bench.jobs.commit_bound), one per workspace
     # Maintenance (bench.maintenance): changed and idle workspaces of a pass, passes (and
     # ticks) timed, stopped inputs, and the sweep's workspaces x expired messages each.
     maint_changed: int = 100
@@ -67,7 +68,7 @@ PROFILES = {
                      ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
                      floor_samples=400, hostile_samples=30, maint_changed=10,
                      maint_idle=200, maint_passes=3, maint_stopped=50, sweep_workspaces=4,
-                     sweep_messages=500),
+                     sweep_messages=500, commit_samples=4),
     "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
                        query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
                        model_calls=40, floor_samples=4000),
@@ -282,6 +283,8 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             ingest_samples=max(100, profile.ingest_samples // 3)))
         log("job machinery")
         result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn, target.nodes))
+        log("the largest commit")
+        result["commit_bound"] = guarded(lambda: run_commit_bound(profile, target.dsn))
         log("worker overhead and memory")
         both = guarded(lambda: dict(zip(("worker_overhead", "memory"),
                                         run_worker(profile, target.dsn), strict=True)))
@@ -354,6 +357,12 @@ def run_jobs(profile: Profile, dsn: str, nodes: dict[str, Path] | None = None) -
     except ImportError as exc:
         return db.not_available(f"job benchmark cannot load: {exc}")
     return bench_jobs.measure(dsn, jobs=profile.jobs, peer_jobs=profile.peer_jobs, nodes=nodes)
+
+
+def run_commit_bound(profile: Profile, dsn: str) -> Section:
+    from pyworker.lab.bench import jobs as bench_jobs
+
+    return bench_jobs.commit_bound(dsn, profile.commit_samples)
 
 
 def run_worker(profile: Profile, dsn: str) -> tuple[Section, Section]:
@@ -708,6 +717,12 @@ def markdown(result: Section) -> str:
     else:
         lines.append(f"{'Failed' if jobs.get('status') == 'error' else 'Not available'}: "
                      f"{jobs.get('reason')}")
+    bound = result.get("commit_bound", {})
+    if bound.get("status") == "ok":
+        c = bound["commit"]
+        lines += ["", (f"The largest commit ({bound['batch_messages']} messages shown, a "
+                       f"4,000-byte summary made of them): commit_job p50 {_fmt(c['p50_ms'])} ms, "
+                       f"p99 {_fmt(c['p99_ms'])} ms over {c['n']}. {bound['note']}")]
     lines += ["", "## Worker overhead per model call and memory", ""]
     over = result.get("worker_overhead", {})
     if over.get("status") == "ok":

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from pyworker.db import Database
 from pyworker.lab.bench.db import has_function, not_available, summarize
@@ -90,6 +91,70 @@ def prepare_jobs(dsn: str, tag: str, n: int) -> int:
         row = cur.execute("select count(*) from memory_private.jobs where workspace_id like %s "
                           "and status = 'pending'", (f"bench-job-{tag}-%",)).fetchone()
     return int(row[0]) if row else 0
+
+
+# The largest commit --------------------------------------------------------------------------------
+
+FULL_BATCH_CONVERSATIONS = 100  # x 2 messages of 120 bytes: the batch's 200 messages, 24,000 bytes
+
+
+def _full_batch_text(i: int, k: int) -> str:
+    return f"conversation {k} says code {i}-{k}-zx9 and " + " ".join(
+        f"w{k}x{j}" for j in range(13))
+
+
+def commit_bound(dsn: str, samples: int) -> dict[str, Any]:
+    """What the largest extraction commit costs: a batch at both ceilings (200 messages, 24,000
+    bytes) and a 4,000-byte summary made of its words, runs and codes (what once made a text
+    rule compare everything with everything), citing one message. Times ``memory.commit_job``
+    alone, as the worker calls it, in ``samples`` workspaces (one job each, made first)."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        if not has_function(conn, "memory.commit_job(text,bigint,text)"):
+            return not_available("the job machinery is not in the schema yet")
+        jobs = []
+        for i in range(samples + 1):  # the first commit is untimed (the session's first)
+            ws = f"bench-commit-{i:04d}"
+            cur.execute("select memory.upsert_workspace(%s, 1, 100::numeric, 0::numeric, 0)",
+                        (ws,))
+            cur.execute("select memory.upsert_member(%s, 'u1', 'owner', true)", (ws,))
+            cur.execute("select memory.upsert_bot(%s, 'b1', 'b1-identity', true)", (ws,))
+            cur.execute("select memory.upsert_chat(%s, 'dm-u1', 'private', 'u1', true)", (ws,))
+            for k in range(FULL_BATCH_CONVERSATIONS):
+                rid = f"r{k:03d}"
+                cur.execute("select memory.upsert_request(%s, %s, 'b1', 'dm-u1', 0, 'u1', "
+                            "'interactive', 'succeeded', 'fake', 'm', 1::numeric)", (ws, rid))
+                text = _full_batch_text(i, k)
+                cur.execute("select memory.upsert_message(%s, %s, %s, 'user', 'u1', %s)",
+                            (ws, f"{rid}-u", rid, text))
+                cur.execute("select memory.upsert_message(%s, %s, %s, 'assistant', 'b1', %s)",
+                            (ws, f"{rid}-a", rid, text.replace("says", "said")))
+            cur.execute("select memory.run_maintenance(%s)", (ws,))
+        batch = 0
+        while (row := cur.execute("select memory.claim_job('bench-commit')").fetchone()) \
+                and row[0] is not None:
+            job = row[0]
+            sources = job["input"]["sources"]
+            batch = max(batch, len(sources))
+            words = " ".join(s["text"] for s in sources)
+            summary = (words[:3980].rsplit(" ", 1)[0]) + f" [{sources[0]['id']}]"
+            cur.execute("select memory.start_attempt(%s, %s, %s, 0.01)",
+                        (job["workspace_id"], job["job_id"], job["token"]))
+            cur.execute("select memory.save_checkpoint(%s, %s, %s, %s, %s)",
+                        (job["workspace_id"], job["job_id"], job["token"],
+                         Jsonb({"title": words[:290].rsplit(" ", 1)[0], "summary": summary,
+                                "source_ids": [sources[0]["id"]]}),
+                         Jsonb({"input_tokens": 1, "output_tokens": 1, "cost_usd": 0.0})))
+            t0 = time.perf_counter_ns()
+            cur.execute("select memory.commit_job(%s, %s, %s)",
+                        (job["workspace_id"], job["job_id"], job["token"]))
+            jobs.append(time.perf_counter_ns() - t0)
+        conn.execute("delete from memory_private.workspaces "
+                     "where workspace_id like 'bench-commit-%%'")
+    timed = jobs[1:]
+    return {"status": "ok", "batch_messages": batch, "commit": summarize(timed),
+            "note": ("commit_job of a batch at both ceilings (200 messages, 24,000 bytes) with a "
+                     "4,000-byte summary made of its words, citing one message; one job per "
+                     "workspace, the first untimed.")}
 
 
 # Ours --------------------------------------------------------------------------------------------
