@@ -332,6 +332,24 @@ def test_offline_extraction_understands_chinese_statements_and_small_talk() -> N
     assert summary_lines(out) == [("fact", "li", "我上周在杭州买了一辆自行车。", "z2")]
 
 
+def test_offline_extraction_says_at_most_600_bytes_of_a_turn() -> None:
+    """A long answer does not fill a record: its line says its most specific sentences, up to
+    600 bytes, and the rest of the batch is kept whole."""
+    answer = " ".join(f"Step {i}: the Lisbon office moves desk {i} to floor {i % 7}."
+                      for i in range(40))
+    p = payload(sources=[
+        {"id": "l1", "role": "user", "speaker_id": "alice",
+         "text": "I moved to the Lisbon office in March. My desk is by the window."},
+        {"id": "l2", "role": "assistant", "speaker_id": "bot1", "text": answer}], existing=[])
+    out = offline_reply(p)
+    lines = summary_lines(out)
+    assert lines[0] == ("fact", "alice", "I moved to the Lisbon office in March. "
+                        "My desk is by the window.", "l1")
+    kind, speaker, said, mid = lines[1]
+    assert (kind, speaker, mid) == ("fact", "bot1", "l2") and said in answer
+    assert 550 < utf8_len(said) <= 600 and utf8_len(out["summary"]) < 1000
+
+
 def test_offline_extraction_over_budget_keeps_each_turns_most_specific_sentence_first() -> None:
     """When the statements do not all fit, every turn first keeps its most specific sentence
     (the most marks of a fact), then the others go in by the same order; the summary stays

@@ -15,17 +15,17 @@ Greetings, thanks, reactions ("Wow, that's great!", "Thanks, Mel!"), asides whol
 parentheses and questions that carry no fact are left out, and so is a sentence an existing
 memory already says or its speaker already said earlier in the batch. The summary lists the kept
 sentences by priority, then in conversation order, one line per kind and source turn, each
-sentence in the speaker's words (at most 600 bytes of it). When they do not all fit the summary
-limit, what a careful reader would miss most stays: first every line with its most specific
-sentence (by the marks of a fact, the P7 kinds before plain facts; the user's before the
-assistant's, then the earlier, among equals), then the lines' other sentences in the same order,
-so that each statement keeps its gist before any keeps its detail; what does not fit is left
-out, and every summary's closing note states this rule. The title names the speakers and the
-words the kept sentences are most about. Consolidation indexes the records of most standing value
-first (notes, then preferences, corrections, decisions and plans, then facts), the newest first
-among equals, each line citing its record as ``[#id]``. It follows the same output contract as a
-real model, so the whole pipeline (and the demo) runs without credentials; every summary ends
-with a note saying it is this heuristic.
+sentence in the speaker's words, at most 600 bytes of a turn (so a long answer does not fill a
+record). When they do not all fit the summary limit, what a careful reader would miss most
+stays: first every line with its most specific sentence (by the marks of a fact, the P7 kinds
+before plain facts; the user's before the assistant's, then the earlier, among equals), then the
+lines' other sentences in the same order, so that each statement keeps its gist before any keeps
+its detail; what does not fit is left out, and every summary's closing note states this rule.
+The title names the speakers and the words the kept sentences are most about. Consolidation
+indexes the records of most standing value first (notes, then preferences, corrections,
+decisions and plans, then facts), the newest first among equals, each line citing its record as
+``[#id]``. It follows the same output contract as a real model, so the whole pipeline (and the
+demo) runs without credentials; every summary ends with a note saying it is this heuristic.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ admirable lovely glad proud sorry worries worry yup yep nope haha hahaha lol omg
 hug hugs agree agreed indeed true exactly sure pleasure rooting crossed fingers buddy dear hey
 hiya
 """.split())  # noqa: SIM905 - a word list reads best as prose
+
+LINE_BYTES = 600  # what a line says of its turn at most: a long answer does not fill a record
 
 NOTE = ("(offline heuristic summary: what each speaker stated, the most specific first if not "
         "all fit; not a model's reading)")
@@ -282,10 +284,11 @@ def _line_text(line: _Line, keep: list[int]) -> str:
 
 
 def _fit(lines: list[_Line], budget: int) -> dict[int, list[int]]:
-    """Which sentences of which lines fit in ``budget`` bytes. First every line's best sentence,
-    the lines by that sentence's score (the user's before the assistant's among equals, then the
-    earlier); then the other sentences by score, so that when not all fit each statement keeps
-    its most specific sentence before any gets a second, and the least specific go."""
+    """Which sentences of which lines fit in ``budget`` bytes, a line saying at most
+    LINE_BYTES of its turn. First every line's best sentence, the lines by that sentence's score
+    (the user's before the assistant's among equals, then the earlier); then the other sentences
+    by score, so that when not all fit each statement keeps its most specific sentence before
+    any gets a second, and the least specific go."""
     def best(i: int) -> int:
         return max(range(len(lines[i].said)), key=lambda j: (lines[i].said[j].score, -j))
 
@@ -293,17 +296,22 @@ def _fit(lines: list[_Line], budget: int) -> dict[int, list[int]]:
         return (-lines[i].said[j].score, lines[i].source.role != "user", lines[i].position, j)
 
     chosen: dict[int, list[int]] = {}
+    said: dict[int, int] = {}  # line -> the bytes it says
     used = 0
     firsts = sorted(((i, best(i)) for i in range(len(lines))), key=lambda x: key(*x))
     rest = sorted(((i, j) for i in range(len(lines)) for j in range(len(lines[i].said))
                    if j != best(i)), key=lambda x: key(*x))
     for i, j in [*firsts, *rest]:
+        size = utf8_len(lines[i].said[j].text)
         if i in chosen:
-            cost = utf8_len(lines[i].said[j].text) + 1  # joined to its line by a space
+            cost = size + 1  # joined to its line by a space
+            if said[i] + cost > LINE_BYTES:
+                continue
         else:
             cost = utf8_len(_line_text(lines[i], [j])) + 1  # a new line and its newline
         if used + cost <= budget:
             chosen.setdefault(i, []).append(j)
+            said[i] = said.get(i, -1) + size + 1
             used += cost
     return chosen
 
@@ -320,8 +328,8 @@ def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[st
                 continue  # an existing memory, or the speaker earlier in the batch, said it
             kind = _kind_of(sentence, src.role)
             marks = fact_marks(sentence)
-            # Small talk that happens to match a pattern ("See you later!", "Gonna be great!")
-            # is left out; a plan needs one mark of a fact.
+            # Small talk that happens to match a pattern ("See you later!", "Gonna be great!":
+            # no content word) is left out; a plan needs one mark of a fact.
             if kind is not None and (marks <= -2 or (kind == "plan" and marks < 1)
                                      or not content_words(sentence)):
                 kind = None
@@ -330,7 +338,7 @@ def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[st
             if kind is not None:
                 seen.add((src.speaker_id, sentence))
                 bonus = 5 if kind != "fact" else 0
-                kept.append((kind, _Said(_clip(sentence, 600), marks + bonus)))
+                kept.append((kind, _Said(_clip(sentence, LINE_BYTES), marks + bonus)))
         for kind in dict.fromkeys(k for k, _ in kept):  # one line per kind of the turn
             lines.append(_Line(order[kind], kind, src, [s for k, s in kept if k == kind],
                                position))
