@@ -300,7 +300,8 @@ def test_the_async_client_has_the_same_methods_and_the_same_answers(
             found = await amemory.call_tool("acme", "r3", "query_memories",
                                             '{"query": "German"}', "call_1")
             assert isinstance(found.answer, QueryResult) and found.answer.records[0].rank == 1
-            assert found.answer.records[0].source_ids == ["r1-u"]
+            # The user's preference, and the bot's answer (what each speaker stated).
+            assert found.answer.records[0].source_ids == ["r1-u", "r1-a"]
             bad = await amemory.call_tool("acme", "r3", "query_memories", '{"query": ',
                                           "call_2")
             assert bad.error_code == "invalid_json" and bad.answer is None
@@ -309,7 +310,7 @@ def test_the_async_client_has_the_same_methods_and_the_same_answers(
             assert refused.error_code == "MB001"
             with pytest.raises(errors.NotFound):
                 await amemory.recall("acme", "no-such-request")
-            assert await amemory.request_citations("acme", "r3") == ["r1-u"]
+            assert sorted(await amemory.request_citations("acme", "r3")) == ["r1-a", "r1-u"]
             assert (await amemory.resolve_scope("acme", "r3")).scope_kind == "private"
             assert await amemory.tool_definitions("openai") == memory.tool_definitions("openai")
 

@@ -4,6 +4,7 @@ as one JSON object, the prompt builder, provider usage, and the offline summariz
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from decimal import Decimal
@@ -228,12 +229,167 @@ def test_offline_extraction_keeps_facts_and_leaves_out_small_talk_and_empty_ques
     assert out["title"].startswith("caroline: ")
 
 
-def test_offline_extraction_over_budget_drops_the_lines_with_fewest_marks() -> None:
-    rich = "I moved to Lisbon with my sister Marta in May 2019."  # four marks
-    plain = "I went to the shop and bought some bread for the week ahead there."  # two
-    p = payload(sources=[{"id": f"p{i}", "role": "user", "speaker_id": "a",
-                          "text": plain if i % 2 else rich} for i in range(200)], existing=[])
+def summary_lines(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(kind, speaker, what was said, cited id) of each line of an offline summary."""
+    lines = out["summary"].splitlines()
+    assert lines[-1] == NOTE
+    parsed = []
+    for line in lines[:-1]:
+        m = re.fullmatch(r"- ([a-z ]+): (\S+): (.+) \[([^\]]+)\]", line)
+        assert m, line
+        parsed.append((m[1], m[2], m[3], m[4]))
+    return parsed
+
+
+def test_offline_extraction_keeps_every_statement_of_each_speaker_and_no_small_talk() -> None:
+    """A group topic: two people, each turn a request of its own with the bot's stand-in reply.
+    Every sentence that states something is kept, attributed and cited by its own turn, even
+    with a single mark of a fact; greetings, thanks, reactions, asides and empty questions
+    are not."""
+    turns = [
+        ("g1", "caroline", "Hey Mel! How have you been?"),
+        ("g2", "melanie", "I'm considering getting a dog."),
+        ("g3", "caroline", "Wow, that's great! Thanks, Mel!"),
+        ("g4", "melanie", "It was in London."),
+        ("g5", "caroline", "Pottery is such a calming hobby for anyone who paints."),
+        ("g6", "melanie", "I got married! (laughs)"),
+        ("g7", "caroline", "Congrats! What did you think of it?"),
+        ("g8", "melanie", "Did Jon paint that mural in Porto in 2019?"),
+    ]
+    sources: list[dict[str, str]] = []
+    for mid, who, text in turns:
+        sources.append({"id": mid, "role": "user", "speaker_id": who, "text": text})
+        sources.append({"id": f"{mid}/ack", "role": "assistant", "speaker_id": "bot1",
+                        "text": "(the bot's reply is not part of the dataset)"})
+    out = offline_reply(payload(sources=sources, existing=[]))
+    assert json.loads(reply_object(json.dumps(out))) == out
+    assert summary_lines(out) == [
+        ("fact", "melanie", "I'm considering getting a dog.", "g2"),
+        ("fact", "melanie", "It was in London.", "g4"),
+        ("fact", "caroline", "Pottery is such a calming hobby for anyone who paints.", "g5"),
+        ("fact", "melanie", "I got married!", "g6"),
+        # A question that carries a fact (a name, a place, a date) states something.
+        ("fact", "melanie", "Did Jon paint that mural in Porto in 2019?", "g8"),
+    ]
+    assert out["source_ids"] == ["g2", "g4", "g5", "g6", "g8"]
+    assert out["title"].startswith("melanie and caroline: ")
+
+
+def test_offline_extraction_keeps_the_assistant_sides_statements_too() -> None:
+    """A private chat where the assistant side is another person's words (the eval's private
+    variant): what it states is kept and attributed to it; its "we decided" is a proposal, and
+    it makes no requests."""
+    p = payload(sources=[
+        {"id": "a1", "role": "user", "speaker_id": "alice", "text": "Hi! How was your week?"},
+        {"id": "a2", "role": "assistant", "speaker_id": "bot1",
+         "text": "Great, thanks! I adopted a beagle puppy called Max on Saturday. "
+                 "Can you believe it?"},
+        {"id": "a3", "role": "user", "speaker_id": "alice",
+         "text": "Aww, so cute! My cat Luna would hate him."},
+        {"id": "a4", "role": "assistant", "speaker_id": "bot1",
+         "text": "We decided to move to Lisbon next spring. Please send me photos of Luna."},
+        {"id": "a5", "role": "assistant", "speaker_id": "bot1", "text": "Haha, sure thing!"},
+    ], existing=[])
     out = offline_reply(p)
+    assert summary_lines(out) == [
+        ("fact", "bot1", "I adopted a beagle puppy called Max on Saturday.", "a2"),
+        ("fact", "alice", "My cat Luna would hate him.", "a3"),
+        ("fact", "bot1", "Please send me photos of Luna.", "a4"),
+        ("proposal", "bot1", "We decided to move to Lisbon next spring.", "a4"),
+    ]
+    assert out["source_ids"] == ["a2", "a3", "a4"]
+
+
+def test_offline_extraction_states_each_sentence_once_and_not_what_memories_say() -> None:
+    said = "My brother Tom opened a bakery in Leeds in 2021."
+    p = payload(sources=[
+        {"id": "d1", "role": "user", "speaker_id": "alice", "text": said},
+        {"id": "d2", "role": "user", "speaker_id": "alice", "text": said},
+        {"id": "d3", "role": "user", "speaker_id": "alice",
+         "text": f"{said} I started running with my neighbour Priya."},
+        # The same words from another speaker are that speaker's statement.
+        {"id": "d5", "role": "assistant", "speaker_id": "bot1", "text": said},
+        {"id": "d4", "role": "user", "speaker_id": "alice",
+         "text": "We painted the kitchen yellow over the weekend."},
+    ], existing=[{"id": 5, "title": "alice: kitchen",
+                  "summary": "- fact: alice: We painted the kitchen yellow over the weekend. "
+                             "[x1]"}])
+    out = offline_reply(p)
+    assert summary_lines(out) == [
+        ("fact", "alice", said, "d1"),
+        ("fact", "alice", "I started running with my neighbour Priya.", "d3"),
+        ("fact", "bot1", said, "d5"),
+    ]
+
+
+def test_offline_extraction_understands_chinese_statements_and_small_talk() -> None:
+    p = payload(sources=[
+        {"id": "z1", "role": "user", "speaker_id": "wang", "text": "你好！谢谢！"},
+        {"id": "z2", "role": "assistant", "speaker_id": "li", "text": "我上周在杭州买了一辆自行车。"},
+        {"id": "z3", "role": "user", "speaker_id": "wang", "text": "哈哈，好的。"},
+    ], existing=[])
+    out = offline_reply(p)
+    assert summary_lines(out) == [("fact", "li", "我上周在杭州买了一辆自行车。", "z2")]
+
+
+def test_offline_extraction_says_at_most_600_bytes_of_a_turn() -> None:
+    """A long answer does not fill a record: its line says its most specific sentences, up to
+    600 bytes, and the rest of the batch is kept whole."""
+    answer = " ".join(f"Step {i}: the Lisbon office moves desk {i} to floor {i % 7}."
+                      for i in range(40))
+    p = payload(sources=[
+        {"id": "l1", "role": "user", "speaker_id": "alice",
+         "text": "I moved to the Lisbon office in March. My desk is by the window."},
+        {"id": "l2", "role": "assistant", "speaker_id": "bot1", "text": answer}], existing=[])
+    out = offline_reply(p)
+    lines = summary_lines(out)
+    assert lines[0] == ("fact", "alice", "I moved to the Lisbon office in March. "
+                        "My desk is by the window.", "l1")
+    kind, speaker, said, mid = lines[1]
+    assert (kind, speaker, mid) == ("fact", "bot1", "l2") and said in answer
+    assert 550 < utf8_len(said) <= 600 and utf8_len(out["summary"]) < 1000
+
+
+def test_offline_extraction_over_budget_keeps_each_turns_most_specific_sentence_first() -> None:
+    """When the statements do not all fit, every turn first keeps its most specific sentence
+    (the most marks of a fact), then the others go in by the same order; the summary stays
+    within the limit and each line still cites its own turn."""
+    rich = "I moved to Lisbon with my sister {} in May {}."  # four marks
+    plain = "The weather there was rather grey and windy for {} days."  # two
+    sources = [{"id": f"p{i:03d}", "role": "user" if i % 3 else "assistant",
+                "speaker_id": "alice" if i % 3 else "bot1",
+                "text": f"{plain.format(i)} {rich.format(f'Marta{i}', 1900 + i)}"}
+               for i in range(60)]
+    limits = {**LIMITS, "summary_bytes": 4000}
+    out = offline_reply(payload(sources=sources, existing=[], limits=limits))
     assert utf8_len(out["summary"]) <= 4000
-    kept = out["source_ids"]
-    assert kept and all(int(i[1:]) % 2 == 0 for i in kept)  # only the richer lines fit
+    lines = summary_lines(out)
+    texts = {s["id"]: s["text"] for s in sources}
+    cited = [mid for _, _, _, mid in lines]
+    assert out["source_ids"] == cited and len(cited) == len(set(cited))
+    for _, speaker, said, mid in lines:
+        assert rich.split(" {}")[0] in said and said in texts[mid]
+        assert speaker == ("bot1" if int(mid[1:]) % 3 == 0 else "alice")
+    # The rich sentence of every turn that fits comes before any plain one: either every line
+    # holds only its rich sentence, or every turn is there.
+    assert len(lines) < len(sources)  # the limit bites here: 60 turns do not fit in 4,000 bytes
+    assert not [said for _, _, said, _ in lines if plain.split(" {}")[0] in said]
+    # Among equals, the user's turns go in before the assistant's, then the earlier.
+    assistant = [int(m[1:]) for m in cited if int(m[1:]) % 3 == 0]
+    assert [int(m[1:]) for m in cited if int(m[1:]) % 3] == [i for i in range(60) if i % 3]
+    assert 0 < len(assistant) < 20 and assistant == list(range(0, 3 * len(assistant), 3))
+    # The turns of fewest marks are the ones left out (the later among equals).
+    alone = [{"id": f"q{i:03d}", "role": "user", "speaker_id": "alice",
+              "text": plain.format(i) if i % 2 else rich.format(f"Marta{i}", 1900 + i)}
+             for i in range(80)]
+    out = offline_reply(payload(sources=alone, existing=[], limits=limits))
+    assert utf8_len(out["summary"]) <= 4000
+    kept = [int(i[1:]) for i in out["source_ids"]]
+    plain_kept = [i for i in kept if i % 2]
+    assert [i for i in kept if i % 2 == 0] == list(range(0, 80, 2))
+    assert 0 < len(plain_kept) < 40 and plain_kept == list(range(1, 2 * len(plain_kept), 2))
+    # With room for all, all is kept, in conversation order, each line in its turn's order of
+    # sentences.
+    roomy = offline_reply(payload(sources=sources[:6], existing=[], limits=limits))
+    assert [said for _, _, said, _ in summary_lines(roomy)] == [
+        s["text"] for s in sources[:6]]

@@ -1,20 +1,31 @@
 """``offline``: a deterministic extractive summarizer with no network and no cost.
 
-It is a heuristic, not a model. Extraction keeps the sentences of the conversation that carry
-something to remember and labels each with what it is, its speaker and its source id:
-- by English and Chinese patterns: requests, corrections, preferences, decisions, plans and open
-  work (the extraction priorities, P7);
-- by the marks of a fact: a first-person statement ("I adopted ...", "my sister ..."), a name or
-  a place (a capitalised word inside the sentence), a date, a time or a number, a plan; a
-  sentence needs two such marks, so greetings, thanks and reactions ("Wow, that's great!") and
-  questions that state nothing are left out.
-The summary lists them by priority, then in conversation order, one line per kind and source
-turn; when they do not fit, the lines with the fewest marks go first. The title names the speakers and
-the words the kept sentences are most about. Consolidation indexes the records of most standing
-value first (notes, then preferences, corrections, decisions and plans, then facts), the newest
-first among equals, each line citing its record as ``[#id]``. It follows the same output
-contract as a real model, so the whole pipeline (and the demo) runs without credentials; every
-summary ends with a note saying it is this heuristic.
+It is a heuristic, not a model. Extraction keeps every sentence of the conversation that states
+something, whoever said it (each user, and the assistant too: where the assistant side relays
+another person, as in the eval's private chat, half of what was said is theirs), and labels each
+with what it is, its speaker and its source id:
+- by English and Chinese patterns: requests (a user's), corrections, preferences, decisions (an
+  assistant's is a proposal), plans and open work (the extraction priorities, P7);
+- otherwise as a fact, when the sentence states something: two content words (not stop words,
+  not the words of greetings, thanks, praise or agreement, not a name it addresses), or one in a
+  sentence of three words or more in the first person, naming someone or something, or with a
+  date, time or number ("I got married!", "It was in London."); or two marks of a fact (a
+  first-person statement, something done, a name or place, a date, time or number).
+Greetings, thanks, reactions ("Wow, that's great!", "Thanks, Mel!"), asides wholly in
+parentheses and questions that carry no fact are left out, and so is a sentence an existing
+memory already says or its speaker already said earlier in the batch. The summary lists the kept
+sentences by priority, then in conversation order, one line per kind and source turn, each
+sentence in the speaker's words, at most 600 bytes of a turn (so a long answer does not fill a
+record). When they do not all fit the summary limit, what a careful reader would miss most
+stays: first every line with its most specific sentence (by the marks of a fact, the P7 kinds
+before plain facts; the user's before the assistant's, then the earlier, among equals), then the
+lines' other sentences in the same order, so that each statement keeps its gist before any keeps
+its detail; what does not fit is left out, and every summary's closing note states this rule.
+The title names the speakers and the words the kept sentences are most about. Consolidation
+indexes the records of most standing value first (notes, then preferences, corrections,
+decisions and plans, then facts), the newest first among equals, each line citing its record as
+``[#id]``. It follows the same output contract as a real model, so the whole pipeline (and the
+demo) runs without credentials; every summary ends with a note saying it is this heuristic.
 """
 
 from __future__ import annotations
@@ -88,6 +99,13 @@ _SMALL_TALK = re.compile(
     r"cool|nice|sounds|glad|good|lol|haha|yeah|yes|no|sure|ok|okay|bye|see you|take care|"
     r"same|totally|definitely|absolutely|amazing|that'?s|it'?s so|you'?re|you have|you got)\b")
 _WORD = re.compile(r"[^\W\d_][\w'’-]*")
+# A name the sentence addresses: "Hey Mel!", "Yeah Jon, ...", "Wow, Jo, ...", "..., Nate!".
+_ADDRESS = re.compile(r"^(?:[A-Za-z]+,? )?[A-Z][\w'’-]*(?=[,!])|, ?[A-Z][\w'’-]*(?=[!.?]*$)")
+_ASIDE = re.compile(r"\s*\([^()]*\)[.!?]?\s*")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_CJK_SMALL_TALK = re.compile(
+    r"你好|您好|谢谢|多谢|感谢|哈哈|嘿嘿|好的|好吧|再见|拜拜|晚安|早安|早上好|不客气|没关系|没问题|"
+    r"太棒了|真棒|加油|是的|对的|当然|[嗯哦啊呀呢吧吗嘛了的]")
 
 # Words that say little about what a record is about (the title's keywords skip them).
 STOP = frozenset("""
@@ -116,8 +134,21 @@ special stay stuff super take taking tell thing tough tried true try trying used
 yourself told talk talking together work working life world
 """.split())  # noqa: SIM905 - a word list reads best as prose
 
-NOTE = ("(offline heuristic summary: sentences picked by patterns and the marks of a fact, "
-        "not a model's reading)")
+# Words of small talk (greetings, thanks, praise, agreement, wishes): not content, and not what
+# an offline title says a record is about.
+PLEASANTRY = frozenset("""
+thanks thank appreciate appreciated congrats congratulations welcome cheers bye goodbye luck
+wishes wish safe soon chat catch understood noted sharing share awesome cool cute sweet
+incredible fantastic wonderful beautiful stunning gorgeous brilliant impressive inspiring
+admirable lovely glad proud sorry worries worry yup yep nope haha hahaha lol omg aww awww yay
+hug hugs agree agreed indeed true exactly sure pleasure rooting crossed fingers buddy dear hey
+hiya
+""".split())  # noqa: SIM905 - a word list reads best as prose
+
+LINE_BYTES = 600  # what a line says of its turn at most: a long answer does not fill a record
+
+NOTE = ("(offline heuristic summary: what each speaker stated, the most specific first if not "
+        "all fit; not a model's reading)")
 
 # A sentence ends at . ! ? followed by a blank (so "2.1" stays whole), at 。！？, or a line end.
 _SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
@@ -140,12 +171,44 @@ def _kind_of(sentence: str, role: str) -> str | None:
             continue
         if pattern.search(sentence):
             # An assistant's "we decided" is a proposal until a user confirms it.
-            if role == "assistant" and kind != "decision":
-                return None  # the assistant restating the user adds nothing
-            if role == "assistant" and kind == "decision":
-                return "proposal"
-            return kind
+            return "proposal" if role == "assistant" and kind == "decision" else kind
     return None
+
+
+def content_words(sentence: str) -> list[str]:
+    """The words of a sentence that say what it is about: not stop words, not the words of
+    greetings, thanks, praise or agreement, not a name the sentence addresses ("Thanks, Mel!",
+    "Yeah Jon, ..."); in Chinese, Japanese or Korean, about one per two characters that are not
+    small talk."""
+    rest = _ADDRESS.sub(" ", sentence)
+    out: list[str] = []
+    for word in _WORD.findall(rest):
+        if _CJK.search(word):
+            chars = _CJK_SMALL_TALK.sub("", "".join(_CJK.findall(word)))
+            out.extend(chars[i:i + 2] for i in range(0, len(chars) - 1, 2))
+            continue
+        key = word.lower().strip("'’-")
+        key = key[:-2] if key.endswith(("'s", "’s")) else key
+        if len(key) >= 3 and key not in STOP and key not in PLEASANTRY:
+            out.append(key)
+    return out
+
+
+def states_something(sentence: str) -> bool:
+    """Whether a sentence states something a later conversation may need: two content words
+    (one will do in a sentence of three words or more in the first person, or naming someone or
+    something, or with a date, time or number: "I got married!", "It was in London."); an aside
+    wholly in parentheses ("(laughs)") states nothing, nor does a question unless it also carries
+    a fact (a name, a date, something done)."""
+    if _ASIDE.fullmatch(sentence):
+        return False
+    content = len(content_words(sentence))
+    if sentence.rstrip().endswith(("?", "？")):
+        return content >= 2 and fact_marks(sentence) >= 1
+    one_will_do = (_FIRST_PERSON.search(sentence) or _NAME.search(_ADDRESS.sub(" ", sentence))
+                   or _TIME.search(sentence))
+    return content >= 2 or (content == 1 and bool(one_will_do)
+                            and len(_WORD.findall(sentence)) >= 3)
 
 
 def fact_marks(sentence: str) -> int:
@@ -162,16 +225,6 @@ def fact_marks(sentence: str) -> int:
     if words < 5:
         marks -= 1
     return marks
-
-
-@dataclass
-class _Line:
-    rank: int        # the kind's place in DISPLAY
-    kind: str
-    source: Source
-    sentences: list[str]
-    marks: int
-    position: int    # conversation order
 
 
 def keywords(texts: list[str], skip: set[str], n: int = 4) -> list[str]:
@@ -198,62 +251,106 @@ def keywords(texts: list[str], skip: set[str], n: int = 4) -> list[str]:
     return [shown[k] for k in ranked[:n]]
 
 
-def title_for(texts: list[str], speakers: list[str], limit: int) -> str:
+def title_for(texts: list[str], speakers: list[str], limit: int,
+              skip: frozenset[str] = frozenset()) -> str:
     """What a record of ``texts`` said by (or about) ``speakers`` is about: the speakers and the
-    words the texts are most about, or the first text when none stands out."""
+    words the texts are most about (never one of ``skip``), or the first text when none stands
+    out."""
     who = " and ".join(speakers) if len(speakers) <= 2 else ", ".join(speakers)
-    about = keywords(texts, {s.lower() for s in speakers})
+    about = keywords(texts, {s.lower() for s in speakers} | skip)
     if not about:
         return _clip(f"{who}: {texts[0]}", limit)
     return _clip(f"{who}: {', '.join(about)}", limit)
 
 
+@dataclass
+class _Said:
+    text: str
+    score: int       # how much a careful reader would miss it: marks, more for the P7 kinds
+
+
+@dataclass
+class _Line:
+    rank: int        # the kind's place in DISPLAY
+    kind: str
+    source: Source
+    said: list[_Said]
+    position: int    # conversation order
+
+
+def _line_text(line: _Line, keep: list[int]) -> str:
+    said = " ".join(line.said[i].text for i in sorted(keep))
+    return f"- {line.kind}: {line.source.speaker_id}: {said} [{line.source.id}]"
+
+
+def _fit(lines: list[_Line], budget: int) -> dict[int, list[int]]:
+    """Which sentences of which lines fit in ``budget`` bytes, a line saying at most
+    LINE_BYTES of its turn. First every line's best sentence, the lines by that sentence's score
+    (the user's before the assistant's among equals, then the earlier); then the other sentences
+    by score, so that when not all fit each statement keeps its most specific sentence before
+    any gets a second, and the least specific go."""
+    def best(i: int) -> int:
+        return max(range(len(lines[i].said)), key=lambda j: (lines[i].said[j].score, -j))
+
+    def key(i: int, j: int) -> tuple[int, bool, int, int]:
+        return (-lines[i].said[j].score, lines[i].source.role != "user", lines[i].position, j)
+
+    chosen: dict[int, list[int]] = {}
+    said: dict[int, int] = {}  # line -> the bytes it says
+    used = 0
+    firsts = sorted(((i, best(i)) for i in range(len(lines))), key=lambda x: key(*x))
+    rest = sorted(((i, j) for i in range(len(lines)) for j in range(len(lines[i].said))
+                   if j != best(i)), key=lambda x: key(*x))
+    for i, j in [*firsts, *rest]:
+        size = utf8_len(lines[i].said[j].text)
+        if i in chosen:
+            cost = size + 1  # joined to its line by a space
+            if said[i] + cost > LINE_BYTES:
+                continue
+        else:
+            cost = utf8_len(_line_text(lines[i], [j])) + 1  # a new line and its newline
+        if used + cost <= budget:
+            chosen.setdefault(i, []).append(j)
+            said[i] = said.get(i, -1) + size + 1
+            used += cost
+    return chosen
+
+
 def extract(data: ExtractInput, title_bytes: int, summary_bytes: int) -> dict[str, object]:
     order = {k: i for i, k in enumerate(DISPLAY)}
     known = " ".join(e.summary for e in data.existing)
+    seen: set[tuple[str, str]] = set()  # (speaker, sentence)
     lines: list[_Line] = []
     for position, src in enumerate(data.sources):
-        kept: list[tuple[str, str, int]] = []
+        kept: list[tuple[str, _Said]] = []
         for sentence in _sentences(src.text):
-            if sentence in known:
-                continue
+            if sentence in known or (src.speaker_id, sentence) in seen:
+                continue  # an existing memory, or the speaker earlier in the batch, said it
             kind = _kind_of(sentence, src.role)
             marks = fact_marks(sentence)
-            # Small talk that happens to match a pattern ("See you later!", "Gonna be great!")
-            # is left out; a plan needs one mark of a fact.
-            if kind is not None and (marks <= -2 or (kind == "plan" and marks < 1)):
+            # Small talk that happens to match a pattern ("See you later!", "Gonna be great!":
+            # no content word) is left out; a plan needs one mark of a fact.
+            if kind is not None and (marks <= -2 or (kind == "plan" and marks < 1)
+                                     or not content_words(sentence)):
                 kind = None
-            if kind is None and marks >= 2 and src.role == "user":
+            if kind is None and (states_something(sentence) or marks >= 2):
                 kind = "fact"
             if kind is not None:
-                kept.append((kind, sentence, marks))
-        for kind in dict.fromkeys(k for k, _, _ in kept):  # one line per kind of the turn
-            same = [(s, m) for k, s, m in kept if k == kind]
-            lines.append(_Line(order[kind], kind, src, [s for s, _ in same],
-                               sum(m for _, m in same) + (5 if kind != "fact" else 0),
+                seen.add((src.speaker_id, sentence))
+                bonus = 5 if kind != "fact" else 0
+                kept.append((kind, _Said(_clip(sentence, LINE_BYTES), marks + bonus)))
+        for kind in dict.fromkeys(k for k, _ in kept):  # one line per kind of the turn
+            lines.append(_Line(order[kind], kind, src, [s for k, s in kept if k == kind],
                                position))
-    if not lines:
+    chosen = _fit(lines, summary_bytes - utf8_len(NOTE) - 1)
+    if not chosen:
         return {"title": "", "summary": "", "source_ids": [], "reused_ids": []}
-    budget = summary_bytes - utf8_len(NOTE) - 1
-
-    def text(line: _Line) -> str:
-        said = _clip(" ".join(line.sentences), 600)
-        return f"- {line.kind}: {line.source.speaker_id}: {said} [{line.source.id}]"
-
-    # Over the budget: the lines with the fewest marks go first (later ones among equals).
-    chosen = sorted(lines, key=lambda x: (-x.marks, x.position))
-    used = 0
-    fitting: list[_Line] = []
-    for line in chosen:
-        size = utf8_len(text(line)) + 1
-        if used + size <= budget:
-            fitting.append(line)
-            used += size
-    fitting.sort(key=lambda x: (x.rank, x.position))
-    ids = list(dict.fromkeys(x.source.id for x in fitting))
-    speakers = list(dict.fromkeys(x.source.speaker_id for x in fitting))
-    title = title_for([" ".join(x.sentences) for x in fitting], speakers, title_bytes)
-    summary = "\n".join([*(text(x) for x in fitting), NOTE])
+    fitting = sorted(chosen, key=lambda i: (lines[i].rank, lines[i].position))
+    ids = list(dict.fromkeys(lines[i].source.id for i in fitting))
+    speakers = list(dict.fromkeys(lines[i].source.speaker_id for i in fitting))
+    texts = [" ".join(lines[i].said[j].text for j in sorted(chosen[i])) for i in fitting]
+    title = title_for(texts, speakers, title_bytes, PLEASANTRY)
+    summary = "\n".join([*(_line_text(lines[i], chosen[i]) for i in fitting), NOTE])
     # It never builds on an existing memory (what they already say is left out), so it
     # truthfully declares no reuse.
     return {"title": title, "summary": summary, "source_ids": ids, "reused_ids": []}
