@@ -616,6 +616,24 @@ comment on function memory_private.known_request(text, text) is
   'The request row after validating the workspace and request ids (MB001/MB002). The caller '
   'decides what a scheduled request gets.';
 
+create or replace function memory_private.check_request_ends_once(
+  p_request memory_private.requests, p_status text
+) returns void
+  language plpgsql immutable
+  as $$
+begin
+  if p_request.status in ('succeeded', 'failed') and p_status <> p_request.status then
+    raise exception 'request % already finished as %; it cannot become %',
+      p_request.request_id, p_request.status, p_status using errcode = 'MB003';
+  end if;
+end
+$$;
+
+comment on function memory_private.check_request_ends_once(memory_private.requests, text) is
+  'Raises MB003 when a request that finished (succeeded or failed) would get another status: a '
+  'request ends once. The caller holds the request''s row lock, so the status it checks is the '
+  'one committed last.';
+
 create or replace function memory.upsert_workspace(
   p_workspace_id text,
   p_config_version integer,
@@ -855,7 +873,6 @@ create or replace function memory.upsert_request(
   as $$
 declare
   v_old memory_private.requests;
-  v_inserted boolean;
   v_now timestamptz := memory_private.clock_now();
 begin
   perform memory_private.require_workspace(p_workspace_id);
@@ -895,41 +912,44 @@ begin
       using errcode = 'MB003';
   end if;
 
-  select * into v_old from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = p_request_id;
-  if found then
-    if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
-       is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
-      raise exception 'request % cannot move to another bot, chat, topic, user or kind',
-        p_request_id using errcode = 'MB003';
+  -- A stored request is checked and written under its row lock, against what a concurrent
+  -- report committed (a request ends once, MB003); an insert that meets one takes that path.
+  loop
+    select * into v_old from memory_private.requests
+     where workspace_id = p_workspace_id and request_id = p_request_id
+       for no key update;
+    exit when found;
+    insert into memory_private.requests
+      (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
+       model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
+       finished_at)
+    values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
+            p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
+            coalesce(p_thread_id, p_request_id), v_now, v_now,
+            case when p_status in ('succeeded', 'failed') then v_now end)
+    on conflict (workspace_id, request_id) do nothing;
+    if found then  -- a new interactive request has its scope (trigger requests_scope)
+      return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
     end if;
-    if v_old.status in ('succeeded', 'failed') and p_status <> v_old.status then
-      raise exception 'request % already finished as %; it cannot become %', p_request_id,
-        v_old.status, p_status using errcode = 'MB003';
-    end if;
+  end loop;
+  if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
+     is distinct from (p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind) then
+    raise exception 'request % cannot move to another bot, chat, topic, user or kind',
+      p_request_id using errcode = 'MB003';
   end if;
-
-  insert into memory_private.requests as r
-    (workspace_id, request_id, bot_id, chat_id, topic_id, user_id, kind, status,
-     model_provider, model_id, budget_usd, spent_usd, thread_id, created_at, updated_at,
-     finished_at)
-  values (p_workspace_id, p_request_id, p_bot_id, p_chat_id, p_topic_id, p_user_id, p_kind,
-          p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
-          coalesce(p_thread_id, p_request_id), v_now, v_now,
-          case when p_status in ('succeeded', 'failed') then v_now end)
-  on conflict (workspace_id, request_id) do update
-    set status = excluded.status, model_provider = excluded.model_provider,
-        model_id = excluded.model_id, budget_usd = excluded.budget_usd,
-        spent_usd = excluded.spent_usd, thread_id = excluded.thread_id,
-        updated_at = excluded.updated_at,
-        finished_at = coalesce(r.finished_at, excluded.finished_at)
-    where (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
-          is distinct from (excluded.status, excluded.model_provider, excluded.model_id,
-                            excluded.budget_usd, excluded.spent_usd, excluded.thread_id)
-  returning (xmax = 0) into v_inserted;
-  -- A new interactive request gets its memory scope at once (the trigger requests_scope of
-  -- sql/20_memory_state.sql).
-  return memory_private.note_change(p_workspace_id, memory_private.upsert_outcome(v_inserted),
+  perform memory_private.check_request_ends_once(v_old, p_status);
+  update memory_private.requests r
+     set status = p_status, model_provider = p_model_provider, model_id = p_model_id,
+         budget_usd = p_budget_usd, spent_usd = p_spent_usd,
+         thread_id = coalesce(p_thread_id, p_request_id), updated_at = v_now,
+         finished_at = coalesce(r.finished_at,
+                                case when p_status in ('succeeded', 'failed') then v_now end)
+   where r.workspace_id = p_workspace_id and r.request_id = p_request_id
+     and (r.status, r.model_provider, r.model_id, r.budget_usd, r.spent_usd, r.thread_id)
+         is distinct from (p_status, p_model_provider, p_model_id, p_budget_usd, p_spent_usd,
+                           coalesce(p_thread_id, p_request_id));
+  return memory_private.note_change(p_workspace_id,
+                                    case when found then 'updated' else 'unchanged' end,
                                     true, p_request_id);
 end
 $$;
@@ -962,10 +982,11 @@ begin
   if p_spent_usd is not null then
     perform memory_private.check_money('spent_usd', p_spent_usd);
   end if;
-  if v_request.status in ('succeeded', 'failed') and p_status <> v_request.status then
-    raise exception 'request % already finished as %; it cannot become %', p_request_id,
-      v_request.status, p_status using errcode = 'MB003';
-  end if;
+  -- Checked and written under the request's row lock, as upsert_request does.
+  select * into v_request from memory_private.requests
+   where workspace_id = p_workspace_id and request_id = p_request_id
+     for no key update;
+  perform memory_private.check_request_ends_once(v_request, p_status);
   update memory_private.requests r
      set status = p_status, spent_usd = coalesce(p_spent_usd, r.spent_usd),
          updated_at = v_now, finished_at = coalesce(r.finished_at, v_now)
