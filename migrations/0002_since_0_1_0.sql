@@ -17,6 +17,8 @@ drop function memory_private.matching_lines(text, bigint, text, text, tsquery[])
   memory_private.repeated_sources(memory_private.jobs, text, text[]),
   memory_private.shown_sources(text, bigint[], text),
   memory_private.schedule_jobs(text),
+  memory_private.schedule_extraction(text, bigint),
+  memory_private.extraction_units(text, memory_private.scopes, timestamptz, timestamptz),
   memory_private.search_records(text, bigint, integer, text, text),
   memory_private.record_detail(memory_private.records, jsonb, bigint),
   memory_private.query_records(text, bigint, integer, text, text, bigint),
@@ -29,11 +31,12 @@ alter type memory_private.policy_values
   add attribute query_terms integer,
   add attribute fuzzy_words integer,
   add attribute fuzzy_neighbours integer,
-  add attribute batch_messages integer;
+  add attribute batch_messages integer,
+  add attribute analyze_after integer;
 
 -- The policy's values come with its shape: the constraints of 0.1.0 read it while the tables
 -- change below.
--- pimem:generated begin: memory_private.policy
+-- pimem:generated begin: memory_private.policy memory_private.policy_limit
 
 -- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, then run it again.
 
@@ -74,7 +77,8 @@ create or replace function memory_private.policy() returns memory_private.policy
     32,                     -- query_terms
     8,                      -- fuzzy_words
     16,                     -- fuzzy_neighbours
-    200                     -- batch_messages
+    200,                    -- batch_messages
+    1000                    -- analyze_after
   )::memory_private.policy_values
 $$;
 
@@ -84,7 +88,26 @@ comment on function memory_private.policy() is
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; a batch of at most 24,000 bytes and 200 messages, shown with no earlier '
   'memory (docs/retention.md: what that choice measured); the bounds of one search (32 query '
-  'terms, 8 fuzzy words, 16 neighbours a side). Immutable: changing one is a migration.';
+  'terms, 8 fuzzy words, 16 neighbours a side); the statistics a tick refreshes after 1,000 '
+  'changed conversations. Immutable: changing one is a migration.';
+
+create or replace function memory_private.policy_limit(p_name text) returns integer
+  language plpgsql immutable parallel safe
+  as $$
+declare
+  v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
+begin
+  if v_value is null then
+    raise exception 'memory_private.policy() has no integer named %', p_name
+      using errcode = 'MB001';
+  end if;
+  return v_value;
+end
+$$;
+
+comment on function memory_private.policy_limit(text) is
+  'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
+  'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
 
 set local check_function_bodies = on;
 
@@ -345,6 +368,13 @@ drop index memory_private.messages_retention_idx;
 create index messages_retention_idx on memory_private.messages (workspace_id, retain_until)
   where body is not null and retain_until is not null;
 
+-- A scope's conversations, and nothing else: a lookup of one request by its id can only take
+-- the primary key, whatever the planner believes of the table's size.
+drop index memory_private.requests_scope_idx;
+create index requests_scope_idx
+  on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id)
+  where kind = 'interactive';
+
 comment on column memory_private.jobs.claims is
   'The claims this input has used: those that reached start_attempt (a model call), and those '
   'the worker broke on before it (fail_job worker_error, or a lease that expired with no '
@@ -353,20 +383,12 @@ comment on column memory_private.jobs.claims is
   'lost claim stops the job.';
 
 -- Maintenance follows change: a tick visits only the workspaces a change or a foreseen event
--- made due. Every workspace is due once after the upgrade.
-alter table memory_private.workspace_memory add column idle_window_seen interval;
-comment on table memory_private.workspace_memory is
-  'What the memory writes per workspace, apart from the backend''s row: the row every memory '
-  'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
-  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with). Created with the workspace by a trigger.';
-
+-- made due, and derives only the scopes the change names. Every workspace is due once after
+-- the upgrade (a change confined to nothing: every scope is derived).
 create table memory_private.maintenance_due (
   workspace_id text not null references memory_private.workspaces on delete cascade,
   due_at timestamptz not null,
   due_id bigint generated always as identity,
-  idle_at timestamptz,
   request_id text,
   scope_id bigint,
   foreseen boolean not null default false,
@@ -374,15 +396,117 @@ create table memory_private.maintenance_due (
 );
 comment on table memory_private.maintenance_due is
   'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
-  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
-  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
-  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
-  'what the change was confined to (a new message or request, a scope''s job or tool call), '
-  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
-  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
-  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
-  'deleted by the tick that runs at or after due_at.';
+  'for an event a tick foresaw: a conversation''s idle window ending, a message''s retention '
+  'end, a record''s pruning horizon). request_id, scope_id: what the change was confined to (a '
+  'request or its message, a scope''s job, tool call or records), so that the tick derives '
+  'only the scopes it may have changed; both NULL: anything in the workspace may have changed, '
+  'unless foreseen (a time-based event a tick planned: what it changes, the tick''s own steps '
+  'find). A foreseen row with a request is that conversation''s idle end (one per request); '
+  'without, the workspace''s next event (one per workspace). A row is deleted by the tick that '
+  'runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
+create unique index maintenance_due_idle_key on memory_private.maintenance_due
+  (workspace_id, request_id) where foreseen and request_id is not null;
+create unique index maintenance_due_next_key on memory_private.maintenance_due (workspace_id)
+  where foreseen and request_id is null;
+
+-- Why a conversation waits, in the order the scheduling verdict tries them: rows, like
+-- invalid_reasons (memory_private.extraction_verdict gives them; memory.waiting_status counts
+-- them).
+create table memory_private.waiting_reasons (
+  reason text primary key,
+  rank integer not null unique,
+  explanation text not null
+);
+comment on table memory_private.waiting_reasons is
+  'Why a conversation not yet extracted waits, in the order the scheduling verdict tries them '
+  '(the first that holds is the answer), each with what it means; awaiting_maintenance is the '
+  'verdict''s none: the next tick schedules it. Not per workspace.';
+insert into memory_private.waiting_reasons (reason, rank, explanation) values
+  ('workspace_paused', 1, 'the workspace is paused (memory.set_workspace_paused resumes it)'),
+  ('recall_off', 2, 'memory is turned off in the scope (recall disabled by a user or admin)'),
+  ('bot_inactive', 3, 'the bot is inactive'),
+  ('request_not_finished', 4, 'the request is not finished: it waits until the backend '
+                              'reports it succeeded (upsert_request, finish_request)'),
+  ('request_failed', 5, 'the request failed: only succeeded requests become memories'),
+  ('no_user_message', 6, 'the conversation has no user message'),
+  ('no_assistant_message', 7, 'the conversation has no assistant message: the backend reports '
+                              'the bot''s answer (upsert_message, role assistant)'),
+  ('idle_window', 8, 'the workspace''s idle window has not passed since the conversation''s '
+                     'last activity (next_change_at); that tick schedules it'),
+  ('job_running', 9, 'a worker is extracting it now'),
+  ('no_budget', 10, 'its extraction job waits for budget: the request''s or the workspace''s is '
+                    'spent'),
+  ('not_priced', 11, 'its extraction job waits: the worker cannot price the pinned model'),
+  ('job_backoff', 12, 'its extraction job failed and backs off until next_change_at'),
+  ('job_due', 13, 'its extraction job is due: it waits for a worker'),
+  ('next_batch', 14, 'the scope''s open job, or the batch the next one takes (the newest '
+                     'conversations up to the batch''s bytes and messages), does not hold it: it '
+                     'goes into a later batch once that job ends'),
+  ('job_stopped', 15, 'its batch''s input stopped (an unknown outcome, or its model calls used '
+                      'up) and is not replayed (memory.job_status, memory.retry_job)'),
+  ('awaiting_maintenance', 16, 'none: it qualifies, and the next maintenance tick schedules its '
+                               'extraction (or records it skipped, too large for any batch)');
+
+-- A scope's index is a row of its own (memory_private.scope_indexes): dropping it is one
+-- delete, and its dependencies go with it.
+create table memory_private.scope_indexes (
+  workspace_id text not null,
+  scope_id bigint not null,
+  index_text text not null
+    check (octet_length(index_text) <= memory_private.policy_limit('index_bytes')),
+  record_ids bigint[] not null
+    check (cardinality(record_ids) <= memory_private.policy_limit('index_ids')),
+  candidate_ids bigint[] not null
+    check (cardinality(candidate_ids) <= memory_private.policy_limit('candidates')),
+  bot_identity text not null,
+  repositories text[] not null,
+  built_at timestamptz not null,
+  primary key (workspace_id, scope_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  check (record_ids <@ candidate_ids)
+);
+comment on table memory_private.scope_indexes is
+  'The consolidated index of a scope (<= 4,500 bytes, naming <= 12 records) and what it was '
+  'built from: the <= 48 candidates the model saw, the bot identity they were made under, the '
+  'repositories they drew on, when. Dropping the index is deleting its row; its '
+  'index_dependencies go with it.';
+comment on column memory_private.scope_indexes.candidate_ids is
+  'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
+  'of them, so the index depends on all of them: a reader gets it only while every candidate is '
+  'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scope_indexes.bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scope_indexes.repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
+insert into memory_private.scope_indexes
+  (workspace_id, scope_id, index_text, record_ids, candidate_ids, bot_identity, repositories,
+   built_at)
+select s.workspace_id, s.scope_id, s.index_text, s.index_record_ids, s.index_candidate_ids,
+       s.index_bot_identity, s.index_repositories, coalesce(s.index_built_at, s.created_at)
+  from memory_private.scopes s
+ where s.index_text is not null;
+delete from memory_private.index_dependencies d
+ where not exists (select 1 from memory_private.scope_indexes i
+                    where i.workspace_id = d.workspace_id and i.scope_id = d.scope_id);
+alter table memory_private.index_dependencies
+  drop constraint index_dependencies_workspace_id_scope_id_fkey,
+  add constraint index_dependencies_workspace_id_scope_id_fkey
+    foreign key (workspace_id, scope_id) references memory_private.scope_indexes
+    on delete cascade;
+comment on table memory_private.index_dependencies is
+  'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
+  'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
+  'with one look at each message. Written with the index, deleted with its row.';
+alter table memory_private.scopes
+  drop column index_text, drop column index_record_ids, drop column index_candidate_ids,
+  drop column index_bot_identity, drop column index_repositories, drop column index_built_at;
+comment on table memory_private.scopes is
+  'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
+  'on/off and whether a consolidation is due; the scope''s index is its row of scope_indexes.';
+-- The scopes whose index is due, read by every tick (memory_private.schedule_jobs).
+create index scopes_consolidation_due_idx on memory_private.scopes (workspace_id, scope_id)
+  where consolidation_due_at is not null;
 insert into memory_private.maintenance_due (workspace_id, due_at)
 select workspace_id, memory_private.clock_now() from memory_private.workspaces;
 
@@ -522,24 +646,6 @@ $$;
 comment on function memory_private.advance_clock(interval) is
   'Moves the memory clock forward (tests only; granted to nobody).';
 
-create or replace function memory_private.policy_limit(p_name text) returns integer
-  language plpgsql immutable parallel safe
-  as $$
-declare
-  v_value integer := (to_jsonb(memory_private.policy()) ->> p_name)::integer;
-begin
-  if v_value is null then
-    raise exception 'memory_private.policy() has no integer named %', p_name
-      using errcode = 'MB001';
-  end if;
-  return v_value;
-end
-$$;
-
-comment on function memory_private.policy_limit(text) is
-  'One integer policy number by name (memory_private.policy_values), for CHECK constraints and '
-  'defaults; MB001 for a name the policy does not have. Immutable: folded when planned.';
-
 create or replace function memory_private.sorted_set(p_values anyarray) returns anyarray
   language sql immutable parallel safe
   as $$ select array(select distinct x from unnest(p_values) as x order by 1) $$;
@@ -558,36 +664,41 @@ comment on function memory.schema_version() is
   'pimem migrate fails when it differs from the version the package expects.';
 
 create or replace function memory_private.note_change(
-  p_workspace_id text, p_outcome text, p_conversation boolean default false,
-  p_request_id text default null, p_scope_id bigint default null
+  p_workspace_id text, p_outcome text, p_request_id text default null,
+  p_scope_id bigint default null
 ) returns text
   language plpgsql volatile
   as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_idle_at timestamptz;
 begin
   -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
   -- a tick that started before this transaction commits, and the change would be missed.
   if p_outcome in ('inserted', 'updated') then
-    if p_conversation and p_request_id is not null then
-      select v_now + idle_window into v_idle_at from memory_private.workspaces
-       where workspace_id = p_workspace_id;
-    end if;
-    insert into memory_private.maintenance_due
-      (workspace_id, due_at, idle_at, request_id, scope_id)
-    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
+    insert into memory_private.maintenance_due (workspace_id, due_at, request_id, scope_id)
+    values (p_workspace_id, memory_private.clock_now(), p_request_id, p_scope_id);
   end if;
   return p_outcome;
 end
 $$;
 
-comment on function memory_private.note_change(text, text, boolean, text, bigint) is
+comment on function memory_private.note_change(text, text, text, bigint) is
   'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
-  'updated), and, for a change to a conversation (p_conversation, with its request: a request '
-  'or a message), again when the workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
-  'that request (a new message or request) or scope; neither: anything may have changed. '
-  'Returns p_outcome, so an upsert can return through it.';
+  'updated). p_request_id or p_scope_id: the change touched only that request (a request, its '
+  'message: its conversation, whose idle end the tick then plans) or scope; neither: anything '
+  'may have changed. Returns p_outcome, so an upsert can return through it.';
+
+create or replace function memory_private.message_keys(p_workspace_id text, p_message_ids text[])
+  returns text[]
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  -- The workspace and the id, apart by a newline, which no identifier holds (check_id).
+  return array(select p_workspace_id || e'\n' || x from unnest(p_message_ids) as x);
+end
+$$;
+
+comment on function memory_private.message_keys(text, text[]) is
+  'Each message id of p_message_ids keyed with its workspace: what the indexes on the message '
+  'ids rows name are built on (ids repeat across workspaces; a key does not).';
 
 create or replace function memory_private.known_request(p_workspace_id text, p_request_id text)
   returns memory_private.requests
@@ -929,7 +1040,7 @@ begin
             case when p_status in ('succeeded', 'failed') then v_now end)
     on conflict (workspace_id, request_id) do nothing;
     if found then  -- a new interactive request has its scope (trigger requests_scope)
-      return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
+      return memory_private.note_change(p_workspace_id, 'inserted', p_request_id);
     end if;
   end loop;
   if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
@@ -950,7 +1061,7 @@ begin
                            coalesce(p_thread_id, p_request_id));
   return memory_private.note_change(p_workspace_id,
                                     case when found then 'updated' else 'unchanged' end,
-                                    true, p_request_id);
+                                    p_request_id);
 end
 $$;
 
@@ -993,7 +1104,7 @@ begin
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
   return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end, true,
+                                    case when found then 'updated' else 'unchanged' end,
                                     p_request_id);
 end
 $$;
@@ -1065,7 +1176,7 @@ begin
            scrub_pending = true
      where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
     return memory_private.note_change(p_workspace_id,
-                                      case when found then 'updated' else 'unchanged' end, true,
+                                      case when found then 'updated' else 'unchanged' end,
                                       v_old.request_id);
   end if;
   if v_old.message_id is not null then
@@ -1088,7 +1199,7 @@ begin
      where workspace_id = p_workspace_id and message_id = p_message_id;
     -- An edit changes its conversation (extracted again once idle) and what records anywhere
     -- rest on (the tick's sweep finds those).
-    return memory_private.note_change(p_workspace_id, 'updated', true, p_request_id);
+    return memory_private.note_change(p_workspace_id, 'updated', p_request_id);
   end if;
 
   insert into memory_private.messages
@@ -1098,7 +1209,7 @@ begin
           p_directed, p_retain_until, v_repos, v_now);
   -- A new message changes its own request's conversation only; an edit or a removal may
   -- change what records anywhere rest on.
-  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
+  return memory_private.note_change(p_workspace_id, 'inserted', p_request_id);
 end
 $$;
 
@@ -1126,7 +1237,7 @@ begin
   if found then
     -- Its conversation changed (what is left of it is extracted again once idle); what records
     -- anywhere rest on it, the tick's sweep finds.
-    return memory_private.note_change(p_workspace_id, 'updated', true, v_request);
+    return memory_private.note_change(p_workspace_id, 'updated', v_request);
   end if;
   if not exists (select 1 from memory_private.messages
                   where workspace_id = p_workspace_id and message_id = p_message_id) then
@@ -1292,6 +1403,22 @@ create or replace trigger records_refuse_dependency_copy_update
             is distinct from (old.dependency_ids, old.dependency_hashes, old.source_ids))
   execute function memory_private.refuse_dependency_copy();
 
+create or replace function memory_private.tombstone(
+  p_workspace_id text, p_scope_id bigint, p_message_id text
+) returns setof memory_private.tombstones
+  language sql stable
+  as $$
+  -- Inlined (no SET clause) wherever it is asked: exists (select from tombstone(...)).
+  select t.* from memory_private.tombstones t
+   where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+     and t.message_id = p_message_id
+$$;
+
+comment on function memory_private.tombstone(text, bigint, text) is
+  'The tombstone of a message in a scope, if it was forgotten there (T8): no row, none. The '
+  'one place "tombstoned" is asked (validity, extraction, a job''s staleness, a note, '
+  'explain_record).';
+
 create or replace function memory_private.line_citations(p_summary text, p_ids text[])
   returns table (line_no integer, message_id text)
   language sql immutable parallel safe
@@ -1375,6 +1502,37 @@ comment on function memory_private.scope_of_request(text, text) is
   'The one scope of an interactive request given by its ids (memory_private.known_request: '
   'MB001, MB002), created on first use (memory_private.request_scope). Raises MB005 for '
   'scheduled requests (V5).';
+
+create or replace function memory_private.retention_ends(p_workspace_id text)
+  returns table (message_id text, request_id text, retain_until timestamptz)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause): read from messages_retention_idx, earliest first when the caller
+  -- orders by retain_until; whether one is still retained is memory_private.is_retained.
+  select m.message_id, m.request_id, m.retain_until from memory_private.messages m
+   where m.workspace_id = p_workspace_id and m.body is not null
+     and m.retain_until is not null
+$$;
+
+comment on function memory_private.retention_ends(text) is
+  'The workspace''s messages that still have their text and a retention end, with it: what '
+  'the retention sweep erases once memory_private.is_retained says so (T6), and where the next '
+  'retention end comes from (memory_private.next_maintenance_at).';
+
+create or replace function memory_private.prune_at(p_last_used_at timestamptz, p_created_at timestamptz)
+  returns timestamptz
+  language sql immutable parallel safe
+  as $$
+  -- A record unused for strictly longer than unused_days is pruned (T5).
+  select coalesce(p_last_used_at, p_created_at)
+         + make_interval(days => (memory_private.policy()).unused_days)
+         + interval '1 microsecond'
+$$;
+
+comment on function memory_private.prune_at(timestamptz, timestamptz) is
+  'When a record used last at p_last_used_at (never: made at p_created_at) is pruned for being '
+  'unused (T5): the pruning horizon, for the sweep (prune_records) and the tick that plans it '
+  '(next_maintenance_at).';
 
 create or replace function memory_private.scope_checks(
   p_workspace_id text, p_scope_id bigint, p_requester text
@@ -1467,14 +1625,14 @@ create or replace function memory_private.own_reasons(
      select m.removed_at, m.content_hash, m.retain_until from memory_private.messages m
       where m.workspace_id = p_workspace_id and m.message_id = d.message_id
      offset 0) m
-    left join memory_private.tombstones t
-      on t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
-     and t.message_id = d.message_id
    cross join lateral (
      -- content_hash, not body: NULL exactly when the text is gone, and in messages_state_idx
      select memory_private.dependency_state(
               m.removed_at, m.content_hash is not null, m.retain_until, m.content_hash,
-              d.content_hash, t.message_id is not null, p_now) as state) x
+              d.content_hash,
+              exists (select from memory_private.tombstone(p_workspace_id, p_scope_id,
+                                                           d.message_id)),
+              p_now) as state) x
    where x.state is not null
 $$;
 
@@ -1601,6 +1759,7 @@ create or replace function memory_private.index_holds(
   language plpgsql stable
   as $$
 declare
+  v_index memory_private.scope_indexes;
   v_scope memory_private.scopes;
   v_reader text;
   v_now timestamptz := memory_private.clock_now();
@@ -1610,23 +1769,20 @@ begin
   -- what invalid_records would say of each candidate, without reading them one by one. A test
   -- keeps the two equal for every reason (tests/test_provenance.py,
   -- test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader).
-  select * into v_scope from memory_private.scopes
+  select * into v_index from memory_private.scope_indexes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if not found or v_scope.index_text is null then
+  if not found then
     return false;
   end if;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
   v_reader := coalesce(v_scope.user_id, p_requester);
   return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
      and (select b.identity from memory_private.bots b
            where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
-         = v_scope.index_bot_identity
+         = v_index.bot_identity
      and not exists (select 1 from memory_private.missing_grants(p_workspace_id, v_reader,
-                                                                 v_scope.index_repositories))
-     and not exists (select 1 from memory_private.tombstones t
-                      join memory_private.index_dependencies d
-                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
-                       and d.message_id = t.message_id
-                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+                                                                 v_index.repositories))
      and not exists (select 1 from memory_private.index_dependencies d
                       join memory_private.messages m
                         on m.workspace_id = d.workspace_id and m.message_id = d.message_id
@@ -1634,7 +1790,10 @@ begin
                        -- content_hash is not null: the text is there (messages_state_idx)
                        and memory_private.dependency_state(m.removed_at,
                              m.content_hash is not null, m.retain_until, m.content_hash,
-                             d.content_hash, false, v_now)
+                             d.content_hash,
+                             exists (select from memory_private.tombstone(
+                                                   p_workspace_id, p_scope_id, d.message_id)),
+                             v_now)
                            is not null);
 end
 $$;
@@ -1896,6 +2055,39 @@ comment on function memory_private.recent_valid_records(text, bigint, integer, t
   'and searches with it. Read a page at a time; the scope''s checks once, then each record of '
   'a page (memory_private.record_failures).';
 
+create or replace function memory_private.job_source_keys(p_workspace_id text, p_input jsonb)
+  returns text[]
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  return memory_private.message_keys(
+           p_workspace_id,
+           array(select e ->> 'id' from jsonb_array_elements(p_input -> 'sources') as e));
+end
+$$;
+
+comment on function memory_private.job_source_keys(text, jsonb) is
+  'The keys (memory_private.message_keys) of the messages an extraction job''s input names; '
+  'none for a consolidation.';
+
+create or replace function memory_private.calls_left(p_claims integer) returns integer
+  language sql immutable parallel safe
+  as $$ select (memory_private.policy()).max_claims - p_claims $$;
+
+comment on function memory_private.calls_left(integer) is
+  'The model calls an input that has used p_claims claims may still make (P13: three per '
+  'unchanged input); 0 or less: none.';
+
+create or replace function memory_private.job_claimable(p_claims integer, p_checkpoint jsonb)
+  returns boolean
+  language sql immutable parallel safe
+  as $$ select memory_private.calls_left(p_claims) > 0 or p_checkpoint is not null $$;
+
+comment on function memory_private.job_claimable(integer, jsonb) is
+  'Whether a pending job may be claimed once due: its input has a model call left, or it holds '
+  'a checkpoint (whose commit makes none). The claim (memory.claim_job) and the scheduling '
+  'verdict ask it here.';
+
 create or replace function memory_private.request_memory_spent(p_workspace_id text, p_request_id text)
   returns numeric
   language plpgsql stable
@@ -1913,13 +2105,59 @@ comment on function memory_private.request_memory_spent(text, text) is
   'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
   'every charge is made under the workspace''s memory lock.';
 
+create or replace function memory_private.budget_left(p_workspace_id text, p_request_id text)
+  returns table (request_left numeric, workspace_left numeric)
+  language sql stable
+  as $$
+  -- What a model call may still spend (P17): the request's budget less what the backend spent
+  -- and what memory work charged to it; the workspace's likewise.
+  select (select q.budget_usd - q.spent_usd
+                 - memory_private.request_memory_spent(q.workspace_id, q.request_id)
+            from memory_private.requests q
+           where q.workspace_id = p_workspace_id and q.request_id = p_request_id),
+         (select w.budget_usd - w.spent_usd - m.memory_spent_usd
+            from memory_private.workspaces w
+            join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+           where w.workspace_id = p_workspace_id)
+$$;
+
+comment on function memory_private.budget_left(text, text) is
+  'The dollars left (P17): of the request (budget - spent - memory charges; NULL without '
+  'p_request_id) and of the workspace (budget - spent - memory spend). What a reserve must fit '
+  '(start_attempt), what a claim shows (job_payload), what waits for budget (the scheduling '
+  'verdict) and what the operator sees.';
+
+create or replace function memory_private.scope_gate(p_workspace_id text, p_scope_id bigint)
+  returns table (reason text, recall_enabled boolean, bot_identity text)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause). The first gate that is closed, in the order of waiting_reasons.
+  select (select r.reason from memory_private.waiting_reasons r
+           where (r.reason = 'workspace_paused' and w.paused)
+              or (r.reason = 'recall_off' and not s.recall_enabled)
+              or (r.reason = 'bot_inactive' and b.identity is null)
+           order by r.rank limit 1),
+         s.recall_enabled, b.identity
+    from memory_private.scopes s
+    join memory_private.workspaces w on w.workspace_id = s.workspace_id
+    left join memory_private.bots b
+      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id and b.active
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+$$;
+
+comment on function memory_private.scope_gate(text, bigint) is
+  'Whether memory work may happen in a scope now: the first closed gate (workspace_paused, '
+  'recall_off, bot_inactive) or NULL, with the scope''s recall switch and the identity of its '
+  'bot while active (NULL when inactive). A job is stale when recall is off or the identity is '
+  'not its input''s (job_stale_reason); nothing is scheduled while a gate is closed.';
+
 create or replace function memory_private.jobs_note_finished_run() returns trigger
   language plpgsql
   as $$
 begin
   -- What a run ends with is maintenance's to follow up: a commit's records call for a
   -- consolidation, a scope whose job was running may have newer input to schedule.
-  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
+  perform memory_private.note_change(new.workspace_id, 'updated', null, new.scope_id);
   return null;
 end
 $$;
@@ -1953,19 +2191,16 @@ create or replace function memory_private.job_stale_reason(p_job memory_private.
   language plpgsql stable
   as $$
 declare
-  v_scope memory_private.scopes;
-  v_identity text;
+  v_gate record;
   v_reason text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  if not v_scope.recall_enabled then
+  -- The scope gate, but for the pause: a paused workspace's jobs wait, they are not stale.
+  select * into v_gate from memory_private.scope_gate(p_job.workspace_id, p_job.scope_id);
+  if not v_gate.recall_enabled then
     return 'recall is disabled in the scope';
   end if;
-  select case when b.active then b.identity end into v_identity from memory_private.bots b
-   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
-  if v_identity is distinct from p_job.input ->> 'bot_identity' then
+  if v_gate.bot_identity is distinct from p_job.input ->> 'bot_identity' then
     return 'the bot was replaced or deactivated';
   end if;
 
@@ -1981,9 +2216,8 @@ begin
       from (select s.id, memory_private.dependency_state(
                            m.removed_at, m.body is not null, m.retain_until, m.content_hash,
                            s.hash,
-                           exists (select 1 from memory_private.tombstones t
-                                    where t.workspace_id = p_job.workspace_id
-                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           exists (select from memory_private.tombstone(
+                                                 p_job.workspace_id, p_job.scope_id, s.id)),
                            v_now) as state
               from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
               left join memory_private.messages m
@@ -2173,12 +2407,15 @@ begin
         format('the model/provider configuration changed (version %s -> %s)',
                v_job.config_version, v_config));
       v_stopped := v_stopped + 1;
-      continue;
-    end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
+    else
+      v_reason := memory_private.job_stale_reason(v_job);
+      continue when v_reason is null;
       perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
       v_superseded := v_superseded + 1;
+    end if;
+    -- Its scope gets a new snapshot: noted for the tick (a job leaving running notes itself).
+    if v_job.status = 'pending' then
+      perform memory_private.note_change(p_workspace_id, 'updated', null, v_job.scope_id);
     end if;
   end loop;
   return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
@@ -2218,17 +2455,16 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
+    elsif memory_private.calls_left(v_job.claims + 1) <= 0 then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
       v_lost := v_lost + 1;
-      update memory_private.jobs set claims = (memory_private.policy()).max_claims
+      update memory_private.jobs set claims = claims + memory_private.calls_left(claims)
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       perform memory_private.release_job(v_job, 'stopped', format(
         'the lease expired without a report on claim %s of %s (a worker died or hung holding '
-        'the job, perhaps on its content): not replayed', v_job.claims,
-        (memory_private.policy()).max_claims));
+        'the job, perhaps on its content): not replayed', v_job.claims, v_job.claims));
     else
       v_lost := v_lost + 1;
       update memory_private.jobs set claims = claims + 1
@@ -2236,7 +2472,8 @@ begin
       returning * into v_job;
       perform memory_private.release_job(v_job, 'pending', format(
         'the lease expired without a report on claim %s of %s (the claim counts)',
-        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
+        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)),
+        memory_private.clock_now());
     end if;
   end loop;
   return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
@@ -2274,6 +2511,88 @@ comment on function memory_private.validate_output(memory_private.jobs, jsonb) i
   'the policy''s index bytes; distinct ids among the candidates, at most the policy''s index '
   'records). No other keys. The limits are memory_private.policy()''s.';
 
+create or replace function memory_private.job_payload(p_job memory_private.jobs) returns jsonb
+  language plpgsql stable
+  as $$
+declare
+  v_scope memory_private.scopes;
+  v_budget record;
+  v_input jsonb;
+begin
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  select * into v_budget
+    from memory_private.budget_left(p_job.workspace_id, p_job.origin_request_id);
+
+  -- Inputs are redacted before they are serialized (P8).
+  if p_job.phase = 'extract' then
+    v_input := jsonb_build_object(
+      'sources', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', m.message_id, 'role', m.role, 'speaker_id', m.speaker_id,
+                 'thread_id', r.thread_id, 'created_at', m.created_at,
+                 'text', memory_private.redact(m.body))
+               order by m.created_at, m.message_id)
+          from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
+          join memory_private.messages m
+            on m.workspace_id = p_job.workspace_id and m.message_id = s.id
+          join memory_private.requests r
+            on r.workspace_id = m.workspace_id and r.request_id = m.request_id), '[]'::jsonb),
+      'existing', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', rec.record_id, 'title', memory_private.redact(rec.title),
+                 'summary', memory_private.redact(rec.summary))
+               order by rec.created_at, rec.record_id)
+          from jsonb_array_elements_text(p_job.input -> 'existing') as e(id)
+          join memory_private.records rec
+            on rec.workspace_id = p_job.workspace_id and rec.record_id = e.id::bigint),
+        '[]'::jsonb));
+  else
+    v_input := jsonb_build_object(
+      'candidates', coalesce((
+        select jsonb_agg(jsonb_build_object(
+                 'id', rec.record_id, 'kind', rec.kind, 'title', memory_private.redact(rec.title),
+                 'summary', memory_private.redact(rec.summary),
+                 'speaker_ids', to_jsonb(rec.speaker_ids), 'created_at', rec.created_at)
+               order by rec.created_at desc, rec.record_id desc)
+          from jsonb_array_elements_text(p_job.input -> 'candidates') as c(id)
+          join memory_private.records rec
+            on rec.workspace_id = p_job.workspace_id and rec.record_id = c.id::bigint),
+        '[]'::jsonb));
+  end if;
+
+  return jsonb_build_object(
+    'job_id', p_job.job_id,
+    'workspace_id', p_job.workspace_id,
+    'token', p_job.token::text,
+    'phase', p_job.phase,
+    -- The number this claim's model call gets (claims count calls); none with a checkpoint.
+    'attempt', case when p_job.checkpoint is null then p_job.claims + 1 end,
+    'lease_expires_at', p_job.lease_expires_at,
+    'scope', jsonb_build_object('scope_id', v_scope.scope_id, 'kind', v_scope.kind,
+                                'bot_id', v_scope.bot_id, 'chat_id', v_scope.chat_id,
+                                'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id),
+    'origin_request_id', p_job.origin_request_id,
+    'model', jsonb_build_object('provider', p_job.model_provider, 'id', p_job.model_id),
+    -- Dollars as exact decimal strings, as the rest of the API takes them (a JSON number is a
+    -- float in most clients).
+    'budget', jsonb_build_object(
+       'request_left_usd', v_budget.request_left::text,
+       'workspace_left_usd', v_budget.workspace_left::text),
+    'limits', memory_private.job_limits(),
+    'input', v_input,
+    'checkpoint', case when p_job.checkpoint is not null
+                       then jsonb_build_object('output', p_job.checkpoint -> 'output',
+                                               'usage', p_job.checkpoint -> 'usage') end);
+end
+$$;
+
+comment on function memory_private.job_payload(memory_private.jobs) is
+  'The claim payload of a running job: ids, token, phase, attempt (the number its model call '
+  'gets; null with a checkpoint), lease, scope, origin request, pinned model, budget left (exact '
+  'decimal strings), limits, the redacted input rendered from current facts, and the '
+  'checkpoint when one exists.';
+
 create or replace function memory_private.claim_workspace_job(p_workspace_id text, p_worker_id text)
   returns jsonb
   language plpgsql volatile
@@ -2304,7 +2623,7 @@ begin
     select * into v_job from memory_private.jobs j
      where j.workspace_id = p_workspace_id and j.status = 'pending'
        and j.next_attempt_at <= v_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and memory_private.job_claimable(j.claims, j.checkpoint)
      order by j.next_attempt_at, j.job_id
      limit 1
        for update skip locked;
@@ -2359,7 +2678,7 @@ declare
       from memory_private.jobs j
       join memory_private.workspaces w on w.workspace_id = j.workspace_id
      where j.status = 'pending' and j.next_attempt_at <= p_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and memory_private.job_claimable(j.claims, j.checkpoint)
        and not w.paused
        and not exists (select 1 from memory_private.jobs r
                         where r.workspace_id = j.workspace_id and r.status = 'running')
@@ -2439,24 +2758,17 @@ begin
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  if v_job.claims >= (memory_private.policy()).max_claims then
+  if memory_private.calls_left(v_job.claims) <= 0 then
     raise exception 'the input of job % has made its three model calls', p_job_id
       using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select budget_usd - spent_usd
-         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
-    into v_request_left
-    from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  select b.request_left, b.workspace_left into v_request_left, v_workspace_left
+    from memory_private.budget_left(p_workspace_id, v_job.origin_request_id) b;
   if p_reserve_usd > v_request_left then
     raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
       greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
-    from memory_private.workspaces w
-    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
-   where w.workspace_id = p_workspace_id;
   if p_reserve_usd > v_workspace_left then
     raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
       greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
@@ -2625,6 +2937,76 @@ comment on function memory_private.write_extraction(memory_private.jobs, jsonb) 
   'repositories from every dependency; marks the scope due for consolidation. Returns the '
   'record id and the counts (sources, dependencies, shown, inherited).';
 
+create or replace function memory_private.install_index(
+  p_workspace_id text, p_scope_id bigint, p_text text, p_record_ids bigint[],
+  p_candidate_ids bigint[], p_bot_identity text
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- The index text may speak of any candidate the model saw: it depends on all of them, and
+  -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
+  -- checks it in one pass (memory_private.index_holds).
+  -- A new index replaces the old one whole: its row and, with it, its dependencies.
+  delete from memory_private.scope_indexes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  insert into memory_private.scope_indexes
+    (workspace_id, scope_id, index_text, record_ids, candidate_ids, bot_identity, repositories,
+     built_at)
+  values (p_workspace_id, p_scope_id, p_text, p_record_ids, p_candidate_ids, p_bot_identity,
+          array(select distinct x from memory_private.records r, unnest(r.repositories) as x
+                 where r.workspace_id = p_workspace_id and r.record_id = any(p_candidate_ids)
+                 order by 1),
+          memory_private.clock_now());
+  insert into memory_private.index_dependencies
+    (workspace_id, scope_id, message_id, content_hash)
+  select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash
+    from memory_private.record_dependencies d
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_candidate_ids)
+   order by d.message_id;
+end
+$$;
+
+comment on function memory_private.install_index(text, bigint, text, bigint[], bigint[], text) is
+  'Makes p_text the scope''s index, naming p_record_ids and built from p_candidate_ids under '
+  'the bot identity p_bot_identity: the candidates, their repositories and their dependencies '
+  '(memory_private.index_dependencies) are kept with it.';
+
+create or replace function memory_private.write_index(p_job memory_private.jobs, p_output jsonb)
+  returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_now timestamptz := memory_private.clock_now();
+  v_ids bigint[] := array(select jsonb_array_elements_text(p_output -> 'record_ids')::bigint);
+  v_candidates bigint[] := array(select x::bigint
+                                   from jsonb_array_elements_text(p_job.input -> 'candidates') x);
+  v_still_due boolean;
+begin
+  -- A record made after the snapshot changes the candidates: the index is still written, and
+  -- the scope stays due for another consolidation.
+  v_still_due := array(select x from unnest(memory_private.recent_valid_records(
+                                p_job.workspace_id, p_job.scope_id, (memory_private.policy()).candidates)) x
+                      order by x)
+                 <> array(select x from unnest(v_candidates) x order by x);
+  perform memory_private.install_index(p_job.workspace_id, p_job.scope_id,
+                                       p_output ->> 'index', v_ids, v_candidates,
+                                       p_job.input ->> 'bot_identity');
+  update memory_private.scopes
+     set consolidation_due_at = case when v_still_due
+                                     then coalesce(consolidation_due_at, v_now) end
+   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
+  return jsonb_build_object('index_record_ids', to_jsonb(v_ids),
+                            'index_candidates', cardinality(v_candidates),
+                            'consolidation_still_due', v_still_due);
+end
+$$;
+
+comment on function memory_private.write_index(memory_private.jobs, jsonb) is
+  'Writes a validated consolidation output as the scope index, with every candidate the model '
+  'saw as its dependencies (scope_indexes.candidate_ids); the scope stays due when its valid '
+  'records changed since the snapshot.';
+
 create or replace function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
   returns jsonb
   language plpgsql volatile security definer
@@ -2750,12 +3132,12 @@ begin
   if not v_open and v_job.checkpoint is null
      and p_error not in ('budget_exceeded', 'not_priced') then
     update memory_private.jobs
-       set claims = least(claims + 1, (memory_private.policy()).max_claims)
+       set claims = claims + least(1, memory_private.calls_left(claims))
      where workspace_id = v_job.workspace_id and job_id = v_job.job_id
     returning * into v_job;
   end if;
   -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
+  if v_job.checkpoint is null and memory_private.calls_left(v_job.claims) <= 0 then
     perform memory_private.release_job(v_job, 'stopped',
       case when v_open then 'failed on its third model call, not replayed: '
            else 'failed on its third claim, before its model call, not replayed: ' end
@@ -2824,7 +3206,7 @@ create or replace function memory_private.input_carryover(
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
-                              and j.claims >= (memory_private.policy()).max_claims)), false),
+                              and memory_private.calls_left(j.claims) <= 0)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
          greatest(memory_private.clock_now(),
                   max(j.next_attempt_at) filter (where j.status = 'superseded'))
@@ -2880,57 +3262,6 @@ comment on function memory_private.create_job(text, bigint, text, jsonb, text, t
   'caller checks that the input is not blocked. With p_skipped_because, the job is recorded as '
   'skipped instead (a batch that cannot fit one user/assistant pair, P4), never claimed.';
 
-create or replace function memory_private.extraction_units(
-  p_workspace_id text, p_scope memory_private.scopes, p_now timestamptz, p_cutoff timestamptz
-) returns table (request_id text, bytes integer, sources jsonb)
-  language sql stable
-  as $$
-  -- The qualifying conversations of the scope (P2, P3, V10), newest first: one request each,
-  -- with its retained, directed, untombstoned messages as {id, hash}, when it has a user and an
-  -- assistant message, something not yet extracted at its hash, and has been idle itself.
-  -- The scope's finished requests are read first (requests_scope_idx), then the messages of
-  -- each (messages_request_idx): never every message of the workspace for one scope, whatever
-  -- the planner believes of the tables' sizes (a plan for a small tenant read the workspace's
-  -- every message for every scope).
-  select r.request_id, u.bytes, u.sources
-    from memory_private.requests r
-   cross join lateral (
-     select sum(octet_length(m.body))::integer as bytes,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
-                      order by m.created_at, m.message_id) as sources,
-            bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
-              and bool_or(e.message_id is null) as qualifies
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or p_scope.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id
-                           and t.scope_id = p_scope.scope_id and t.message_id = m.message_id)
-   ) u
-   where r.workspace_id = p_workspace_id and r.bot_id = p_scope.bot_id
-     and r.chat_id = p_scope.chat_id
-     and (p_scope.kind = 'private' or r.topic_id = p_scope.topic_id)
-     and r.kind = 'interactive' and r.status = 'succeeded' and r.finished_at <= p_cutoff
-     and u.qualifies
-     -- Idle window, per conversation: its own last activity (the request's update or finish,
-     -- its messages' creation or edit; removed messages count too).
-     and greatest(r.updated_at, r.finished_at,
-                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
-                     from memory_private.messages a
-                    where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
-         <= p_cutoff
-   order by r.finished_at desc, r.created_at desc, r.request_id desc
-$$;
-
-comment on function memory_private.extraction_units(text, memory_private.scopes, timestamptz,
-                                                    timestamptz) is
-  'The conversations of a scope that qualify for extraction now, newest first, each with its '
-  'byte size and its sources ({id, hash}).';
-
 create or replace function memory_private.batch_memories(
   p_workspace_id text, p_scope_id bigint, p_sources jsonb, p_limit integer
 ) returns bigint[]
@@ -2980,98 +3311,364 @@ comment on function memory_private.batch_memories(text, bigint, jsonb, integer) 
   'sharing the most distinct words with the batch''s messages, newest first among equals; '
   'none when p_limit is 0 (the policy''s existing_with_batch).';
 
-create or replace function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
+create or replace function memory_private.extraction_candidates(
+  p_workspace_id text, p_scope_ids bigint[], p_now timestamptz
+) returns table (
+  scope_id bigint, request_id text, reason text, bot_identity text, finished_at timestamptz,
+  created_at timestamptz, messages bigint, bytes integer, sources jsonb,
+  last_activity timestamptz, idle_until timestamptz
+)
+  language sql stable
+  as $$
+  -- Every conversation of the scopes with something not yet handled: an interactive request
+  -- with a message its scope may use (retained, directed or private, not tombstoned there) that
+  -- is not yet extracted or skipped at its content hash; with the first reason in the order of
+  -- waiting_reasons that keeps it from qualifying (the scope gate, its request, its messages,
+  -- its idle window), or none. Each scope's requests are read through requests_scope_idx, then
+  -- the messages of each (messages_request_idx).
+  select s.scope_id, r.request_id,
+         (select w.reason from memory_private.waiting_reasons w
+           where w.reason = g.reason
+              or (w.reason = 'request_not_finished' and r.status not in ('succeeded', 'failed'))
+              or (w.reason = 'request_failed' and r.status = 'failed')
+              or (w.reason = 'no_user_message' and u.users = 0)
+              or (w.reason = 'no_assistant_message' and u.assistants = 0)
+              or (w.reason = 'idle_window' and a.last_activity + ws.idle_window > p_now)
+           order by w.rank limit 1),
+         g.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
+         a.last_activity, a.last_activity + ws.idle_window
+    from unnest(p_scope_ids) as x(scope_id)
+    join memory_private.scopes s
+      on s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+    join memory_private.workspaces ws on ws.workspace_id = p_workspace_id
+   cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
+    join memory_private.requests r
+      on r.workspace_id = p_workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+     and (s.kind = 'private' or r.topic_id = s.topic_id) and r.kind = 'interactive'
+   cross join lateral (
+     select count(*) filter (where m.role = 'user') as users,
+            count(*) filter (where m.role = 'assistant') as assistants,
+            count(*) filter (where e.message_id is null) as fresh,
+            coalesce(sum(octet_length(m.body)), 0)::integer as bytes,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
+                      order by m.created_at, m.message_id) as sources
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or s.kind = 'private')
+        and not exists (select from memory_private.tombstone(p_workspace_id, s.scope_id,
+                                                             m.message_id))
+   ) u
+   cross join lateral (
+     -- The idle window's clock, per conversation: its own last activity (the request's update
+     -- or finish, its messages' creation, edit or removal).
+     select greatest(r.updated_at, r.finished_at,
+                     max(greatest(m.created_at, m.edited_at, m.removed_at))) as last_activity
+       from memory_private.messages m
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+   ) a
+   where u.fresh > 0
+$$;
+
+comment on function memory_private.extraction_candidates(text, bigint[], timestamptz) is
+  'The conversations of the given scopes not yet handled (an interactive request with a '
+  'message its scope may use that is not yet extracted or skipped at its content), each with '
+  'the first reason it cannot be extracted yet (waiting_reasons: the scope gate, the request '
+  'not finished or failed, no user or no assistant message, the idle window) or NULL, its '
+  'messages not yet handled, the bytes and the sources ({id, hash}) of every message the '
+  'scope may use, its last activity and the idle window''s end. The first half of '
+  'memory_private.extraction_verdict.';
+
+create or replace function memory_private.extraction_input(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb
+) returns jsonb
+  language sql stable
+  as $$
+  -- The batch's sources in id order, and the memories that accompany it (P5).
+  select jsonb_build_object(
+           'bot_identity', p_bot_identity,
+           'sources', (select jsonb_agg(e order by e ->> 'id')
+                         from jsonb_array_elements(p_batch) as e),
+           'existing', to_jsonb(memory_private.batch_memories(
+                         p_workspace_id, p_scope_id, p_batch,
+                         (memory_private.policy()).existing_with_batch)))
+$$;
+
+comment on function memory_private.extraction_input(text, bigint, text, jsonb) is
+  'The input of an extraction job over a batch of sources ({id, hash}): the bot identity, the '
+  'sources in id order and the memories chosen to accompany them (memory_private.'
+  'batch_memories). What the verdict compares the open job with, and what the scheduler '
+  'creates.';
+
+create or replace function memory_private.extraction_verdict(
+  p_workspace_id text, p_scope_ids bigint[], p_now timestamptz
+) returns table (
+  scope_id bigint, request_id text, reason text, skip boolean, place bigint,
+  bot_identity text, messages bigint, bytes integer, sources jsonb,
+  last_activity timestamptz, next_change_at timestamptz
+)
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_ceiling integer := (memory_private.policy()).batch_bytes;
+  v_most integer := (memory_private.policy()).batch_messages;
+  v_config integer;
+  v_scope record;
+  v_input jsonb;
+  v_job memory_private.jobs;
+  v_kept boolean;
+  v_blocked boolean;
+  v_budget numeric;
+begin
+  -- After the candidates' own reasons, scope by scope: the qualifying conversations newest
+  -- first (P4: the batch takes them while bytes and messages fit; one that cannot fit alone is
+  -- skipped; the rest wait for a later batch), the batch's input, and what the scope's open
+  -- extraction job or the input's history does with it (renew_open_job: a running job
+  -- finishes first; a pending one with the same input or a valid checkpoint stays; an input
+  -- that stopped or used its calls is not replayed, P13). Each conversation gets the first
+  -- reason in the order of waiting_reasons, or none: the scheduler takes those
+  -- (schedule_extraction). One pass over the candidates, then one step per scope: its cost
+  -- grows with them, whatever the planner believes of their number.
+  select w.config_version into v_config from memory_private.workspaces w
+   where w.workspace_id = p_workspace_id;
+  for v_scope in
+    select f.scope_id, min(f.bot_identity) as bot_identity,
+           jsonb_agg(to_jsonb(f)) as rows,
+           bool_or(f.in_batch) as has_batch
+      from (select q.*,
+                   q.pos is not null and not q.skip
+                   and sum(case when q.skip then 0 else q.bytes end)
+                         over (partition by q.scope_id, q.pos is null order by q.pos)
+                       <= v_ceiling
+                   and sum(case when q.skip then 0 else jsonb_array_length(q.sources) end)
+                         over (partition by q.scope_id, q.pos is null order by q.pos)
+                       <= v_most as in_batch
+              from (select c.*,
+                           case when c.reason is null then row_number() over (
+                             partition by c.scope_id, c.reason is null
+                             order by c.finished_at desc, c.created_at desc, c.request_id desc)
+                           end as pos,
+                           c.reason is null
+                           and (c.bytes > v_ceiling
+                                or jsonb_array_length(c.sources) > v_most) as skip
+                      from memory_private.extraction_candidates(p_workspace_id, p_scope_ids,
+                                                                p_now) c) q) f
+     group by f.scope_id
+  loop
+    v_job := null;
+    v_kept := false;
+    v_blocked := false;
+    v_budget := null;
+    if v_scope.has_batch then
+      v_input := memory_private.extraction_input(
+        p_workspace_id, v_scope.scope_id, v_scope.bot_identity,
+        (select jsonb_agg(e order by (x ->> 'pos')::bigint, n)
+           from jsonb_array_elements(v_scope.rows) as x
+          cross join jsonb_array_elements(x -> 'sources') with ordinality as s(e, n)
+          where (x ->> 'in_batch')::boolean));
+      select * into v_job from memory_private.jobs j
+       where j.workspace_id = p_workspace_id and j.scope_id = v_scope.scope_id
+         and j.phase = 'extract' and j.status in ('pending', 'running');
+      v_kept := coalesce(v_job.status = 'pending'
+                         and (v_job.input_hash = memory_private.content_hash(v_input::text)
+                              or (v_job.checkpoint is not null
+                                  and memory_private.job_stale_reason(v_job) is null)), false);
+      v_blocked := (memory_private.input_carryover(
+                      p_workspace_id, v_scope.scope_id, 'extract',
+                      memory_private.content_hash(v_input::text), v_config)).blocked;
+      select least(l.request_left, l.workspace_left) into v_budget
+        from memory_private.budget_left(p_workspace_id, v_job.origin_request_id) l;
+    end if;
+    return query
+    select y.scope_id, y.request_id, y.verdict, coalesce(y.skip, false), y.pos, y.bot_identity,
+           y.messages, y.bytes, y.sources, y.last_activity,
+           case when y.verdict = 'idle_window' then y.idle_until
+                when y.verdict in ('no_budget', 'not_priced', 'job_backoff')
+                  then v_job.next_attempt_at end
+      from (
+    select x.*,
+           coalesce(x.reason, (
+             select w.reason from memory_private.waiting_reasons w
+              cross join (select coalesce(v_job.input -> 'sources' @> x.sources, false)
+                                   as held) h
+              where not x.skip
+                and ((w.reason = 'job_running' and v_job.status = 'running' and h.held)
+                  or (w.reason = 'no_budget' and v_kept and h.held
+                      and (v_job.last_error = 'budget_exceeded' or v_budget <= 0))
+                  or (w.reason = 'not_priced' and v_kept and h.held
+                      and v_job.last_error = 'not_priced')
+                  or (w.reason = 'job_backoff' and v_kept and h.held
+                      and v_job.next_attempt_at > p_now)
+                  or (w.reason = 'job_due' and v_kept and h.held)
+                  or (w.reason = 'next_batch'
+                      and (v_job.status = 'running' or v_kept or not x.in_batch))
+                  or (w.reason = 'job_stopped' and x.in_batch and v_blocked
+                      and v_job.status is distinct from 'running' and not v_kept))
+              order by w.rank limit 1)) as verdict
+      from jsonb_to_recordset(v_scope.rows) as x(
+             scope_id bigint, request_id text, reason text, skip boolean, pos bigint,
+             in_batch boolean, bot_identity text, messages bigint, bytes integer,
+             sources jsonb, last_activity timestamptz, idle_until timestamptz)) y;
+  end loop;
+end
+$$;
+
+comment on function memory_private.extraction_verdict(text, bigint[], timestamptz) is
+  'The scheduling verdict of extraction for the given scopes: every conversation not yet '
+  'handled (memory_private.extraction_candidates) with the first reason it waits, in the order '
+  'of memory_private.waiting_reasons, or NULL when the next tick takes it (skip: it is recorded '
+  'skipped, too large for any batch; place: its place among the scope''s qualifying '
+  'conversations, newest first). '
+  'With its messages not yet handled, sources, last activity and when it moves on by itself '
+  '(the idle window''s end, the job''s next attempt). The scheduler takes the rows without a '
+  'reason (memory_private.schedule_extraction); memory.waiting_status counts them by reason.';
+
+create or replace function memory_private.schedule_batch(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb, p_origin text,
+  p_skipped jsonb, p_skip_origin text, p_skip_reason text
+) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_config integer;
+  v_input jsonb;
+  v_skip_job bigint;
+  v_now timestamptz := memory_private.clock_now();
+  v_result jsonb := '{}';
+begin
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  if jsonb_array_length(p_skipped) > 0 then
+    -- Conversations that cannot fit alone: recorded as a skipped job, never retried (P4).
+    v_input := jsonb_build_object('bot_identity', p_bot_identity, 'sources', p_skipped,
+                                  'existing', '[]'::jsonb);
+    v_skip_job := memory_private.create_job(p_workspace_id, p_scope_id, 'extract', v_input,
+                    memory_private.content_hash(v_input::text), p_skip_origin, v_config,
+                    p_skip_reason);
+    insert into memory_private.extracted_sources
+      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
+    select p_workspace_id, p_scope_id, s.id, s.hash, 'skipped', v_skip_job, v_now
+      from jsonb_to_recordset(p_skipped) as s(id text, hash text)
+    on conflict do nothing;
+    v_result := jsonb_build_object('batches_skipped', 1);
+  end if;
+  if jsonb_array_length(p_batch) = 0 then
+    return v_result;
+  end if;
+  return v_result || memory_private.renew_open_job(
+    p_workspace_id, p_scope_id, 'extract',
+    memory_private.extraction_input(p_workspace_id, p_scope_id, p_bot_identity, p_batch),
+    p_origin, v_config);
+end
+$$;
+
+comment on function memory_private.schedule_batch(text, bigint, text, jsonb, text, jsonb, text,
+                                                  text) is
+  'What the scheduler does with a scope''s conversations the verdict left without a reason: '
+  'records those that cannot fit alone as a skipped job (their sources marked skipped, never '
+  'retried, P4), and creates or renews the extraction job of the batch (memory_private.'
+  'renew_open_job), charged to its newest conversation''s request. Returns counts.';
+
+create or replace function memory_private.plan_idle_end(
+  p_workspace_id text, p_request_id text, p_at timestamptz
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- One row per conversation: a newer plan replaces the one before (its last activity moved,
+  -- or the idle window changed). Only a tick writes these, under the memory lock.
+  insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
+  values (p_workspace_id, p_at, p_request_id, true)
+  on conflict (workspace_id, request_id) where foreseen and request_id is not null
+  do update set due_at = excluded.due_at;
+end
+$$;
+
+comment on function memory_private.plan_idle_end(text, text, timestamptz) is
+  'Makes the workspace due when a conversation''s idle window ends (P3), naming its request: '
+  'the foreseen row of that conversation, one at most, moved to p_at.';
+
+create or replace function memory_private.schedule_extraction(p_workspace_id text, p_scope_ids bigint[])
   returns jsonb
   language plpgsql volatile
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_scope memory_private.scopes;
-  v_now timestamptz := memory_private.clock_now();
-  v_identity text;
-  v_unit record;
   v_ceiling integer := (memory_private.policy()).batch_bytes;
   v_most integer := (memory_private.policy()).batch_messages;
-  v_bytes integer := 0;
-  v_count integer := 0;
+  v_row record;
+  v_scope bigint;
+  v_identity text;
   v_batch jsonb := '[]';
   v_origin text;
   v_skipped jsonb := '[]';
   v_skip_origin text;
   v_skip_reason text;
-  v_input jsonb;
-  v_skip_job bigint;
+  v_blocked bigint[] := '{}';
   v_result jsonb := '{}';
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if v_ws.paused or not v_scope.recall_enabled then
-    return v_result;
-  end if;
-  select identity into v_identity from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
-  if v_identity is null then
-    return v_result;
-  end if;
-
-  -- The most recent conversations that fit the ceiling together (P4); one that cannot fit alone
-  -- is recorded as skipped, never retried.
-  for v_unit in select * from memory_private.extraction_units(p_workspace_id, v_scope, v_now,
-                                                              v_now - v_ws.idle_window) loop
-    if v_unit.bytes > v_ceiling or jsonb_array_length(v_unit.sources) > v_most then
-      v_skipped := v_skipped || v_unit.sources;
-      v_skip_origin := coalesce(v_skip_origin, v_unit.request_id);
+  -- The verdict's rows without a reason, scope by scope (newest first): the batch, and those
+  -- too large for any; a conversation whose idle window has yet to pass gets its idle end
+  -- planned, so that the tick of that moment derives it again.
+  for v_row in
+    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids,
+                                                    memory_private.clock_now()) v
+     where v.reason is null or v.reason in ('idle_window', 'job_stopped')
+     order by v.scope_id, v.place
+  loop
+    if v_row.scope_id is distinct from v_scope then
+      if v_scope is not null then
+        v_result := memory_private.add_counts(v_result, memory_private.schedule_batch(
+          p_workspace_id, v_scope, v_identity, v_batch, v_origin, v_skipped, v_skip_origin,
+          v_skip_reason));
+      end if;
+      v_scope := v_row.scope_id;
+      v_identity := v_row.bot_identity;
+      v_batch := '[]';
+      v_origin := null;
+      v_skipped := '[]';
+      v_skip_origin := null;
+      v_skip_reason := null;
+    end if;
+    if v_row.reason = 'idle_window' then
+      perform memory_private.plan_idle_end(p_workspace_id, v_row.request_id,
+                                           v_row.next_change_at);
+    elsif v_row.reason = 'job_stopped' then
+      -- the batch's input stopped: not replayed (P13), counted once per scope
+      v_blocked := v_blocked || v_row.scope_id;
+    elsif v_row.skip then
+      v_skipped := v_skipped || v_row.sources;
+      v_skip_origin := coalesce(v_skip_origin, v_row.request_id);
       v_skip_reason := coalesce(v_skip_reason, format(
         'the conversation of request %s is %s bytes in %s messages: not even one '
         'user/assistant pair fits the batch ceiling of %s bytes and %s messages',
-        v_unit.request_id, v_unit.bytes, jsonb_array_length(v_unit.sources), v_ceiling,
-        v_most));
-    elsif v_bytes + v_unit.bytes <= v_ceiling
-          and v_count + jsonb_array_length(v_unit.sources) <= v_most then
-      v_batch := v_batch || v_unit.sources;
-      v_bytes := v_bytes + v_unit.bytes;
-      v_count := v_count + jsonb_array_length(v_unit.sources);
-      v_origin := coalesce(v_origin, v_unit.request_id);
+        v_row.request_id, v_row.bytes, jsonb_array_length(v_row.sources), v_ceiling, v_most));
     else
-      exit;   -- older conversations wait for the next batch
+      v_batch := v_batch || v_row.sources;
+      v_origin := coalesce(v_origin, v_row.request_id);
     end if;
   end loop;
-
-  if jsonb_array_length(v_skipped) > 0 then
-    v_input := jsonb_build_object('bot_identity', v_identity, 'sources', v_skipped,
-                                  'existing', '[]'::jsonb);
-    v_skip_job := memory_private.create_job(p_workspace_id, p_scope_id, 'extract', v_input,
-                    memory_private.content_hash(v_input::text), v_skip_origin,
-                    v_ws.config_version, v_skip_reason);
-    insert into memory_private.extracted_sources
-      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
-    select p_workspace_id, p_scope_id, s.id, s.hash, 'skipped', v_skip_job, v_now
-      from jsonb_to_recordset(v_skipped) as s(id text, hash text)
-    on conflict do nothing;
-    v_result := v_result || jsonb_build_object('batches_skipped', 1);
+  if v_scope is not null then
+    v_result := memory_private.add_counts(v_result, memory_private.schedule_batch(
+      p_workspace_id, v_scope, v_identity, v_batch, v_origin, v_skipped, v_skip_origin,
+      v_skip_reason));
   end if;
-
-  if jsonb_array_length(v_batch) = 0 then
-    return v_result;
+  if cardinality(v_blocked) > 0 then
+    v_result := memory_private.add_counts(v_result, jsonb_build_object(
+      'replays_blocked', (select count(distinct x) from unnest(v_blocked) as x)));
   end if;
-  -- The batch, with the memories chosen to accompany it (P5: none by the policy's choice).
-  v_input := jsonb_build_object(
-    'bot_identity', v_identity,
-    'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.batch_memories(
-                  p_workspace_id, p_scope_id, v_batch,
-                  (memory_private.policy()).existing_with_batch)));
-  return v_result || memory_private.renew_open_job(p_workspace_id, p_scope_id, 'extract',
-                                                   v_input, v_origin, v_ws.config_version);
+  return v_result;
 end
 $$;
 
-comment on function memory_private.schedule_extraction(text, bigint) is
-  'Creates (or renews) the extraction job of one scope when it has qualifying conversations: '
-  'the most recent ones up to 24,000 bytes and 200 messages, with the memories chosen to '
-  'accompany them (memory_private.batch_memories); records a skipped job for a conversation '
-  'that cannot fit alone. Returns counts.';
+comment on function memory_private.schedule_extraction(text, bigint[]) is
+  'Schedules extraction in the given scopes as their verdict says (memory_private.'
+  'extraction_verdict): for each, the conversations without a reason become its batch (the '
+  'most recent ones up to 24,000 bytes and 200 messages) or a skipped job (too large alone); '
+  'the idle end of each conversation still in its idle window is planned. Returns counts.';
 
 create or replace function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
   returns jsonb
@@ -3079,21 +3676,17 @@ create or replace function memory_private.schedule_consolidation(p_workspace_id 
   as $$
 declare
   v_ws memory_private.workspaces;
-  v_scope memory_private.scopes;
-  v_identity text;
+  v_gate record;
   v_candidates bigint[];
   v_origin text;
   v_job memory_private.jobs;
 begin
   select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if v_ws.paused or not v_scope.recall_enabled or v_scope.consolidation_due_at is null then
-    return '{}';
-  end if;
-  select identity into v_identity from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
-  if v_identity is null
+  select * into v_gate from memory_private.scope_gate(p_workspace_id, p_scope_id);
+  if v_gate.reason is not null
+     or not exists (select 1 from memory_private.scopes
+                     where workspace_id = p_workspace_id and scope_id = p_scope_id
+                       and consolidation_due_at is not null)
      or exists (select 1 from memory_private.jobs
                  where workspace_id = p_workspace_id and scope_id = p_scope_id
                    and phase = 'consolidate' and status = 'running') then
@@ -3110,12 +3703,9 @@ begin
     loop
       perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
     end loop;
-    update memory_private.scopes
-       set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
-           index_repositories = null
+    update memory_private.scopes set consolidation_due_at = null
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
-    delete from memory_private.index_dependencies
+    delete from memory_private.scope_indexes
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
   end if;
@@ -3133,15 +3723,16 @@ begin
   end if;
   return memory_private.renew_open_job(
     p_workspace_id, p_scope_id, 'consolidate',
-    jsonb_build_object('bot_identity', v_identity, 'candidates', to_jsonb(v_candidates)),
+    jsonb_build_object('bot_identity', v_gate.bot_identity, 'candidates', to_jsonb(v_candidates)),
     v_origin, v_ws.config_version);
 end
 $$;
 
 comment on function memory_private.schedule_consolidation(text, bigint) is
-  'Creates (or renews) the consolidation job of a scope whose index is due, over its 48 most '
-  'recent valid records, charged to the most recent candidate''s originating request; with no '
-  'valid record, clears the index and the due flag instead. Returns counts.';
+  'Creates (or renews) the consolidation job of a scope whose index is due and whose gate is '
+  'open (memory_private.scope_gate), over its 48 most recent valid records, charged to the '
+  'most recent candidate''s originating request; with no valid record, drops the index (its '
+  'row) and the due flag instead. Returns counts.';
 
 create or replace function memory_private.schedule_jobs(
   p_workspace_id text, p_changed_requests text[] default null,
@@ -3150,58 +3741,43 @@ create or replace function memory_private.schedule_jobs(
   language plpgsql volatile
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_now timestamptz := memory_private.clock_now();
-  v_request text;
-  v_requests text[];
-  v_scope memory_private.scopes;
+  v_scopes bigint[];
   v_scope_id bigint;
   v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                        'batches_skipped', 0);
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  if v_ws.paused then
+  if (select paused from memory_private.workspaces where workspace_id = p_workspace_id) then
     return v_counts;
   end if;
   -- After a change confined to some requests and scopes, only their scopes can have a new
-  -- extraction input: every other scope's input is what the last tick derived (a job made,
-  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
-  -- comes as a change of its own (a job leaving running names its scope; a conversation's
-  -- idle end, its request). So a tick costs what the change touched, not the workspace's
-  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
-  if p_changed_requests is not null then
-    v_requests := p_changed_requests || array(
-      select r.request_id
-        from memory_private.scopes s
-        join memory_private.requests r
-          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
-         and (case when s.kind = 'private' then r.user_id = s.user_id
-                   else r.topic_id = s.topic_id end)
-       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  -- verdict: every other scope's is what the last tick derived, and what would change it comes
+  -- as a change of its own (a job leaving running, a record deleted, a tool call name their
+  -- scope; a message, its request; a conversation's idle end, its request). So a tick costs
+  -- what the change touched, not the workspace's history or what waits elsewhere; with
+  -- p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is null then
+    v_scopes := array(select s.scope_id from memory_private.scopes s
+                       where s.workspace_id = p_workspace_id order by 1);
+  else
+    v_scopes := array(
+      select distinct x.scope_id
+        from (select unnest(p_changed_scopes) as scope_id
+              union all
+              select s.scope_id
+                from unnest(p_changed_requests) as q(request_id)
+                join memory_private.requests r
+                  on r.workspace_id = p_workspace_id and r.request_id = q.request_id
+                join memory_private.scopes s
+                  on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id
+                 and s.chat_id = r.chat_id
+                 and ((s.kind = 'private' and s.user_id = r.user_id)
+                      or (s.kind = 'shared' and s.topic_id = r.topic_id))
+               where r.kind = 'interactive') x
+       where x.scope_id is not null
+       order by 1);
   end if;
-  -- One representative request per scope that has something new to extract.
-  for v_request in
-    select min(r.request_id)
-      from memory_private.requests r
-      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-       and (v_requests is null or r.request_id = any (v_requests))
-       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
-       and exists (select 1 from memory_private.messages m
-                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-                      and memory_private.is_retained(m.body is not null, m.retain_until,
-                                                     v_now)
-                      and not exists (select 1 from memory_private.extracted_sources e
-                                       where e.workspace_id = m.workspace_id
-                                         and e.message_id = m.message_id
-                                         and e.content_hash = m.content_hash))
-     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
-     order by 1
-  loop
-    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
-    v_counts := memory_private.add_counts(v_counts,
-                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
-  end loop;
+  v_counts := memory_private.add_counts(v_counts,
+                memory_private.schedule_extraction(p_workspace_id, v_scopes));
   for v_scope_id in
     select scope_id from memory_private.scopes
      where workspace_id = p_workspace_id and consolidation_due_at is not null
@@ -3215,11 +3791,11 @@ end
 $$;
 
 comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
-  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
-  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
-  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
-  'counts.';
+  'Maintenance step: schedules extraction in the scopes a change touched as their verdict says '
+  '(memory_private.schedule_extraction), and consolidation for every scope whose index is due '
+  '(nothing while the workspace is paused). With p_changed_requests (and p_changed_scopes), '
+  'the scopes of those requests and those scopes: what changed since the last tick; every '
+  'scope when NULL. Returns counts.';
 
 create or replace function memory_private.index_records(
   p_workspace_id text, p_record_ids bigint[], p_lines boolean
@@ -3643,15 +4219,14 @@ begin
     v_mode := 'disabled';
     v_ids := '{}';
   else
-    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
-      -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them.
-      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
-        v_mode := 'index';
-        v_index := v_scope.index_text;
-        v_ids := v_scope.index_record_ids;
-        v_basis := v_scope.index_candidate_ids;
-      end if;
+    -- The index holds for this reader when every record it was built from (every candidate
+    -- the model saw, not only those it names) is valid for them.
+    if v_scope.consolidation_due_at is null
+       and memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
+      select 'index', i.index_text, i.record_ids, i.candidate_ids
+        into v_mode, v_index, v_ids, v_basis
+        from memory_private.scope_indexes i
+       where i.workspace_id = p_workspace_id and i.scope_id = v_scope.scope_id;
     end if;
     if v_mode is null then
       -- Consolidation pending, no index, or the index rests on a record this reader may not
@@ -3960,6 +4535,7 @@ create or replace function memory_private.delete_records(
   as $$
 declare
   v_deleted integer;
+  v_scopes bigint[];
   v_key text;
   v_call text;
   v_ids text[];
@@ -4011,30 +4587,25 @@ begin
   ), touched as (
     select scope_id, array_agg(record_id) as ids from gone group by scope_id
   ), marked as (
-    -- An index depends on every candidate it was built from: losing one drops it.
     update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now),
-           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
-           index_record_ids = case when s.index_candidate_ids && t.ids then null
-                                   else s.index_record_ids end,
-           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
-                                      else s.index_candidate_ids end,
-           index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end,
-           index_bot_identity = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_bot_identity end,
-           index_repositories = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_repositories end
+       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now)
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
-    returning s.scope_id, s.index_text is null as dropped
-  ), unkept as (
-    delete from memory_private.index_dependencies d
-     using marked
-     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
+    returning 1
+  ), dropped as (
+    -- An index depends on every candidate it was built from: losing one drops it (its
+    -- dependencies go with its row).
+    delete from memory_private.scope_indexes i
+     using touched t
+     where i.workspace_id = p_workspace_id and i.scope_id = t.scope_id
+       and i.candidate_ids && t.ids
     returning 1
   )
-  select count(*) into v_deleted from gone;
+  select count(*), array_agg(distinct g.scope_id) into v_deleted, v_scopes from gone g;
+  -- Their scopes changed (a consolidation is due; the memories a batch is shown may be gone):
+  -- noted for the tick.
+  perform memory_private.note_change(p_workspace_id, 'updated', null, x)
+     from unnest(v_scopes) as x;
   return v_deleted;
 end
 $$;
@@ -4107,9 +4678,8 @@ begin
       'Memory is turned off in this chat, so nothing is stored; turn it on first.');
     return;
   end if;
-  if exists (select 1 from memory_private.tombstones
-              where workspace_id = v_ws and scope_id = p_scope.scope_id
-                and message_id = v_source.message_id) then
+  if exists (select from memory_private.tombstone(v_ws, p_scope.scope_id,
+                                                  v_source.message_id)) then
     outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
       'This message was forgotten in this chat and is not stored again.');
     return;
@@ -4207,7 +4777,7 @@ begin
   v_scope := v_start.scope;
   v_call := v_start.previous;
   -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
-  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
+  perform memory_private.note_change(p_workspace_id, 'updated', null, v_scope.scope_id);
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then
@@ -4374,22 +4944,87 @@ begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
-    from (select message_id, request_id from memory_private.messages
-           where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
-           order by retain_until
+    from (select r.message_id, r.request_id
+            from memory_private.retention_ends(p_workspace_id) r
+           where not memory_private.is_retained(true, r.retain_until,
+                                                memory_private.clock_now())
+           order by r.retain_until
            limit v_batch) e;
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
    where workspace_id = p_workspace_id and message_id = any (v_ids);
   erased := cardinality(v_ids);
+  -- Their conversations changed: the tick derives them again (memory_private.schedule_jobs).
+  perform memory_private.note_change(p_workspace_id, 'updated', r)
+     from unnest(request_ids) as r;
 end
 $$;
 
 comment on function memory_private.erase_expired_messages(text) is
   'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
   'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
-  'requests they belong to (whose conversations changed).';
+  'requests they belong to (whose conversations changed: each is noted for the tick).';
+
+create or replace function memory_private.erase_derived_answers(p_workspace_id text) returns integer
+  language plpgsql volatile
+  as $$
+declare
+  v_total integer := 0;
+  v_round integer;
+  v_gone text[];
+  v_hit bigint[];
+begin
+  -- An assistant answer is derived from every message the records its request was shown depend
+  -- on (memory_private.request_provenance). When one of them is erased (scrub_pending: erased
+  -- since the last sweep), the answer is erased too; an answer derived from *that* answer goes
+  -- next, and so on until nothing changes (T3). Only newly erased messages are looked at: older
+  -- ones were handled by earlier sweeps.
+  loop
+    v_gone := array(select message_id from memory_private.messages
+                     where workspace_id = p_workspace_id and scrub_pending);
+    exit when cardinality(v_gone) = 0;
+    -- The records resting on them (not yet purged: the purge runs after this step).
+    v_hit := array(select distinct record_id from memory_private.record_dependencies
+                    where workspace_id = p_workspace_id and message_id = any(v_gone));
+    -- Read through the indexes on what they name (request_recall_dependencies_idx, ...).
+    with derived as (
+      select f.request_id from memory_private.request_recall f
+       where f.workspace_id = p_workspace_id
+         and memory_private.message_keys(f.workspace_id, f.dependency_ids)
+             && memory_private.message_keys(p_workspace_id, v_gone)
+      union
+      select f.request_id from memory_private.request_recall f
+       where f.workspace_id = p_workspace_id and f.basis_record_ids && v_hit
+      union
+      select c.request_id from memory_private.tool_calls c
+       where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+         and memory_private.message_keys(c.workspace_id, c.dependency_ids)
+             && memory_private.message_keys(p_workspace_id, v_gone)
+      union
+      select c.request_id from memory_private.tool_calls c
+       where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+         and c.record_ids && v_hit
+    ), erased as (
+      update memory_private.messages a
+         set body = null, content_hash = null, removed_at = memory_private.clock_now(),
+             removal_reason = 'derived_from_removed', scrub_pending = true
+        from derived
+       where a.workspace_id = p_workspace_id and a.request_id = derived.request_id
+         and a.role = 'assistant' and a.body is not null
+      returning 1
+    )
+    select count(*) into v_round from erased;
+    exit when v_round = 0;
+    v_total := v_total + v_round;
+  end loop;
+  return v_total;
+end
+$$;
+
+comment on function memory_private.erase_derived_answers(text) is
+  'Erases, transitively, the assistant answers of requests that were shown a record depending on '
+  'a message erased since the last sweep (by recall or query_memories, also records deleted '
+  'since); records built on those answers then fail validation in turn (T3).';
 
 create or replace function memory_private.purge_permanently_invalid(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -4397,6 +5032,7 @@ create or replace function memory_private.purge_permanently_invalid(p_workspace_
 declare
   v_ids bigint[];
   v_changed bigint[];
+  v_requests text[];
 begin
   -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
   -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
@@ -4423,16 +5059,26 @@ begin
   -- (extraction_units leaves those out). A message another kept record rests on stays handled.
   -- Not after a forget (its messages are tombstoned) or a bot replaced (the memory was that
   -- identity's).
-  delete from memory_private.extracted_sources e
-   using memory_private.record_dependencies d, memory_private.records r
-   where d.workspace_id = p_workspace_id and d.record_id = any (v_changed)
-     and d.via in ('cited', 'shown')
-     and r.workspace_id = d.workspace_id and r.record_id = d.record_id
-     and e.workspace_id = p_workspace_id and e.scope_id = r.scope_id
-     and e.message_id = d.message_id and e.outcome = 'extracted'
-     and not exists (select 1 from memory_private.record_dependencies k
-                      where k.workspace_id = p_workspace_id and k.message_id = d.message_id
-                        and k.via in ('cited', 'shown') and not k.record_id = any (v_ids));
+  -- Their conversations are noted, so the tick derives them again.
+  with cleared as (
+    delete from memory_private.extracted_sources e
+     using memory_private.record_dependencies d, memory_private.records r
+     where d.workspace_id = p_workspace_id and d.record_id = any (v_changed)
+       and d.via in ('cited', 'shown')
+       and r.workspace_id = d.workspace_id and r.record_id = d.record_id
+       and e.workspace_id = p_workspace_id and e.scope_id = r.scope_id
+       and e.message_id = d.message_id and e.outcome = 'extracted'
+       and not exists (select 1 from memory_private.record_dependencies k
+                        where k.workspace_id = p_workspace_id and k.message_id = d.message_id
+                          and k.via in ('cited', 'shown') and not k.record_id = any (v_ids))
+    returning e.message_id
+  )
+  select array_agg(distinct m.request_id) into v_requests
+    from cleared c
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = c.message_id;
+  perform memory_private.note_change(p_workspace_id, 'updated', q)
+     from unnest(v_requests) as q;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -4442,7 +5088,8 @@ comment on function memory_private.purge_permanently_invalid(text) is
   'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
   'link, grants) hides them. Reversible reasons alone keep the record. The batch of a record '
   'that went for a removed, expired or edited message is marked for extraction again (its '
-  'extraction markers cleared), so what did not rest on that message comes back.';
+  'extraction markers cleared, its conversations noted for the tick), so what did not rest on '
+  'that message comes back.';
 
 create or replace function memory_private.scrub_erased(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -4462,7 +5109,8 @@ begin
   update memory_private.request_recall
      set index_text = null, index_withdrawn = true
    where workspace_id = p_workspace_id and index_text is not null
-     and dependency_ids && v_gone;
+     and memory_private.message_keys(workspace_id, dependency_ids)
+         && memory_private.message_keys(p_workspace_id, v_gone);
   -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
   -- checkpoint made from them (such a job is stale and is superseded, never committed).
   -- Computed first, then written by key: Citus takes no stable function of a column in an
@@ -4473,7 +5121,10 @@ begin
                               order by n)
                from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n)))
       from memory_private.jobs j
-     where j.workspace_id = p_workspace_id and j.input ? 'sources'
+     where j.workspace_id = p_workspace_id
+       -- the jobs naming them, from jobs_sources_idx: not every job the workspace ever had
+       and memory_private.job_source_keys(j.workspace_id, j.input)
+           && memory_private.message_keys(p_workspace_id, v_gone)
        and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                     where e ->> 'id' = any (v_gone) and e ? 'hash')
   loop
@@ -4523,14 +5174,14 @@ declare
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
-                 coalesce(u.last_used_at, r.created_at) as used,
+                 memory_private.prune_at(u.last_used_at, r.created_at) as prune_at,
                  row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
                                              r.record_id desc) as rank
             from memory_private.records r
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+   where r.prune_at <= memory_private.clock_now()
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -4545,7 +5196,6 @@ create or replace function memory_private.sweep_retention(p_workspace_id text) r
   as $$
 declare
   v_expired integer;
-  v_expired_requests text[];
   v_derived integer;
   v_invalid integer;
   v_scrubbed integer;
@@ -4553,8 +5203,7 @@ declare
   v_pruned integer;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
-  select e.erased, e.request_ids into v_expired, v_expired_requests
-    from memory_private.erase_expired_messages(p_workspace_id) e;
+  select e.erased into v_expired from memory_private.erase_expired_messages(p_workspace_id) e;
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
   v_scrubbed := memory_private.scrub_erased(p_workspace_id);
@@ -4562,16 +5211,47 @@ begin
   v_pruned := memory_private.prune_records(p_workspace_id);
   return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
                             'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
-                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
-                            'expired_request_ids', to_jsonb(v_expired_requests));
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned);
 end
 $$;
 
 comment on function memory_private.sweep_retention(text) is
   'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
   'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
-  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
-  'messages expired here.';
+  'stale tombstones, prune. What it changes is noted for the tick (the conversations of '
+  'erased text, the scopes of deleted records). Returns counts.';
+
+create or replace function memory.answer_retention_boundary(p_workspace_id text, p_request_id text)
+  returns timestamptz
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_boundary timestamptz;
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  if not exists (select 1 from memory_private.requests
+                  where workspace_id = p_workspace_id and request_id = p_request_id) then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  select min(case when memory_private.is_retained(m.body is not null, m.retain_until,
+                                                  memory_private.clock_now())
+                  then m.retain_until else memory_private.clock_now() end)
+    into v_boundary
+    from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
+  return v_boundary;
+end
+$$;
+
+comment on function memory.answer_retention_boundary(text, text) is
+  'The latest time until which the backend may keep the answer of a request: the earliest '
+  'retention end among every message the records it was shown depend on (by recall and by '
+  'query_memories, not only the sources shown); now if one is already gone; NULL when none of '
+  'them has a retention end (T2).';
 
 create or replace function memory_private.member_messages(p_workspace_id text, p_user_id text)
   returns table (message_id text)
@@ -4726,30 +5406,27 @@ create or replace function memory_private.next_maintenance_at(p_workspace_id tex
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
-  v_backlog boolean;
   v_retention timestamptz;
   v_prune timestamptz;
 begin
-  -- The time-based events a tick cannot see coming from a change: expired text still left by
-  -- the bounded sweep (due again now), the next message's retention end, the next record's
-  -- pruning horizon. A conversation's idle end is kept by the change that set it (note_change)
-  -- or, after the idle window itself changed, by the tick (maintain_workspace). A lease is
-  -- found by its expiry (due_workspaces); a job's backoff needs no maintenance (claim_job
-  -- takes a pending job when it is due).
-  v_backlog := exists (select 1 from memory_private.messages
-                        where workspace_id = p_workspace_id and body is not null
-                          and retain_until <= v_now)
-               or exists (select 1 from memory_private.messages
-                           where workspace_id = p_workspace_id and scrub_pending);
-  if v_backlog then
+  -- The time-based events a tick cannot see coming from a change: the earliest retention end
+  -- of a message that still has its text (now while expired text is left by the bounded
+  -- sweep), erased text the sweep has yet to follow (now), the next record's pruning horizon.
+  -- A conversation's idle end is planned by the tick that derives it (schedule_extraction). A
+  -- lease is found by its expiry (due_workspaces); a job's backoff needs no maintenance
+  -- (claim_job takes a pending job when it is due).
+  if exists (select 1 from memory_private.messages
+              where workspace_id = p_workspace_id and scrub_pending) then
     return v_now;
   end if;
-  select min(retain_until) into v_retention from memory_private.messages
-   where workspace_id = p_workspace_id and body is not null and retain_until > v_now;
-  -- prune_records deletes a record unused for strictly longer than the horizon.
-  select min(coalesce(u.last_used_at, r.created_at))
-         + make_interval(days => (memory_private.policy()).unused_days)
-         + interval '1 microsecond'
+  select r.retain_until into v_retention
+    from memory_private.retention_ends(p_workspace_id) r
+   order by r.retain_until
+   limit 1;
+  if not memory_private.is_retained(true, v_retention, v_now) then
+    return v_now;
+  end if;
+  select min(memory_private.prune_at(u.last_used_at, r.created_at))
     into v_prune
     from memory_private.records r
     left join memory_private.record_usage u
@@ -4786,99 +5463,39 @@ comment on function memory_private.due_workspaces(text, integer) is
   'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
   'whose lease expired.';
 
-create or replace function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
-  returns table (
-    request_id text, status text, recall_enabled boolean, bot_active boolean,
-    workspace_paused boolean, users bigint, assistants bigint, messages bigint,
-    last_activity timestamp with time zone, idle_until timestamp with time zone,
-    job_status text, job_holds boolean, job_next_attempt_at timestamp with time zone,
-    job_last_error text, budget_left numeric, stopped_holds boolean
-  )
-  language plpgsql stable
+create or replace function memory_private.consume_due(
+  p_workspace_id text, p_now timestamptz,
+  out everything boolean, out request_ids text[], out scope_ids bigint[],
+  out changed_requests integer
+)
+  language plpgsql volatile
   as $$
-#variable_conflict use_column
 begin
-  -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
-  -- query of the node holding the workspace); the verdict is waiting_status_of's.
-  return query
-  select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
-         u.users, u.assistants, u.messages, a.last_activity,
-         a.last_activity + w.idle_window,
-         oj.status, oj.holds, oj.next_attempt_at, oj.last_error,
-         least(w.budget_usd - w.spent_usd - wm.memory_spent_usd, oj.request_left),
-         exists (select 1 from memory_private.jobs j
-                  where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-                    and j.phase = 'extract' and j.status = 'stopped'
-                    and j.config_version = w.config_version
-                    and not coalesce(j.result ? 'retried_as_job_id', false)
-                    and exists (select 1 from jsonb_array_elements(u.fresh) f
-                                 where j.input -> 'sources' @> jsonb_build_array(f)))
-    from memory_private.requests r
-    join memory_private.workspaces w on w.workspace_id = r.workspace_id
-    join memory_private.workspace_memory wm on wm.workspace_id = r.workspace_id
-    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
-    join memory_private.scopes s
-      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
-     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
-          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
-   cross join lateral (
-     -- Its messages the scope may use: retained, not tombstoned there; fresh: those not yet
-     -- extracted (or skipped) at their content.
-     select count(*) filter (where m.role = 'user') as users,
-            count(*) filter (where m.role = 'assistant') as assistants,
-            count(*) filter (where e.message_id is null) as messages,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
-              filter (where e.message_id is null) as fresh
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or s.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
-                           and t.message_id = m.message_id)
-   ) u
-   cross join lateral (
-     -- The idle window's clock: the request's update or finish, its messages' creation, edit
-     -- or removal (as memory_private.extraction_units reads it).
-     select greatest(r.updated_at, r.finished_at,
-                     max(greatest(x.created_at, x.edited_at, x.removed_at))) as last_activity
-       from memory_private.messages x
-      where x.workspace_id = r.workspace_id and x.request_id = r.request_id
-   ) a
-    left join lateral (
-      -- The scope's open extraction job, whether it holds this conversation, and what is
-      -- left of its origin request's budget.
-      select j.status, j.next_attempt_at, j.last_error,
-             exists (select 1 from jsonb_array_elements(u.fresh) f
-                      where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
-             q.budget_usd - q.spent_usd - coalesce(
-               (select sum(rc.cost_usd) from memory_private.request_charges rc
-                 where rc.workspace_id = q.workspace_id and rc.request_id = q.request_id), 0)
-               as request_left
-        from memory_private.jobs j
-        join memory_private.requests q
-          on q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id
-       where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-         and j.phase = 'extract' and j.status in ('pending', 'running')
-       order by j.job_id
-       limit 1
-    ) oj on true
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
+  -- The rows due now go (in one statement, whatever their number): what they were confined to
+  -- (requests, scopes) is what the tick derives; a change confined to nothing means anything
+  -- may have changed (everything), unless it is foreseen (a time-based event: the tick's own
+  -- steps find what it changes). A change committed after this statement keeps its row, so the
+  -- next pass comes back for it.
+  with consumed as (
+    delete from memory_private.maintenance_due
+     where workspace_id = p_workspace_id and due_at <= p_now
+    returning request_id, scope_id, foreseen
+  )
+  select coalesce(bool_or(c.request_id is null and c.scope_id is null and not c.foreseen),
+                  false),
+         coalesce(array_agg(distinct c.request_id) filter (where c.request_id is not null),
+                  '{}'),
+         coalesce(array_agg(distinct c.scope_id) filter (where c.scope_id is not null), '{}'),
+         count(distinct c.request_id) filter (where not c.foreseen)
+    into everything, request_ids, scope_ids, changed_requests
+    from consumed c;
 end
 $$;
 
-comment on function memory_private.waiting_conversations(text, timestamptz) is
-  'The interactive conversations (requests) of a workspace with something not yet handled (a '
-  'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
-  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
-  'workspace switches, the request''s status, its user and assistant messages, its last '
-  'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
-  'conversation, its next attempt and last error), the budget left (the workspace''s or the '
-  'job''s request''s, whichever is less) and whether a stopped job holds it.';
+comment on function memory_private.consume_due(text, timestamptz) is
+  'Deletes the workspace''s maintenance_due rows due at p_now and answers what they name: '
+  'everything (a change confined to nothing), the requests and the scopes, and how many '
+  'requests changed (foreseen rows aside).';
 
 create or replace function memory_private.maintain_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile
@@ -4887,95 +5504,50 @@ declare
   v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                       'leases_expired', 0);
   v_now timestamptz := memory_private.clock_now();
-  v_idle_ends timestamptz[] := '{}';
-  v_idle_requests text[] := '{}';
-  v_at timestamptz;
-  v_request text;
-  v_scope bigint;
-  v_all boolean := false;
-  v_requests text[] := '{}';
-  v_scopes bigint[] := '{}';
-  v_seen interval;
-  v_window interval;
-  v_sweep jsonb;
-  v_foreseen boolean;
+  v_before record;
+  v_after record;
   v_next timestamptz;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
-  -- The rows due now are consumed first: a change committed after this statement keeps its
-  -- row, so the next pass comes back for it; one committed before is seen by the steps below.
-  -- The idle ends the consumed changes set are kept as rows of their own. What the changes
-  -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
-  -- means anything may have changed.
-  for v_at, v_request, v_scope, v_foreseen in
-    delete from memory_private.maintenance_due
-     where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at, request_id, scope_id, foreseen
-  loop
-    v_all := v_all or (v_request is null and v_scope is null and not v_foreseen);
-    if v_request is not null and not v_request = any (v_requests) then
-      v_requests := v_requests || v_request;
-    end if;
-    if v_scope is not null and not v_scope = any (v_scopes) then
-      v_scopes := v_scopes || v_scope;
-    end if;
-    if v_at > v_now then
-      v_idle_ends := v_idle_ends || v_at;
-      v_idle_requests := v_idle_requests || v_request;
-    end if;
-  end loop;
-  select m.idle_window_seen, w.idle_window into v_seen, v_window
-    from memory_private.workspace_memory m
-    join memory_private.workspaces w on w.workspace_id = m.workspace_id
-   where m.workspace_id = p_workspace_id;
-  if v_seen is distinct from v_window then
-    -- The idle window changed (or was never planned with): every waiting conversation's idle
-    -- end is planned anew, as memory.waiting_status computes it.
-    select coalesce(array_agg(c.idle_until order by c.request_id), '{}'),
-           coalesce(array_agg(c.request_id order by c.request_id), '{}')
-      into v_idle_ends, v_idle_requests
-      from memory_private.waiting_conversations(p_workspace_id, v_now) c
-     where c.idle_until > v_now;
+  -- What changed since the last tick (the rows due now), then the steps, in this order: leases
+  -- first (a job whose worker died is released or stopped); then retention, before stale jobs
+  -- are retired, so that a job or checkpoint built on a source erased here is superseded in the
+  -- same tick (T3); scheduling last, so that what the steps changed is scheduled at once. The
+  -- steps note what they change as rows of their own (a job leaving running, a record
+  -- deleted, text erased, a job retired), which the tick consumes before it schedules.
+  v_before := memory_private.consume_due(p_workspace_id, v_now);
+  if v_before.changed_requests >= (memory_private.policy()).analyze_after then
+    -- A bulk import since the last tick: the planner's statistics may not know this
+    -- workspace's rows yet, and a plan that takes it for a handful would read all of its
+    -- messages for each conversation. Refreshed before the steps plan their statements (and
+    -- every session's cached plans over these tables are made again).
+    analyze memory_private.requests, memory_private.messages;
+    v_total := v_total || jsonb_build_object('statistics_refreshed', 1);
   end if;
-  -- The steps, in this order: leases first (a job whose worker died is released or stopped);
-  -- then retention, before stale jobs are retired, so that a job or checkpoint built on a
-  -- source erased here is superseded in the same tick (T3); scheduling last, so that the
-  -- consolidation the sweep's deletions call for is scheduled at once.
   v_total := memory_private.add_counts(v_total, memory_private.expire_leases(p_workspace_id));
-  v_sweep := memory_private.sweep_retention(p_workspace_id);
-  v_total := memory_private.add_counts(v_total, v_sweep - 'expired_request_ids');
+  v_total := memory_private.add_counts(v_total,
+                                       memory_private.sweep_retention(p_workspace_id));
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  -- What the steps so far deleted, released or retired may change any input; text past its
-  -- retention changes its own conversations (and what the erasure makes stale is retired, so
-  -- counted here).
-  v_requests := v_requests || array(select jsonb_array_elements_text(
-                                             v_sweep -> 'expired_request_ids'));
-  v_all := v_all or exists (select 1 from jsonb_each(v_total) c
-                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0
-                               and c.key not in ('messages_expired', 'messages_scrubbed',
-                                                 'tombstones_dropped'));
+  v_after := memory_private.consume_due(p_workspace_id, v_now);
   v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
-               p_workspace_id, case when not v_all then v_requests end, v_scopes));
-  -- The idle ends (each with its request) and the next time-based event as foreseen rows (a
-  -- retention end names its requests when it erases; a pruning deletes records, which makes
-  -- the tick derive every scope); under the memory lock, a row already planned for the same
-  -- time and request is consumed by a later tick, so it is not planned twice.
+               p_workspace_id,
+               case when not (v_before.everything or v_after.everything)
+                    then v_before.request_ids || v_after.request_ids end,
+               v_before.scope_ids || v_after.scope_ids));
+  -- The next time-based event as the workspace's one foreseen row (the idle ends are planned
+  -- by schedule_extraction, one row per conversation).
   v_next := memory_private.next_maintenance_at(p_workspace_id);
-  for v_at, v_request in
-    select e.at, e.request_id
-      from unnest(v_idle_ends || v_next, v_idle_requests || null::text) as e(at, request_id)
-     where e.at is not null
-  loop
-    if not exists (select 1 from memory_private.maintenance_due
-                    where workspace_id = p_workspace_id and due_at = v_at
-                      and request_id is not distinct from v_request) then
-      insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
-      values (p_workspace_id, v_at, v_request, true);
-    end if;
-  end loop;
-  update memory_private.workspace_memory
-     set maintained_at = v_now, idle_window_seen = v_window
+  if v_next is null then
+    delete from memory_private.maintenance_due
+     where workspace_id = p_workspace_id and foreseen and request_id is null;
+  else
+    insert into memory_private.maintenance_due (workspace_id, due_at, foreseen)
+    values (p_workspace_id, v_next, true)
+    on conflict (workspace_id) where foreseen and request_id is null
+    do update set due_at = excluded.due_at;
+  end if;
+  update memory_private.workspace_memory set maintained_at = v_now
    where workspace_id = p_workspace_id;
   return v_total || jsonb_build_object('sweep_backlog', coalesce(v_next <= v_now, false)::integer);
 end
@@ -4983,9 +5555,10 @@ $$;
 
 comment on function memory_private.maintain_workspace(text) is
   'One maintenance tick of one workspace under its memory lock: consumes its due rows, expires '
-  'leases, sweeps retention, retires stale jobs, schedules jobs; plans its next time-based '
-  'event (and the idle ends of its conversations) as due rows; stamps maintained_at. Returns '
-  'the summed counts, sweep_backlog 1 when expired text is left for the next tick.';
+  'leases, sweeps retention, retires stale jobs, consumes the rows those steps wrote, schedules '
+  'jobs in the scopes all of them name (every scope after a change confined to nothing); plans '
+  'its next time-based event as its foreseen row; stamps maintained_at. Returns the summed '
+  'counts, sweep_backlog 1 when expired text is left for the next tick.';
 
 create or replace function memory.run_maintenance(p_workspace_id text default null) returns jsonb
   language plpgsql volatile security definer
@@ -5109,7 +5682,7 @@ begin
            (select count(*) from memory_private.record_dependencies d
              where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
            octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+           coalesce(r.record_id = any(i.record_ids), false) as in_index,
            v.reason is null as valid,
            v.reason as invalid_reason
       from memory_private.scopes s
@@ -5117,6 +5690,8 @@ begin
       join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
       left join memory_private.record_usage u
         on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+      left join memory_private.scope_indexes i
+        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
      where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
@@ -5217,11 +5792,11 @@ begin
              as records_invalid,
            coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
              as invalid_by_reason,
-           coalesce(cardinality(s.index_record_ids), 0) as index_records,
-           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
-           octet_length(s.index_text) as index_bytes,
-           s.index_built_at,
-           memory_private.operator_now() - s.index_built_at as index_age,
+           coalesce(cardinality(i.record_ids), 0) as index_records,
+           coalesce(cardinality(i.candidate_ids), 0) as index_candidates,
+           octet_length(i.index_text) as index_bytes,
+           i.built_at as index_built_at,
+           memory_private.operator_now() - i.built_at as index_age,
            s.consolidation_due_at is not null as consolidation_pending,
            s.consolidation_due_at,
            ej.job_id as extract_job_id, ej.status as extract_job_status,
@@ -5230,6 +5805,8 @@ begin
              where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
            s.created_at
       from memory_private.scopes s
+      left join memory_private.scope_indexes i
+        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
       left join memory_private.jobs ej
         on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
        and ej.status in ('pending', 'running')
@@ -5310,7 +5887,8 @@ begin
   select * from (
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
            w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
+           (select b.workspace_left from memory_private.budget_left(w.workspace_id, null) b)
+             as budget_left_usd,
            (select count(*) from memory_private.scopes s
              where s.workspace_id = w.workspace_id) as scopes,
            (select count(*) from memory_private.scopes s
@@ -5386,39 +5964,6 @@ comment on view memory.workspace_status is
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
   'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
 
-create or replace function memory_private.waiting_reasons()
-  returns table (rank integer, reason text, explanation text)
-  language sql immutable
-  as $$
-  values
-    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
-    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
-    (3, 'bot_inactive', 'the bot is inactive'),
-    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
-                                'reports it succeeded (upsert_request)'),
-    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
-    (6, 'no_user_message', 'the conversation has no user message'),
-    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
-                                'reports the bot''s answer (upsert_message, role assistant)'),
-    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
-                       'conversation''s last activity (next_change_at)'),
-    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
-    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
-                       'maintenance renews the job or it goes into the next batch'),
-    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
-                        '(memory.job_status, memory.retry_job)'),
-    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
-                      'workspace''s is spent'),
-    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
-    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
-    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
-    (16, 'job_running', 'a worker is extracting it now')
-$$;
-
-comment on function memory_private.waiting_reasons() is
-  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
-  'each with what it means.';
-
 create or replace function memory_private.waiting_status_of(p_workspace_id text)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
@@ -5428,48 +5973,20 @@ create or replace function memory_private.waiting_status_of(p_workspace_id text)
   language plpgsql stable
   as $$
 #variable_conflict use_column
-declare
-  v_now timestamptz := memory_private.operator_now();
 begin
   return query
-  with classified as (
-    select cv.messages, cv.last_activity,
-           case
-             when cv.workspace_paused then 'workspace_paused'
-             when not cv.recall_enabled then 'recall_off'
-             when not cv.bot_active then 'bot_inactive'
-             when cv.status = 'failed' then 'request_failed'
-             when cv.status <> 'succeeded' then 'request_not_finished'
-             when cv.users = 0 then 'no_user_message'
-             when cv.assistants = 0 then 'no_assistant_message'
-             when cv.idle_until > v_now then 'idle_window'
-             when cv.job_status is not null and not cv.job_holds then 'next_batch'
-             when cv.job_status = 'running' then 'job_running'
-             when cv.job_status = 'pending'
-                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
-               then 'no_budget'
-             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
-               then 'not_priced'
-             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
-               then 'job_backoff'
-             when cv.job_status = 'pending' then 'job_due'
-             when cv.stopped_holds then 'job_stopped'
-             else 'awaiting_maintenance'
-           end as reason,
-           cv.idle_until, cv.job_next_attempt_at
-      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
-  )
-  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
+  select p_workspace_id, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
          -- when the earliest of them moves on by itself: the idle window's end, the job's
          -- next attempt
-         min(case k.reason when 'idle_window' then k.idle_until
-                           when 'no_budget' then k.job_next_attempt_at
-                           when 'not_priced' then k.job_next_attempt_at
-                           when 'job_backoff' then k.job_next_attempt_at end),
-         rs.explanation
-    from classified k
-    join memory_private.waiting_reasons() rs on rs.reason = k.reason
-   group by k.reason, rs.rank, rs.explanation
+         min(v.next_change_at), rs.explanation
+    from memory_private.extraction_verdict(
+           p_workspace_id,
+           array(select s.scope_id from memory_private.scopes s
+                  where s.workspace_id = p_workspace_id),
+           memory_private.operator_now()) v
+    join memory_private.waiting_reasons rs
+      on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
+   group by rs.reason, rs.rank, rs.explanation
    order by rs.rank;
 end
 $$;
@@ -5503,10 +6020,12 @@ create or replace view memory.waiting_status as select * from memory_private.ope
 
 comment on view memory.waiting_status is
   'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the first reason that '
-  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
-  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
-  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
+  '(interactive requests) with messages not yet extracted, counted by the reason the '
+  'scheduling verdict gives them (memory_private.waiting_reasons, in their order: '
+  'workspace_paused, recall_off, bot_inactive, request_not_finished, request_failed, '
+  'no_user_message, no_assistant_message, idle_window, job_running, no_budget, not_priced, '
+  'job_backoff, job_due, next_batch, job_stopped, awaiting_maintenance: none, the next tick '
+  'schedules it), their '
   'messages, the oldest last activity, when the earliest of them moves on by itself '
   '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
   'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
@@ -5548,7 +6067,7 @@ begin
   select * from (
     select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
            memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
+           j.claims, memory_private.calls_left(j.claims) as claims_left,
            case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
            j.worker_id, j.lease_expires_at,
            j.checkpoint is not null as has_checkpoint,
@@ -5646,7 +6165,8 @@ begin
   select q.workspace_id, q.request_id, q.status as request_status,
          q.model_provider, q.model_id,
          q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
+         (select b.request_left from memory_private.budget_left(q.workspace_id, q.request_id) b)
+           as budget_left_usd,
          count(*) as attempts,
          count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
          coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
@@ -5719,7 +6239,7 @@ declare
   v_now timestamptz := memory_private.clock_now();
   v_new bigint;
   v_ws memory_private.workspaces;
-  v_request memory_private.requests;
+  v_budget record;
 begin
   perform memory_private.require_workspace(p_workspace_id);
   if p_job_id is null then
@@ -5760,20 +6280,16 @@ begin
          updated_at = v_now
    where workspace_id = p_workspace_id and job_id = p_job_id;
 
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  select * into v_budget
+    from memory_private.budget_left(p_workspace_id, v_job.origin_request_id);
   return jsonb_build_object(
     'job_id', p_job_id,
     'retried_as_job_id', v_new,
     'status', 'pending',
     'next_attempt_at', v_now,
     'workspace_paused', v_ws.paused,
-    'request_budget_left_usd',
-      v_request.budget_usd - v_request.spent_usd
-      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
-    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
-      - (select memory_spent_usd from memory_private.workspace_memory
-          where workspace_id = p_workspace_id));
+    'request_budget_left_usd', v_budget.request_left,
+    'workspace_budget_left_usd', v_budget.workspace_left);
 end
 $$;
 
@@ -5868,17 +6384,17 @@ begin
            'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
            'retain_until', m.retain_until, 'removed_at', m.removed_at,
            'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-           'tombstoned', t.message_id is not null,
+           'tombstoned', t.tombstoned,
            'state', coalesce(memory_private.dependency_state(
                       m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                      d.content_hash, t.message_id is not null, p_now), 'current'))
+                      d.content_hash, t.tombstoned, p_now), 'current'))
          order by d.message_id), '[]')
     from memory_private.record_dependencies d
     join memory_private.messages m
       on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-    left join memory_private.tombstones t
-      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
-     and t.message_id = d.message_id
+   cross join lateral (
+     select exists (select from memory_private.tombstone(d.workspace_id, p_scope_id,
+                                                         d.message_id)) as tombstoned) t
    where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
 end
 $$;
@@ -5948,7 +6464,10 @@ begin
       'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
       'repositories', to_jsonb(v_record.repositories),
       'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
-      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
+      'in_index', exists (select from memory_private.scope_indexes i
+                           where i.workspace_id = p_workspace_id
+                             and i.scope_id = v_scope.scope_id
+                             and v_record.record_id = any(i.record_ids))),
     'scope', jsonb_build_object(
       'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,
@@ -6334,6 +6853,10 @@ revoke all on function memory.tool_definitions() from public;
 
 grant execute on function memory.tool_definitions() to memory_backend;
 
+revoke all on function memory.answer_retention_boundary(text, text) from public;
+
+grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
+
 revoke all on function memory.member_memories(text, text), memory.erase_member(text, text)
   from public;
 
@@ -6435,13 +6958,21 @@ alter table memory_private.request_recall
   add constraint request_recall_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text))),
   drop constraint request_recall_record_ids_check,
   add constraint request_recall_record_ids_check check ((cardinality(record_ids) <= memory_private.policy_limit('index_ids'::text)));
-alter table memory_private.scopes
-  drop constraint scopes_index_candidate_ids_check,
-  add constraint scopes_index_candidate_ids_check check ((cardinality(index_candidate_ids) <= memory_private.policy_limit('candidates'::text))),
-  drop constraint scopes_index_record_ids_check,
-  add constraint scopes_index_record_ids_check check ((cardinality(index_record_ids) <= memory_private.policy_limit('index_ids'::text))),
-  drop constraint scopes_index_text_check,
-  add constraint scopes_index_text_check check ((octet_length(index_text) <= memory_private.policy_limit('index_bytes'::text)));
+
+-- Where a message id is kept inside an array or a job input, an index on its keys (the
+-- workspace and the id: memory_private.message_keys) finds the rows that name it: erasing a
+-- message reads what names it, not the workspace's history.
+create index jobs_sources_idx on memory_private.jobs
+  using gin (memory_private.job_source_keys(workspace_id, input));
+create index request_recall_dependencies_idx on memory_private.request_recall
+  using gin (memory_private.message_keys(workspace_id, dependency_ids));
+create index request_recall_basis_idx on memory_private.request_recall
+  using gin (basis_record_ids);
+create index tool_calls_dependencies_idx on memory_private.tool_calls
+  using gin (memory_private.message_keys(workspace_id, dependency_ids))
+  where tool = 'query_memories';
+create index tool_calls_records_idx on memory_private.tool_calls using gin (record_ids)
+  where tool = 'query_memories';
 
 -- What the searches read of the records, derived by the function that keeps it.
 select memory_private.index_records(r.workspace_id, array_agg(r.record_id), true)

@@ -1,12 +1,12 @@
 -- The shape every part of the schema must keep: tenancy keys, grants, comments, pinned paths.
 -- Reference tables (global configuration, no tenant data; Citus reference tables, see
--- docs/scaling.md) are listed by name: clock, redaction_patterns, invalid_reasons.
+-- docs/scaling.md) are listed by name: clock, redaction_patterns, invalid_reasons, waiting_reasons.
 begin;
 select plan(10);
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
-   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname not in ('clock', 'redaction_patterns', 'invalid_reasons')
+   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname not in ('clock', 'redaction_patterns', 'invalid_reasons', 'waiting_reasons')
      and (select a.attname from pg_constraint con
             join pg_attribute a on a.attrelid = con.conrelid and a.attnum = con.conkey[1]
            where con.conrelid = c.oid and con.contype = 'p') is distinct from 'workspace_id'

@@ -12,7 +12,7 @@ $$, 'every public function but the worker''s cross-workspace pick and the two co
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
-   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname not in ('clock', 'redaction_patterns', 'invalid_reasons')
+   where n.nspname = 'memory_private' and c.relkind = 'r' and c.relname not in ('clock', 'redaction_patterns', 'invalid_reasons', 'waiting_reasons')
      and not exists (select 1 from pg_constraint con
                       where con.conrelid = c.oid and con.contype = 'f')
      and c.relname <> 'workspaces'

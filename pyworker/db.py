@@ -84,12 +84,15 @@ class Database:
 
     def run_maintenance(self, workspace_id: str | None = None,
                         budget_seconds: float = 30.0) -> dict[str, Any]:
-        """Maintenance for one workspace, or for every workspace one at a time (each its
+        """Maintenance for one workspace, or for every due workspace one at a time (each its
         own short transaction, so no workspace lock is held across workspaces), until all were
-        visited or ``budget_seconds`` have passed. Returns the summed counts."""
+        visited or ``budget_seconds`` have passed. Returns the summed counts, and under
+        ``maintained`` the workspaces it visited."""
         if workspace_id is not None:
-            return self.call("run_maintenance", workspace_id) or {}
+            counts = self.call("run_maintenance", workspace_id) or {}
+            return {**counts, "maintained": [workspace_id]}
         total: dict[str, Any] = {"workspaces": 0}
+        maintained: list[str] = []
         deadline = time.monotonic() + budget_seconds
         after: str | None = None
         while time.monotonic() < deadline:
@@ -97,11 +100,12 @@ class Database:
             if not counts:
                 break
             after = counts["workspace_id"]
+            maintained.append(str(after))
             total["workspaces"] += 1
             for key, value in counts.items():
                 if isinstance(value, (int, float)):
                     total[key] = total.get(key, 0) + value
-        return total
+        return {**total, "maintained": maintained}
 
     def claim_job(self, worker_id: str) -> dict[str, Any] | None:
         return self.call("claim_job", worker_id)  # type: ignore[no-any-return]

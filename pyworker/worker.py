@@ -71,6 +71,8 @@ class Worker:
         self._walked_at: float | None = None  # when maintenance last walked the due workspaces
         self._touched: str | None = None  # the workspace of the last job handled
         self._backlog = False  # the last walk left expired text for the next one
+        # The workspaces maintained since the last no_work report: what it reads.
+        self._maintained: set[str] = set()
 
     def maintain(self) -> dict[str, Any]:
         """Walks the due workspaces once per ``interval``, and again at once while the
@@ -83,18 +85,24 @@ class Worker:
         if self.config.workspace_id is not None:
             counts = self.db.run_maintenance(self.config.workspace_id)
             self._backlog = bool(counts.get("sweep_backlog"))
-            return counts
+            return self._note_maintained(counts)
         now = time.monotonic()
         if self._walked_at is None or backlog or now - self._walked_at >= self.config.interval:
             counts = self.db.run_maintenance(None)
             self._walked_at, self._touched = now, None
             self._backlog = bool(counts.get("sweep_backlog"))
-            return counts
+            return self._note_maintained(counts)
         if self._touched is not None:
             counts = self.db.run_maintenance(self._touched)
             self._touched = None  # only once it ran: a lost connection tries again
-            return counts
+            return self._note_maintained(counts)
         return {}
+
+    def _note_maintained(self, counts: dict[str, Any]) -> dict[str, Any]:
+        """Keeps the workspaces a tick visited (what the next ``no_work`` report reads) and
+        answers the counts alone."""
+        self._maintained.update(counts.pop("maintained", None) or ())
+        return counts
 
     def _log(self, name: str, level: int = logging.INFO, **fields: Any) -> None:
         event(name, level, worker_id=self.config.worker_id, adapter=self.adapter.name, **fields)
@@ -177,11 +185,16 @@ class Worker:
 
     def report_waiting(self) -> dict[str, int]:
         """Logs ``no_work`` with what waits to become a memory, by reason, as the database
-        counts it (``memory.waiting_status``), and when the earliest of it moves on by itself.
-        Informational: a database that cannot answer (an older schema, a lost connection)
-        only leaves the counts out."""
+        counts it (``memory.waiting_status``, the scheduler's own verdict), and when the
+        earliest of it moves on by itself: in the workspaces maintained since the last report
+        (a change or a foreseen event made them due), one at a time, so an idle worker reads
+        no workspace that nothing touched. Informational: a database that cannot answer (an
+        older schema, a lost connection) only leaves the counts out."""
+        workspaces, self._maintained = sorted(self._maintained), set()
+        rows: list[dict[str, Any]] = []
         try:
-            rows = self.db.waiting(self.config.workspace_id)
+            for workspace_id in workspaces:
+                rows += self.db.waiting(workspace_id)
         except (DatabaseUnavailable, errors.MemoryError_, psycopg.Error) as exc:
             self._log("no_work", waiting_unknown=_bounded(exc))
             return {}
@@ -190,7 +203,8 @@ class Worker:
             waiting[row["reason"]] = waiting.get(row["reason"], 0) + int(row["conversations"])
         next_change = min((r["next_change_at"] for r in rows if r["next_change_at"]),
                           default=None)
-        self._log("no_work", waiting=waiting, next_change_at=next_change)
+        self._log("no_work", workspaces=len(workspaces), waiting=waiting,
+                  next_change_at=next_change)
         return waiting
 
     def tick(self) -> TickResult:

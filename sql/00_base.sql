@@ -114,8 +114,11 @@ create type memory_private.policy_values as (
   fuzzy_words integer,         -- query words the fuzzy stage compares
   fuzzy_neighbours integer,    -- scope words a fuzzy query word is compared with, on each side
   -- jobs, continued
-  batch_messages integer       -- P4: the most messages one extraction batch holds (what a
+  batch_messages integer,      -- P4: the most messages one extraction batch holds (what a
                                -- record may depend on, bounded however short the messages)
+  -- maintenance
+  analyze_after integer        -- a tick that finds this many conversations changed (a bulk
+                               -- import) refreshes the planner's statistics of their tables
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -155,7 +158,8 @@ create function memory_private.policy() returns memory_private.policy_values
     32,                     -- query_terms
     8,                      -- fuzzy_words
     16,                     -- fuzzy_neighbours
-    200                     -- batch_messages
+    200,                    -- batch_messages
+    1000                    -- analyze_after
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
@@ -164,7 +168,8 @@ comment on function memory_private.policy() is
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; a batch of at most 24,000 bytes and 200 messages, shown with no earlier '
   'memory (docs/retention.md: what that choice measured); the bounds of one search (32 query '
-  'terms, 8 fuzzy words, 16 neighbours a side). Immutable: changing one is a migration.';
+  'terms, 8 fuzzy words, 16 neighbours a side); the statistics a tick refreshes after 1,000 '
+  'changed conversations. Immutable: changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor
 -- rather than as `(memory_private.policy()).name`: a field of the composite type makes the

@@ -37,15 +37,13 @@ comment on table memory_private.workspaces is
 create table memory_private.workspace_memory (
   workspace_id text primary key references memory_private.workspaces on delete cascade,
   memory_spent_usd numeric(14, 6) not null default 0 check (memory_spent_usd >= 0),
-  maintained_at timestamptz,
-  idle_window_seen interval
+  maintained_at timestamptz
 );
 comment on table memory_private.workspace_memory is
   'What the memory writes per workspace, apart from the backend''s row: the row every memory '
   'write locks (memory_private.lock_workspace), memory_spent_usd (the sum of the workspace''s '
-  'request_charges, kept as a running total for exact budget checks), maintained_at (when '
-  'maintenance last ran for it) and idle_window_seen (the idle window its last tick planned '
-  'the conversations'' idle ends with). Created with the workspace by a trigger.';
+  'request_charges, kept as a running total for exact budget checks) and maintained_at (when '
+  'maintenance last ran for it). Created with the workspace by a trigger.';
 
 create function memory_private.workspaces_add_memory_row() returns trigger
   language plpgsql
@@ -65,16 +63,16 @@ create trigger workspaces_add_memory_row after insert on memory_private.workspac
 
 -- When a workspace next needs maintenance (70_maintenance.sql). A pass visits only the
 -- workspaces with a row due here (and those with an expired lease), so its cost follows what
--- changed, not how many workspaces exist. Rows are only ever inserted by what changes a
--- workspace (ingest, memory writes, a job leaving 'running') and by a tick for the next
--- time-based event it foresees, and deleted by the tick that consumes them: ingest never
--- updates a row another transaction may hold, so it never waits on maintenance (P16), which is
--- why this is not a column of workspace_memory.
+-- changed, not how many workspaces exist. A change inserts a row (ingest, memory writes, a job
+-- leaving 'running'), and only ever inserts: ingest never updates a row another transaction
+-- may hold, so it never waits on maintenance (P16), which is why this is not a column of
+-- workspace_memory. A tick deletes the rows it consumes, and keeps the events it foresees as
+-- rows of its own (foreseen): one per conversation for its idle end, one for the workspace's
+-- next time-based event, each moved by the next plan instead of added to.
 create table memory_private.maintenance_due (
   workspace_id text not null references memory_private.workspaces on delete cascade,
   due_at timestamptz not null,
   due_id bigint generated always as identity,
-  idle_at timestamptz,
   request_id text,
   scope_id bigint,
   foreseen boolean not null default false,
@@ -82,46 +80,41 @@ create table memory_private.maintenance_due (
 );
 comment on table memory_private.maintenance_due is
   'When each workspace next needs a maintenance tick: due_at (now for a change; a later time '
-  'for an event a tick foresaw: a message''s retention end, a record''s pruning horizon, a '
-  'conversation''s idle window ending). idle_at: the idle end of a conversation a change just '
-  'touched, which the tick consuming the row keeps as a row of its own. request_id, scope_id: '
-  'what the change was confined to (a new message or request, a scope''s job or tool call), '
-  'so that the tick derives only the extraction inputs it may have changed; both NULL: '
-  'anything in the workspace may have changed, unless foreseen (a time-based event a tick '
-  'planned: what it changes, the tick''s own steps find). Duplicates are harmless; a row is '
-  'deleted by the tick that runs at or after due_at.';
+  'for an event a tick foresaw: a conversation''s idle window ending, a message''s retention '
+  'end, a record''s pruning horizon). request_id, scope_id: what the change was confined to (a '
+  'request or its message, a scope''s job, tool call or records), so that the tick derives '
+  'only the scopes it may have changed; both NULL: anything in the workspace may have changed, '
+  'unless foreseen (a time-based event a tick planned: what it changes, the tick''s own steps '
+  'find). A foreseen row with a request is that conversation''s idle end (one per request); '
+  'without, the workspace''s next event (one per workspace). A row is deleted by the tick that '
+  'runs at or after due_at.';
 create index maintenance_due_at_idx on memory_private.maintenance_due (due_at);
+create unique index maintenance_due_idle_key on memory_private.maintenance_due
+  (workspace_id, request_id) where foreseen and request_id is not null;
+create unique index maintenance_due_next_key on memory_private.maintenance_due (workspace_id)
+  where foreseen and request_id is null;
 
 create function memory_private.note_change(
-  p_workspace_id text, p_outcome text, p_conversation boolean default false,
-  p_request_id text default null, p_scope_id bigint default null
+  p_workspace_id text, p_outcome text, p_request_id text default null,
+  p_scope_id bigint default null
 ) returns text
   language plpgsql volatile
   as $$
-declare
-  v_now timestamptz := memory_private.clock_now();
-  v_idle_at timestamptz;
 begin
   -- Always a new row, never a lookup of an existing one: a row seen here could be consumed by
   -- a tick that started before this transaction commits, and the change would be missed.
   if p_outcome in ('inserted', 'updated') then
-    if p_conversation and p_request_id is not null then
-      select v_now + idle_window into v_idle_at from memory_private.workspaces
-       where workspace_id = p_workspace_id;
-    end if;
-    insert into memory_private.maintenance_due
-      (workspace_id, due_at, idle_at, request_id, scope_id)
-    values (p_workspace_id, v_now, v_idle_at, p_request_id, p_scope_id);
+    insert into memory_private.maintenance_due (workspace_id, due_at, request_id, scope_id)
+    values (p_workspace_id, memory_private.clock_now(), p_request_id, p_scope_id);
   end if;
   return p_outcome;
 end
 $$;
-comment on function memory_private.note_change(text, text, boolean, text, bigint) is
+comment on function memory_private.note_change(text, text, text, bigint) is
   'Makes a workspace due for maintenance now when p_outcome says something changed (inserted, '
-  'updated), and, for a change to a conversation (p_conversation, with its request: a request '
-  'or a message), again when the workspace''s idle window after it ends. p_request_id or p_scope_id: the change touched only '
-  'that request (a new message or request) or scope; neither: anything may have changed. '
-  'Returns p_outcome, so an upsert can return through it.';
+  'updated). p_request_id or p_scope_id: the change touched only that request (a request, its '
+  'message: its conversation, whose idle end the tick then plans) or scope; neither: anything '
+  'may have changed. Returns p_outcome, so an upsert can return through it.';
 
 create table memory_private.members (
   workspace_id text not null references memory_private.workspaces on delete cascade,
@@ -207,8 +200,13 @@ comment on table memory_private.requests is
   'request_charges (memory_private.request_memory_spent): charging never updates this row, '
   'which the backend upserts.';
 
+-- A scope's conversations (memory_private.extraction_candidates). Partial: a lookup of one
+-- request by its id (upsert_request, known_request) can only take the primary key, whatever
+-- the planner believes of the table's size (a generic plan made while a workspace was small
+-- read all of its requests through this index for each lookup after a bulk import).
 create index requests_scope_idx
-  on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id);
+  on memory_private.requests (workspace_id, bot_id, chat_id, topic_id, user_id)
+  where kind = 'interactive';
 
 create table memory_private.messages (
   workspace_id text not null,
@@ -260,6 +258,22 @@ create index messages_retention_idx on memory_private.messages (workspace_id, re
   where body is not null and retain_until is not null;
 create index messages_scrub_idx on memory_private.messages (workspace_id)
   where scrub_pending;
+
+-- Where a message's id is kept inside an array or a job input, an index on its keys finds the
+-- rows that name it, so that erasing a message reads what names it, not a workspace's history
+-- (request_recall, tool_calls, jobs: 50_recall.sql, 40_jobs.sql; the sweep, 60_retention.sql).
+create function memory_private.message_keys(p_workspace_id text, p_message_ids text[])
+  returns text[]
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  -- The workspace and the id, apart by a newline, which no identifier holds (check_id).
+  return array(select p_workspace_id || e'\n' || x from unnest(p_message_ids) as x);
+end
+$$;
+comment on function memory_private.message_keys(text, text[]) is
+  'Each message id of p_message_ids keyed with its workspace: what the indexes on the message '
+  'ids rows name are built on (ids repeat across workspaces; a key does not).';
 
 -- Internal: the statement result of an upsert, as the API reports it.
 create function memory_private.upsert_outcome(p_inserted boolean) returns text
@@ -641,7 +655,7 @@ begin
             case when p_status in ('succeeded', 'failed') then v_now end)
     on conflict (workspace_id, request_id) do nothing;
     if found then  -- a new interactive request has its scope (trigger requests_scope)
-      return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
+      return memory_private.note_change(p_workspace_id, 'inserted', p_request_id);
     end if;
   end loop;
   if (v_old.bot_id, v_old.chat_id, v_old.topic_id, v_old.user_id, v_old.kind)
@@ -662,7 +676,7 @@ begin
                            coalesce(p_thread_id, p_request_id));
   return memory_private.note_change(p_workspace_id,
                                     case when found then 'updated' else 'unchanged' end,
-                                    true, p_request_id);
+                                    p_request_id);
 end
 $$;
 comment on function memory.upsert_request(text, text, text, text, bigint, text, text, text, text,
@@ -704,7 +718,7 @@ begin
    where r.workspace_id = p_workspace_id and r.request_id = p_request_id
      and (r.status, r.spent_usd) is distinct from (p_status, coalesce(p_spent_usd, r.spent_usd));
   return memory_private.note_change(p_workspace_id,
-                                    case when found then 'updated' else 'unchanged' end, true,
+                                    case when found then 'updated' else 'unchanged' end,
                                     p_request_id);
 end
 $$;
@@ -775,7 +789,7 @@ begin
            scrub_pending = true
      where workspace_id = p_workspace_id and message_id = p_message_id and removed_at is null;
     return memory_private.note_change(p_workspace_id,
-                                      case when found then 'updated' else 'unchanged' end, true,
+                                      case when found then 'updated' else 'unchanged' end,
                                       v_old.request_id);
   end if;
   if v_old.message_id is not null then
@@ -798,7 +812,7 @@ begin
      where workspace_id = p_workspace_id and message_id = p_message_id;
     -- An edit changes its conversation (extracted again once idle) and what records anywhere
     -- rest on (the tick's sweep finds those).
-    return memory_private.note_change(p_workspace_id, 'updated', true, p_request_id);
+    return memory_private.note_change(p_workspace_id, 'updated', p_request_id);
   end if;
 
   insert into memory_private.messages
@@ -808,7 +822,7 @@ begin
           p_directed, p_retain_until, v_repos, v_now);
   -- A new message changes its own request's conversation only; an edit or a removal may
   -- change what records anywhere rest on.
-  return memory_private.note_change(p_workspace_id, 'inserted', true, p_request_id);
+  return memory_private.note_change(p_workspace_id, 'inserted', p_request_id);
 end
 $$;
 comment on function memory.upsert_message(text, text, text, text, text, text, boolean,
@@ -835,7 +849,7 @@ begin
   if found then
     -- Its conversation changed (what is left of it is extracted again once idle); what records
     -- anywhere rest on it, the tick's sweep finds.
-    return memory_private.note_change(p_workspace_id, 'updated', true, v_request);
+    return memory_private.note_change(p_workspace_id, 'updated', v_request);
   end if;
   if not exists (select 1 from memory_private.messages
                   where workspace_id = p_workspace_id and message_id = p_message_id) then

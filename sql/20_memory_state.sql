@@ -23,40 +23,23 @@ create table memory_private.scopes (
   user_id text,
   topic_id bigint,
   recall_enabled boolean not null default true,
-  index_text text check (octet_length(index_text) <= memory_private.policy_limit('index_bytes')),
-  index_record_ids bigint[] check (cardinality(index_record_ids) <= memory_private.policy_limit('index_ids')),
-  index_candidate_ids bigint[] check (cardinality(index_candidate_ids) <= memory_private.policy_limit('candidates')),
-  index_bot_identity text,
-  index_repositories text[],
-  index_built_at timestamptz,
   consolidation_due_at timestamptz,
   created_at timestamptz not null,
   primary key (workspace_id, scope_id),
   foreign key (workspace_id, bot_id) references memory_private.bots on delete cascade,
   foreign key (workspace_id, chat_id) references memory_private.chats on delete cascade,
   check ((kind = 'private' and user_id is not null and topic_id is null)
-      or (kind = 'shared' and user_id is null and topic_id is not null)),
-  check ((index_text is null) = (index_record_ids is null)),
-  check ((index_text is null) = (index_candidate_ids is null)),
-  check ((index_text is null) = (index_bot_identity is null)),
-  check ((index_text is null) = (index_repositories is null)),
-  check (index_record_ids <@ index_candidate_ids)
+      or (kind = 'shared' and user_id is null and topic_id is not null))
 );
 comment on table memory_private.scopes is
   'Memory scopes: private (bot, private chat, user) or shared (bot, group, topic). Carries recall '
-  'on/off, the consolidated index (<= 4,500 bytes, <= 12 record ids, and the <= 48 candidates '
-  'it was built from) and whether a consolidation is due.';
-comment on column memory_private.scopes.index_candidate_ids is
-  'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
-  'of them, so the index depends on all of them: a reader gets it only while every candidate is '
-  'valid for that reader, and deleting any candidate drops it.';
-comment on column memory_private.scopes.index_bot_identity is
-  'The bot identity every candidate of the index was made under.';
-comment on column memory_private.scopes.index_repositories is
-  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
+  'on/off and whether a consolidation is due; the scope''s index is its row of scope_indexes.';
 comment on column memory_private.scopes.consolidation_due_at is
   'Set when the index no longer reflects the records (an extraction, a note, a prune, a '
   'forget); NULL when the index is current.';
+-- The scopes whose index is due, read by every tick (memory_private.schedule_jobs).
+create index scopes_consolidation_due_idx on memory_private.scopes (workspace_id, scope_id)
+  where consolidation_due_at is not null;
 
 create unique index scopes_private_key on memory_private.scopes (workspace_id, bot_id, chat_id, user_id)
   where kind = 'private';
@@ -450,19 +433,66 @@ comment on table memory_private.tombstones is
   'Content-free marks of forgotten sources. While the original message is retained, no record '
   'of the scope may depend on it and extraction never takes it again (T8).';
 
+create function memory_private.tombstone(
+  p_workspace_id text, p_scope_id bigint, p_message_id text
+) returns setof memory_private.tombstones
+  language sql stable
+  as $$
+  -- Inlined (no SET clause) wherever it is asked: exists (select from tombstone(...)).
+  select t.* from memory_private.tombstones t
+   where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
+     and t.message_id = p_message_id
+$$;
+comment on function memory_private.tombstone(text, bigint, text) is
+  'The tombstone of a message in a scope, if it was forgotten there (T8): no row, none. The '
+  'one place "tombstoned" is asked (validity, extraction, a job''s staleness, a note, '
+  'explain_record).';
+
+-- A scope's consolidated index: a row while there is one, dropped by deleting the row (its
+-- dependencies go with it).
+create table memory_private.scope_indexes (
+  workspace_id text not null,
+  scope_id bigint not null,
+  index_text text not null
+    check (octet_length(index_text) <= memory_private.policy_limit('index_bytes')),
+  record_ids bigint[] not null
+    check (cardinality(record_ids) <= memory_private.policy_limit('index_ids')),
+  candidate_ids bigint[] not null
+    check (cardinality(candidate_ids) <= memory_private.policy_limit('candidates')),
+  bot_identity text not null,
+  repositories text[] not null,
+  built_at timestamptz not null,
+  primary key (workspace_id, scope_id),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  check (record_ids <@ candidate_ids)
+);
+comment on table memory_private.scope_indexes is
+  'The consolidated index of a scope (<= 4,500 bytes, naming <= 12 records) and what it was '
+  'built from: the <= 48 candidates the model saw, the bot identity they were made under, the '
+  'repositories they drew on, when. Dropping the index is deleting its row; its '
+  'index_dependencies go with it.';
+comment on column memory_private.scope_indexes.candidate_ids is
+  'Every record the consolidation model saw when it wrote index_text. The text may speak of any '
+  'of them, so the index depends on all of them: a reader gets it only while every candidate is '
+  'valid for that reader, and deleting any candidate drops it.';
+comment on column memory_private.scope_indexes.bot_identity is
+  'The bot identity every candidate of the index was made under.';
+comment on column memory_private.scope_indexes.repositories is
+  'Every repository a candidate of the index drew on: a reader needs a grant for each.';
+
 create table memory_private.index_dependencies (
   workspace_id text not null,
   scope_id bigint not null,
   message_id text not null,
   content_hash text not null,
   primary key (workspace_id, scope_id, message_id),
-  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade,
+  foreign key (workspace_id, scope_id) references memory_private.scope_indexes on delete cascade,
   foreign key (workspace_id, message_id) references memory_private.messages on delete cascade
 );
 comment on table memory_private.index_dependencies is
   'The dependencies of every candidate of a scope''s index, once each, with the content hash the '
   'candidate kept: what memory_private.index_holds checks so that a recall validates the index '
-  'with one look at each message. Written with the index, dropped with it.';
+  'with one look at each message. Written with the index, deleted with its row.';
 
 create function memory_private.line_citations(p_summary text, p_ids text[])
   returns table (line_no integer, message_id text)
@@ -643,6 +673,35 @@ comment on function memory_private.is_retained(boolean, timestamptz, timestamptz
   'Whether a message is retained at p_now: its text is still there (not removed or erased) and '
   'its retention has not ended. The retention rule, for every reader of it (T1, T6).';
 
+create function memory_private.retention_ends(p_workspace_id text)
+  returns table (message_id text, request_id text, retain_until timestamptz)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause): read from messages_retention_idx, earliest first when the caller
+  -- orders by retain_until; whether one is still retained is memory_private.is_retained.
+  select m.message_id, m.request_id, m.retain_until from memory_private.messages m
+   where m.workspace_id = p_workspace_id and m.body is not null
+     and m.retain_until is not null
+$$;
+comment on function memory_private.retention_ends(text) is
+  'The workspace''s messages that still have their text and a retention end, with it: what '
+  'the retention sweep erases once memory_private.is_retained says so (T6), and where the next '
+  'retention end comes from (memory_private.next_maintenance_at).';
+
+create function memory_private.prune_at(p_last_used_at timestamptz, p_created_at timestamptz)
+  returns timestamptz
+  language sql immutable parallel safe
+  as $$
+  -- A record unused for strictly longer than unused_days is pruned (T5).
+  select coalesce(p_last_used_at, p_created_at)
+         + make_interval(days => (memory_private.policy()).unused_days)
+         + interval '1 microsecond'
+$$;
+comment on function memory_private.prune_at(timestamptz, timestamptz) is
+  'When a record used last at p_last_used_at (never: made at p_created_at) is pruned for being '
+  'unused (T5): the pruning horizon, for the sweep (prune_records) and the tick that plans it '
+  '(next_maintenance_at).';
+
 create function memory_private.dependency_state(
   p_removed_at timestamptz, p_has_text boolean, p_retain_until timestamptz,
   p_current_hash text, p_recorded_hash text, p_tombstoned boolean, p_now timestamptz
@@ -750,14 +809,14 @@ create function memory_private.own_reasons(
      select m.removed_at, m.content_hash, m.retain_until from memory_private.messages m
       where m.workspace_id = p_workspace_id and m.message_id = d.message_id
      offset 0) m
-    left join memory_private.tombstones t
-      on t.workspace_id = p_workspace_id and t.scope_id = p_scope_id
-     and t.message_id = d.message_id
    cross join lateral (
      -- content_hash, not body: NULL exactly when the text is gone, and in messages_state_idx
      select memory_private.dependency_state(
               m.removed_at, m.content_hash is not null, m.retain_until, m.content_hash,
-              d.content_hash, t.message_id is not null, p_now) as state) x
+              d.content_hash,
+              exists (select from memory_private.tombstone(p_workspace_id, p_scope_id,
+                                                           d.message_id)),
+              p_now) as state) x
    where x.state is not null
 $$;
 comment on function memory_private.own_reasons(text, bigint, text, text, text[], text[],
@@ -880,6 +939,7 @@ create function memory_private.index_holds(
   language plpgsql stable
   as $$
 declare
+  v_index memory_private.scope_indexes;
   v_scope memory_private.scopes;
   v_reader text;
   v_now timestamptz := memory_private.clock_now();
@@ -889,23 +949,20 @@ begin
   -- what invalid_records would say of each candidate, without reading them one by one. A test
   -- keeps the two equal for every reason (tests/test_provenance.py,
   -- test_index_holds_exactly_when_every_candidate_is_valid_for_the_reader).
-  select * into v_scope from memory_private.scopes
+  select * into v_index from memory_private.scope_indexes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if not found or v_scope.index_text is null then
+  if not found then
     return false;
   end if;
+  select * into v_scope from memory_private.scopes
+   where workspace_id = p_workspace_id and scope_id = p_scope_id;
   v_reader := coalesce(v_scope.user_id, p_requester);
   return memory_private.scope_reason(p_workspace_id, p_scope_id, p_requester) is null
      and (select b.identity from memory_private.bots b
            where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
-         = v_scope.index_bot_identity
+         = v_index.bot_identity
      and not exists (select 1 from memory_private.missing_grants(p_workspace_id, v_reader,
-                                                                 v_scope.index_repositories))
-     and not exists (select 1 from memory_private.tombstones t
-                      join memory_private.index_dependencies d
-                        on d.workspace_id = t.workspace_id and d.scope_id = t.scope_id
-                       and d.message_id = t.message_id
-                     where t.workspace_id = p_workspace_id and t.scope_id = p_scope_id)
+                                                                 v_index.repositories))
      and not exists (select 1 from memory_private.index_dependencies d
                       join memory_private.messages m
                         on m.workspace_id = d.workspace_id and m.message_id = d.message_id
@@ -913,7 +970,10 @@ begin
                        -- content_hash is not null: the text is there (messages_state_idx)
                        and memory_private.dependency_state(m.removed_at,
                              m.content_hash is not null, m.retain_until, m.content_hash,
-                             d.content_hash, false, v_now)
+                             d.content_hash,
+                             exists (select from memory_private.tombstone(
+                                                   p_workspace_id, p_scope_id, d.message_id)),
+                             v_now)
                            is not null);
 end
 $$;

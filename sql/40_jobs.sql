@@ -113,6 +113,42 @@ create index jobs_claimable_idx on memory_private.jobs (next_attempt_at, workspa
 create index jobs_input_idx on memory_private.jobs (workspace_id, scope_id, phase, input_hash);
 create index jobs_origin_idx on memory_private.jobs (workspace_id, origin_request_id);
 
+create function memory_private.job_source_keys(p_workspace_id text, p_input jsonb)
+  returns text[]
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  return memory_private.message_keys(
+           p_workspace_id,
+           array(select e ->> 'id' from jsonb_array_elements(p_input -> 'sources') as e));
+end
+$$;
+comment on function memory_private.job_source_keys(text, jsonb) is
+  'The keys (memory_private.message_keys) of the messages an extraction job''s input names; '
+  'none for a consolidation.';
+
+-- The jobs whose input names a message, read when it is erased (60_retention: its hash goes
+-- from every job that kept it): what changed, not every job the workspace ever had.
+create index jobs_sources_idx on memory_private.jobs
+  using gin (memory_private.job_source_keys(workspace_id, input));
+
+-- A job's model calls: an input makes at most max_claims (P13). Asked here only.
+create function memory_private.calls_left(p_claims integer) returns integer
+  language sql immutable parallel safe
+  as $$ select (memory_private.policy()).max_claims - p_claims $$;
+comment on function memory_private.calls_left(integer) is
+  'The model calls an input that has used p_claims claims may still make (P13: three per '
+  'unchanged input); 0 or less: none.';
+
+create function memory_private.job_claimable(p_claims integer, p_checkpoint jsonb)
+  returns boolean
+  language sql immutable parallel safe
+  as $$ select memory_private.calls_left(p_claims) > 0 or p_checkpoint is not null $$;
+comment on function memory_private.job_claimable(integer, jsonb) is
+  'Whether a pending job may be claimed once due: its input has a model call left, or it holds '
+  'a checkpoint (whose commit makes none). The claim (memory.claim_job) and the scheduling '
+  'verdict ask it here.';
+
 create table memory_private.job_attempts (
   workspace_id text not null,
   job_id bigint not null,
@@ -188,6 +224,27 @@ comment on function memory_private.request_memory_spent(text, text) is
   'on the request row, so charging never updates a row the backend upserts (P16); exact, since '
   'every charge is made under the workspace''s memory lock.';
 
+create function memory_private.budget_left(p_workspace_id text, p_request_id text)
+  returns table (request_left numeric, workspace_left numeric)
+  language sql stable
+  as $$
+  -- What a model call may still spend (P17): the request's budget less what the backend spent
+  -- and what memory work charged to it; the workspace's likewise.
+  select (select q.budget_usd - q.spent_usd
+                 - memory_private.request_memory_spent(q.workspace_id, q.request_id)
+            from memory_private.requests q
+           where q.workspace_id = p_workspace_id and q.request_id = p_request_id),
+         (select w.budget_usd - w.spent_usd - m.memory_spent_usd
+            from memory_private.workspaces w
+            join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
+           where w.workspace_id = p_workspace_id)
+$$;
+comment on function memory_private.budget_left(text, text) is
+  'The dollars left (P17): of the request (budget - spent - memory charges; NULL without '
+  'p_request_id) and of the workspace (budget - spent - memory spend). What a reserve must fit '
+  '(start_attempt), what a claim shows (job_payload), what waits for budget (the scheduling '
+  'verdict) and what the operator sees.';
+
 create table memory_private.extracted_sources (
   workspace_id text not null,
   scope_id bigint not null,
@@ -207,6 +264,72 @@ comment on table memory_private.extracted_sources is
 
 create index extracted_sources_message_idx
   on memory_private.extracted_sources (workspace_id, message_id);
+
+-- Where memory work may happen, and why work waits ------------------------------------------
+-- The scheduling verdict (45_scheduling.sql: memory_private.extraction_verdict) gives every
+-- conversation not yet extracted the first reason it waits, in the order of this table, or none
+-- (the next tick schedules it); memory.waiting_status counts them. The first three are the
+-- scope gate's (memory_private.scope_gate), which the scheduler, the claim's staleness check
+-- and the verdict all ask.
+
+create table memory_private.waiting_reasons (
+  reason text primary key,
+  rank integer not null unique,
+  explanation text not null
+);
+comment on table memory_private.waiting_reasons is
+  'Why a conversation not yet extracted waits, in the order the scheduling verdict tries them '
+  '(the first that holds is the answer), each with what it means; awaiting_maintenance is the '
+  'verdict''s none: the next tick schedules it. Not per workspace.';
+
+insert into memory_private.waiting_reasons (reason, rank, explanation) values
+  ('workspace_paused', 1, 'the workspace is paused (memory.set_workspace_paused resumes it)'),
+  ('recall_off', 2, 'memory is turned off in the scope (recall disabled by a user or admin)'),
+  ('bot_inactive', 3, 'the bot is inactive'),
+  ('request_not_finished', 4, 'the request is not finished: it waits until the backend '
+                              'reports it succeeded (upsert_request, finish_request)'),
+  ('request_failed', 5, 'the request failed: only succeeded requests become memories'),
+  ('no_user_message', 6, 'the conversation has no user message'),
+  ('no_assistant_message', 7, 'the conversation has no assistant message: the backend reports '
+                              'the bot''s answer (upsert_message, role assistant)'),
+  ('idle_window', 8, 'the workspace''s idle window has not passed since the conversation''s '
+                     'last activity (next_change_at); that tick schedules it'),
+  ('job_running', 9, 'a worker is extracting it now'),
+  ('no_budget', 10, 'its extraction job waits for budget: the request''s or the workspace''s is '
+                    'spent'),
+  ('not_priced', 11, 'its extraction job waits: the worker cannot price the pinned model'),
+  ('job_backoff', 12, 'its extraction job failed and backs off until next_change_at'),
+  ('job_due', 13, 'its extraction job is due: it waits for a worker'),
+  ('next_batch', 14, 'the scope''s open job, or the batch the next one takes (the newest '
+                     'conversations up to the batch''s bytes and messages), does not hold it: it '
+                     'goes into a later batch once that job ends'),
+  ('job_stopped', 15, 'its batch''s input stopped (an unknown outcome, or its model calls used '
+                      'up) and is not replayed (memory.job_status, memory.retry_job)'),
+  ('awaiting_maintenance', 16, 'none: it qualifies, and the next maintenance tick schedules its '
+                               'extraction (or records it skipped, too large for any batch)');
+
+create function memory_private.scope_gate(p_workspace_id text, p_scope_id bigint)
+  returns table (reason text, recall_enabled boolean, bot_identity text)
+  language sql stable
+  as $$
+  -- Inlined (no SET clause). The first gate that is closed, in the order of waiting_reasons.
+  select (select r.reason from memory_private.waiting_reasons r
+           where (r.reason = 'workspace_paused' and w.paused)
+              or (r.reason = 'recall_off' and not s.recall_enabled)
+              or (r.reason = 'bot_inactive' and b.identity is null)
+           order by r.rank limit 1),
+         s.recall_enabled, b.identity
+    from memory_private.scopes s
+    join memory_private.workspaces w on w.workspace_id = s.workspace_id
+    left join memory_private.bots b
+      on b.workspace_id = s.workspace_id and b.bot_id = s.bot_id and b.active
+   where s.workspace_id = p_workspace_id and s.scope_id = p_scope_id
+$$;
+comment on function memory_private.scope_gate(text, bigint) is
+  'Whether memory work may happen in a scope now: the first closed gate (workspace_paused, '
+  'recall_off, bot_inactive) or NULL, with the scope''s recall switch and the identity of its '
+  'bot while active (NULL when inactive). A job is stale when recall is off or the identity is '
+  'not its input''s (job_stale_reason); nothing is scheduled while a gate is closed.';
 
 -- State transitions -------------------------------------------------------------------------
 
@@ -238,7 +361,7 @@ create function memory_private.jobs_note_finished_run() returns trigger
 begin
   -- What a run ends with is maintenance's to follow up: a commit's records call for a
   -- consolidation, a scope whose job was running may have newer input to schedule.
-  perform memory_private.note_change(new.workspace_id, 'updated', false, null, new.scope_id);
+  perform memory_private.note_change(new.workspace_id, 'updated', null, new.scope_id);
   return null;
 end
 $$;
@@ -288,19 +411,16 @@ create function memory_private.job_stale_reason(p_job memory_private.jobs) retur
   language plpgsql stable
   as $$
 declare
-  v_scope memory_private.scopes;
-  v_identity text;
+  v_gate record;
   v_reason text;
   v_now timestamptz := memory_private.clock_now();
 begin
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  if not v_scope.recall_enabled then
+  -- The scope gate, but for the pause: a paused workspace's jobs wait, they are not stale.
+  select * into v_gate from memory_private.scope_gate(p_job.workspace_id, p_job.scope_id);
+  if not v_gate.recall_enabled then
     return 'recall is disabled in the scope';
   end if;
-  select case when b.active then b.identity end into v_identity from memory_private.bots b
-   where b.workspace_id = v_scope.workspace_id and b.bot_id = v_scope.bot_id;
-  if v_identity is distinct from p_job.input ->> 'bot_identity' then
+  if v_gate.bot_identity is distinct from p_job.input ->> 'bot_identity' then
     return 'the bot was replaced or deactivated';
   end if;
 
@@ -316,9 +436,8 @@ begin
       from (select s.id, memory_private.dependency_state(
                            m.removed_at, m.body is not null, m.retain_until, m.content_hash,
                            s.hash,
-                           exists (select 1 from memory_private.tombstones t
-                                    where t.workspace_id = p_job.workspace_id
-                                      and t.scope_id = p_job.scope_id and t.message_id = s.id),
+                           exists (select from memory_private.tombstone(
+                                                 p_job.workspace_id, p_job.scope_id, s.id)),
                            v_now) as state
               from jsonb_to_recordset(p_job.input -> 'sources') as s(id text, hash text)
               left join memory_private.messages m
@@ -529,12 +648,15 @@ begin
         format('the model/provider configuration changed (version %s -> %s)',
                v_job.config_version, v_config));
       v_stopped := v_stopped + 1;
-      continue;
-    end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
+    else
+      v_reason := memory_private.job_stale_reason(v_job);
+      continue when v_reason is null;
       perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
       v_superseded := v_superseded + 1;
+    end if;
+    -- Its scope gets a new snapshot: noted for the tick (a job leaving running notes itself).
+    if v_job.status = 'pending' then
+      perform memory_private.note_change(p_workspace_id, 'updated', null, v_job.scope_id);
     end if;
   end loop;
   return jsonb_build_object('jobs_stopped_config_changed', v_stopped,
@@ -573,17 +695,16 @@ begin
       perform memory_private.release_job(v_job, 'pending',
         'the lease expired after the checkpoint; the next claim commits it',
         memory_private.clock_now());
-    elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
+    elsif memory_private.calls_left(v_job.claims + 1) <= 0 then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
       v_lost := v_lost + 1;
-      update memory_private.jobs set claims = (memory_private.policy()).max_claims
+      update memory_private.jobs set claims = claims + memory_private.calls_left(claims)
        where workspace_id = v_job.workspace_id and job_id = v_job.job_id
       returning * into v_job;
       perform memory_private.release_job(v_job, 'stopped', format(
         'the lease expired without a report on claim %s of %s (a worker died or hung holding '
-        'the job, perhaps on its content): not replayed', v_job.claims,
-        (memory_private.policy()).max_claims));
+        'the job, perhaps on its content): not replayed', v_job.claims, v_job.claims));
     else
       v_lost := v_lost + 1;
       update memory_private.jobs set claims = claims + 1
@@ -591,7 +712,8 @@ begin
       returning * into v_job;
       perform memory_private.release_job(v_job, 'pending', format(
         'the lease expired without a report on claim %s of %s (the claim counts)',
-        v_job.claims, (memory_private.policy()).max_claims), memory_private.clock_now());
+        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)),
+        memory_private.clock_now());
     end if;
   end loop;
   return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,

@@ -348,18 +348,13 @@ create function memory_private.job_payload(p_job memory_private.jobs) returns js
   as $$
 declare
   v_scope memory_private.scopes;
-  v_request memory_private.requests;
-  v_ws memory_private.workspaces;
-  v_workspace_spent numeric;
+  v_budget record;
   v_input jsonb;
 begin
   select * into v_scope from memory_private.scopes
    where workspace_id = p_job.workspace_id and scope_id = p_job.scope_id;
-  select * into v_request from memory_private.requests
-   where workspace_id = p_job.workspace_id and request_id = p_job.origin_request_id;
-  select * into v_ws from memory_private.workspaces where workspace_id = p_job.workspace_id;
-  select memory_spent_usd into v_workspace_spent from memory_private.workspace_memory
-   where workspace_id = p_job.workspace_id;
+  select * into v_budget
+    from memory_private.budget_left(p_job.workspace_id, p_job.origin_request_id);
 
   -- Inputs are redacted before they are serialized (P8).
   if p_job.phase = 'extract' then
@@ -414,10 +409,8 @@ begin
     -- Dollars as exact decimal strings, as the rest of the API takes them (a JSON number is a
     -- float in most clients).
     'budget', jsonb_build_object(
-       'request_left_usd', (v_request.budget_usd - v_request.spent_usd
-                            - memory_private.request_memory_spent(p_job.workspace_id,
-                                                                   p_job.origin_request_id))::text,
-       'workspace_left_usd', (v_ws.budget_usd - v_ws.spent_usd - v_workspace_spent)::text),
+       'request_left_usd', v_budget.request_left::text,
+       'workspace_left_usd', v_budget.workspace_left::text),
     'limits', memory_private.job_limits(),
     'input', v_input,
     'checkpoint', case when p_job.checkpoint is not null

@@ -43,7 +43,7 @@ begin
     select * into v_job from memory_private.jobs j
      where j.workspace_id = p_workspace_id and j.status = 'pending'
        and j.next_attempt_at <= v_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and memory_private.job_claimable(j.claims, j.checkpoint)
      order by j.next_attempt_at, j.job_id
      limit 1
        for update skip locked;
@@ -97,7 +97,7 @@ declare
       from memory_private.jobs j
       join memory_private.workspaces w on w.workspace_id = j.workspace_id
      where j.status = 'pending' and j.next_attempt_at <= p_now
-       and (j.claims < (memory_private.policy()).max_claims or j.checkpoint is not null)
+       and memory_private.job_claimable(j.claims, j.checkpoint)
        and not w.paused
        and not exists (select 1 from memory_private.jobs r
                         where r.workspace_id = j.workspace_id and r.status = 'running')
@@ -175,24 +175,17 @@ begin
     raise exception 'job % already made its attempt for this claim', p_job_id
       using errcode = 'MB025', hint = 'One model call per claim; report its outcome instead.';
   end if;
-  if v_job.claims >= (memory_private.policy()).max_claims then
+  if memory_private.calls_left(v_job.claims) <= 0 then
     raise exception 'the input of job % has made its three model calls', p_job_id
       using errcode = 'MB025', hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select budget_usd - spent_usd
-         - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id)
-    into v_request_left
-    from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  select b.request_left, b.workspace_left into v_request_left, v_workspace_left
+    from memory_private.budget_left(p_workspace_id, v_job.origin_request_id) b;
   if p_reserve_usd > v_request_left then
     raise exception 'a reserve of $% does not fit the $% left of request %', p_reserve_usd,
       greatest(v_request_left, 0), v_job.origin_request_id using errcode = 'MB024',
       hint = 'No model call is made; report fail_job(..., ''failed'', ...).';
   end if;
-  select w.budget_usd - w.spent_usd - m.memory_spent_usd into v_workspace_left
-    from memory_private.workspaces w
-    join memory_private.workspace_memory m on m.workspace_id = w.workspace_id
-   where w.workspace_id = p_workspace_id;
   if p_reserve_usd > v_workspace_left then
     raise exception 'a reserve of $% does not fit the $% left of workspace %', p_reserve_usd,
       greatest(v_workspace_left, 0), p_workspace_id using errcode = 'MB024',
@@ -375,17 +368,17 @@ begin
   -- The index text may speak of any candidate the model saw: it depends on all of them, and
   -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
   -- checks it in one pass (memory_private.index_holds).
-  update memory_private.scopes
-     set index_text = p_text, index_record_ids = p_record_ids,
-         index_candidate_ids = p_candidate_ids, index_built_at = memory_private.clock_now(),
-         index_bot_identity = p_bot_identity,
-         index_repositories = array(select distinct x from memory_private.records r,
-                                                          unnest(r.repositories) as x
-                                     where r.workspace_id = p_workspace_id
-                                       and r.record_id = any(p_candidate_ids) order by 1)
+  -- A new index replaces the old one whole: its row and, with it, its dependencies.
+  delete from memory_private.scope_indexes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  delete from memory_private.index_dependencies
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
+  insert into memory_private.scope_indexes
+    (workspace_id, scope_id, index_text, record_ids, candidate_ids, bot_identity, repositories,
+     built_at)
+  values (p_workspace_id, p_scope_id, p_text, p_record_ids, p_candidate_ids, p_bot_identity,
+          array(select distinct x from memory_private.records r, unnest(r.repositories) as x
+                 where r.workspace_id = p_workspace_id and r.record_id = any(p_candidate_ids)
+                 order by 1),
+          memory_private.clock_now());
   insert into memory_private.index_dependencies
     (workspace_id, scope_id, message_id, content_hash)
   select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash
@@ -430,8 +423,8 @@ end
 $$;
 comment on function memory_private.write_index(memory_private.jobs, jsonb) is
   'Writes a validated consolidation output as the scope index, with every candidate the model '
-  'saw as its dependencies (index_candidate_ids); the scope stays due when its valid records '
-  'changed since the snapshot.';
+  'saw as its dependencies (scope_indexes.candidate_ids); the scope stays due when its valid '
+  'records changed since the snapshot.';
 
 create function memory.commit_job(p_workspace_id text, p_job_id bigint, p_token text)
   returns jsonb
@@ -557,12 +550,12 @@ begin
   if not v_open and v_job.checkpoint is null
      and p_error not in ('budget_exceeded', 'not_priced') then
     update memory_private.jobs
-       set claims = least(claims + 1, (memory_private.policy()).max_claims)
+       set claims = claims + least(1, memory_private.calls_left(claims))
      where workspace_id = v_job.workspace_id and job_id = v_job.job_id
     returning * into v_job;
   end if;
   -- A paid, valid checkpoint is never dropped: the job waits with it and commits it later.
-  if v_job.checkpoint is null and v_job.claims >= (memory_private.policy()).max_claims then
+  if v_job.checkpoint is null and memory_private.calls_left(v_job.claims) <= 0 then
     perform memory_private.release_job(v_job, 'stopped',
       case when v_open then 'failed on its third model call, not replayed: '
            else 'failed on its third claim, before its model call, not replayed: ' end

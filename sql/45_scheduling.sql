@@ -1,20 +1,26 @@
 -- 45_scheduling.sql: turning facts into jobs (P2-P5, P10, P15, V5, V10).
 --
 -- memory_private.schedule_jobs is the last step of every maintenance tick (70_maintenance.sql):
--- it schedules an extraction for every scope with qualifying conversations and a consolidation
--- for every scope whose index is due.
+-- it schedules extraction in the scopes a change touched and a consolidation for every scope
+-- whose index is due.
 --
--- Extraction: a conversation (one request: its user and assistant messages) qualifies when the
--- request is interactive and succeeded, the conversation's own last activity (the request's
--- update or finish, its messages' creation or edit) is older than the workspace's idle window,
--- the scope has recall on, the workspace is not paused, and it has retained directed user and
--- assistant messages, not tombstoned in the scope, at least one of which is not yet extracted
--- at its current content hash. The window is per conversation, not per scope: in a busy group
--- topic, someone always talking must not hold back everyone's finished conversations. Scheduled requests have no scope (V5); group
--- messages not directed at the bot are never stored (V10). The batch takes the most recent
--- conversations whose texts fit 24,000 bytes and 200 messages together (what the record it
--- makes depends on); a conversation that cannot fit alone is recorded as a 'skipped' job and
--- its messages marked skipped, so it is never retried.
+-- What may be extracted has one home, the verdict (memory_private.extraction_verdict): every
+-- conversation (one request: its user and assistant messages) with something not yet handled,
+-- with the first reason it waits, in the order of memory_private.waiting_reasons, or none. The
+-- scheduler takes those without one (schedule_extraction); memory.waiting_status counts them by
+-- reason. A conversation qualifies when the scope gate is open (the workspace not paused, recall
+-- on, the bot active: memory_private.scope_gate), the request is interactive and succeeded, it
+-- has retained directed user and assistant messages not tombstoned in the scope, one of which
+-- is not yet extracted at its content hash, and its own last activity (the request's update or
+-- finish, its messages' creation, edit or removal) is older than the workspace's idle window.
+-- The window is per conversation, not per scope: in a busy group topic, someone always talking
+-- must not hold back everyone's finished conversations. Scheduled requests have no scope (V5);
+-- group messages not directed at the bot are never stored (V10). The batch takes the most
+-- recent qualifying conversations whose texts fit 24,000 bytes and 200 messages together (what
+-- the record it makes depends on); a conversation that cannot fit alone is recorded as a
+-- 'skipped' job and its messages marked skipped, so it is never retried. Then the scope's open
+-- job decides (renew_open_job): a running one finishes first, a pending one with the same input
+-- or a valid checkpoint stays, an input that stopped is not replayed.
 -- Consolidation: a scope whose index is due gets a job over its 48 most recent valid records,
 -- or, with no valid record, just loses its index.
 
@@ -59,7 +65,7 @@ create function memory_private.input_carryover(
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
-                              and j.claims >= (memory_private.policy()).max_claims)), false),
+                              and memory_private.calls_left(j.claims) <= 0)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
          greatest(memory_private.clock_now(),
                   max(j.next_attempt_at) filter (where j.status = 'superseded'))
@@ -156,56 +162,6 @@ comment on function memory_private.renew_open_job(text, bigint, text, jsonb, tex
   'running, has the same input or a valid checkpoint; otherwise supersedes it, and creates the '
   'job of the new input unless that input is blocked (P13, P15). Returns counts.';
 
-create function memory_private.extraction_units(
-  p_workspace_id text, p_scope memory_private.scopes, p_now timestamptz, p_cutoff timestamptz
-) returns table (request_id text, bytes integer, sources jsonb)
-  language sql stable
-  as $$
-  -- The qualifying conversations of the scope (P2, P3, V10), newest first: one request each,
-  -- with its retained, directed, untombstoned messages as {id, hash}, when it has a user and an
-  -- assistant message, something not yet extracted at its hash, and has been idle itself.
-  -- The scope's finished requests are read first (requests_scope_idx), then the messages of
-  -- each (messages_request_idx): never every message of the workspace for one scope, whatever
-  -- the planner believes of the tables' sizes (a plan for a small tenant read the workspace's
-  -- every message for every scope).
-  select r.request_id, u.bytes, u.sources
-    from memory_private.requests r
-   cross join lateral (
-     select sum(octet_length(m.body))::integer as bytes,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
-                      order by m.created_at, m.message_id) as sources,
-            bool_or(m.role = 'user') and bool_or(m.role = 'assistant')
-              and bool_or(e.message_id is null) as qualifies
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = p_scope.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or p_scope.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id
-                           and t.scope_id = p_scope.scope_id and t.message_id = m.message_id)
-   ) u
-   where r.workspace_id = p_workspace_id and r.bot_id = p_scope.bot_id
-     and r.chat_id = p_scope.chat_id
-     and (p_scope.kind = 'private' or r.topic_id = p_scope.topic_id)
-     and r.kind = 'interactive' and r.status = 'succeeded' and r.finished_at <= p_cutoff
-     and u.qualifies
-     -- Idle window, per conversation: its own last activity (the request's update or finish,
-     -- its messages' creation or edit; removed messages count too).
-     and greatest(r.updated_at, r.finished_at,
-                  (select max(greatest(a.created_at, a.edited_at, a.removed_at))
-                     from memory_private.messages a
-                    where a.workspace_id = p_workspace_id and a.request_id = r.request_id))
-         <= p_cutoff
-   order by r.finished_at desc, r.created_at desc, r.request_id desc
-$$;
-comment on function memory_private.extraction_units(text, memory_private.scopes, timestamptz,
-                                                    timestamptz) is
-  'The conversations of a scope that qualify for extraction now, newest first, each with its '
-  'byte size and its sources ({id, hash}).';
-
 create function memory_private.batch_memories(
   p_workspace_id text, p_scope_id bigint, p_sources jsonb, p_limit integer
 ) returns bigint[]
@@ -254,97 +210,358 @@ comment on function memory_private.batch_memories(text, bigint, jsonb, integer) 
   'sharing the most distinct words with the batch''s messages, newest first among equals; '
   'none when p_limit is 0 (the policy''s existing_with_batch).';
 
-create function memory_private.schedule_extraction(p_workspace_id text, p_scope_id bigint)
+create function memory_private.extraction_candidates(
+  p_workspace_id text, p_scope_ids bigint[], p_now timestamptz
+) returns table (
+  scope_id bigint, request_id text, reason text, bot_identity text, finished_at timestamptz,
+  created_at timestamptz, messages bigint, bytes integer, sources jsonb,
+  last_activity timestamptz, idle_until timestamptz
+)
+  language sql stable
+  as $$
+  -- Every conversation of the scopes with something not yet handled: an interactive request
+  -- with a message its scope may use (retained, directed or private, not tombstoned there) that
+  -- is not yet extracted or skipped at its content hash; with the first reason in the order of
+  -- waiting_reasons that keeps it from qualifying (the scope gate, its request, its messages,
+  -- its idle window), or none. Each scope's requests are read through requests_scope_idx, then
+  -- the messages of each (messages_request_idx).
+  select s.scope_id, r.request_id,
+         (select w.reason from memory_private.waiting_reasons w
+           where w.reason = g.reason
+              or (w.reason = 'request_not_finished' and r.status not in ('succeeded', 'failed'))
+              or (w.reason = 'request_failed' and r.status = 'failed')
+              or (w.reason = 'no_user_message' and u.users = 0)
+              or (w.reason = 'no_assistant_message' and u.assistants = 0)
+              or (w.reason = 'idle_window' and a.last_activity + ws.idle_window > p_now)
+           order by w.rank limit 1),
+         g.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
+         a.last_activity, a.last_activity + ws.idle_window
+    from unnest(p_scope_ids) as x(scope_id)
+    join memory_private.scopes s
+      on s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+    join memory_private.workspaces ws on ws.workspace_id = p_workspace_id
+   cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
+    join memory_private.requests r
+      on r.workspace_id = p_workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
+     and (s.kind = 'private' or r.topic_id = s.topic_id) and r.kind = 'interactive'
+   cross join lateral (
+     select count(*) filter (where m.role = 'user') as users,
+            count(*) filter (where m.role = 'assistant') as assistants,
+            count(*) filter (where e.message_id is null) as fresh,
+            coalesce(sum(octet_length(m.body)), 0)::integer as bytes,
+            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash)
+                      order by m.created_at, m.message_id) as sources
+       from memory_private.messages m
+       left join memory_private.extracted_sources e
+         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
+        and e.message_id = m.message_id and e.content_hash = m.content_hash
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
+        and (m.directed or s.kind = 'private')
+        and not exists (select from memory_private.tombstone(p_workspace_id, s.scope_id,
+                                                             m.message_id))
+   ) u
+   cross join lateral (
+     -- The idle window's clock, per conversation: its own last activity (the request's update
+     -- or finish, its messages' creation, edit or removal).
+     select greatest(r.updated_at, r.finished_at,
+                     max(greatest(m.created_at, m.edited_at, m.removed_at))) as last_activity
+       from memory_private.messages m
+      where m.workspace_id = p_workspace_id and m.request_id = r.request_id
+   ) a
+   where u.fresh > 0
+$$;
+comment on function memory_private.extraction_candidates(text, bigint[], timestamptz) is
+  'The conversations of the given scopes not yet handled (an interactive request with a '
+  'message its scope may use that is not yet extracted or skipped at its content), each with '
+  'the first reason it cannot be extracted yet (waiting_reasons: the scope gate, the request '
+  'not finished or failed, no user or no assistant message, the idle window) or NULL, its '
+  'messages not yet handled, the bytes and the sources ({id, hash}) of every message the '
+  'scope may use, its last activity and the idle window''s end. The first half of '
+  'memory_private.extraction_verdict.';
+
+create function memory_private.extraction_input(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb
+) returns jsonb
+  language sql stable
+  as $$
+  -- The batch's sources in id order, and the memories that accompany it (P5).
+  select jsonb_build_object(
+           'bot_identity', p_bot_identity,
+           'sources', (select jsonb_agg(e order by e ->> 'id')
+                         from jsonb_array_elements(p_batch) as e),
+           'existing', to_jsonb(memory_private.batch_memories(
+                         p_workspace_id, p_scope_id, p_batch,
+                         (memory_private.policy()).existing_with_batch)))
+$$;
+comment on function memory_private.extraction_input(text, bigint, text, jsonb) is
+  'The input of an extraction job over a batch of sources ({id, hash}): the bot identity, the '
+  'sources in id order and the memories chosen to accompany them (memory_private.'
+  'batch_memories). What the verdict compares the open job with, and what the scheduler '
+  'creates.';
+
+create function memory_private.extraction_verdict(
+  p_workspace_id text, p_scope_ids bigint[], p_now timestamptz
+) returns table (
+  scope_id bigint, request_id text, reason text, skip boolean, place bigint,
+  bot_identity text, messages bigint, bytes integer, sources jsonb,
+  last_activity timestamptz, next_change_at timestamptz
+)
+  language plpgsql stable
+  as $$
+#variable_conflict use_column
+declare
+  v_ceiling integer := (memory_private.policy()).batch_bytes;
+  v_most integer := (memory_private.policy()).batch_messages;
+  v_config integer;
+  v_scope record;
+  v_input jsonb;
+  v_job memory_private.jobs;
+  v_kept boolean;
+  v_blocked boolean;
+  v_budget numeric;
+begin
+  -- After the candidates' own reasons, scope by scope: the qualifying conversations newest
+  -- first (P4: the batch takes them while bytes and messages fit; one that cannot fit alone is
+  -- skipped; the rest wait for a later batch), the batch's input, and what the scope's open
+  -- extraction job or the input's history does with it (renew_open_job: a running job
+  -- finishes first; a pending one with the same input or a valid checkpoint stays; an input
+  -- that stopped or used its calls is not replayed, P13). Each conversation gets the first
+  -- reason in the order of waiting_reasons, or none: the scheduler takes those
+  -- (schedule_extraction). One pass over the candidates, then one step per scope: its cost
+  -- grows with them, whatever the planner believes of their number.
+  select w.config_version into v_config from memory_private.workspaces w
+   where w.workspace_id = p_workspace_id;
+  for v_scope in
+    select f.scope_id, min(f.bot_identity) as bot_identity,
+           jsonb_agg(to_jsonb(f)) as rows,
+           bool_or(f.in_batch) as has_batch
+      from (select q.*,
+                   q.pos is not null and not q.skip
+                   and sum(case when q.skip then 0 else q.bytes end)
+                         over (partition by q.scope_id, q.pos is null order by q.pos)
+                       <= v_ceiling
+                   and sum(case when q.skip then 0 else jsonb_array_length(q.sources) end)
+                         over (partition by q.scope_id, q.pos is null order by q.pos)
+                       <= v_most as in_batch
+              from (select c.*,
+                           case when c.reason is null then row_number() over (
+                             partition by c.scope_id, c.reason is null
+                             order by c.finished_at desc, c.created_at desc, c.request_id desc)
+                           end as pos,
+                           c.reason is null
+                           and (c.bytes > v_ceiling
+                                or jsonb_array_length(c.sources) > v_most) as skip
+                      from memory_private.extraction_candidates(p_workspace_id, p_scope_ids,
+                                                                p_now) c) q) f
+     group by f.scope_id
+  loop
+    v_job := null;
+    v_kept := false;
+    v_blocked := false;
+    v_budget := null;
+    if v_scope.has_batch then
+      v_input := memory_private.extraction_input(
+        p_workspace_id, v_scope.scope_id, v_scope.bot_identity,
+        (select jsonb_agg(e order by (x ->> 'pos')::bigint, n)
+           from jsonb_array_elements(v_scope.rows) as x
+          cross join jsonb_array_elements(x -> 'sources') with ordinality as s(e, n)
+          where (x ->> 'in_batch')::boolean));
+      select * into v_job from memory_private.jobs j
+       where j.workspace_id = p_workspace_id and j.scope_id = v_scope.scope_id
+         and j.phase = 'extract' and j.status in ('pending', 'running');
+      v_kept := coalesce(v_job.status = 'pending'
+                         and (v_job.input_hash = memory_private.content_hash(v_input::text)
+                              or (v_job.checkpoint is not null
+                                  and memory_private.job_stale_reason(v_job) is null)), false);
+      v_blocked := (memory_private.input_carryover(
+                      p_workspace_id, v_scope.scope_id, 'extract',
+                      memory_private.content_hash(v_input::text), v_config)).blocked;
+      select least(l.request_left, l.workspace_left) into v_budget
+        from memory_private.budget_left(p_workspace_id, v_job.origin_request_id) l;
+    end if;
+    return query
+    select y.scope_id, y.request_id, y.verdict, coalesce(y.skip, false), y.pos, y.bot_identity,
+           y.messages, y.bytes, y.sources, y.last_activity,
+           case when y.verdict = 'idle_window' then y.idle_until
+                when y.verdict in ('no_budget', 'not_priced', 'job_backoff')
+                  then v_job.next_attempt_at end
+      from (
+    select x.*,
+           coalesce(x.reason, (
+             select w.reason from memory_private.waiting_reasons w
+              cross join (select coalesce(v_job.input -> 'sources' @> x.sources, false)
+                                   as held) h
+              where not x.skip
+                and ((w.reason = 'job_running' and v_job.status = 'running' and h.held)
+                  or (w.reason = 'no_budget' and v_kept and h.held
+                      and (v_job.last_error = 'budget_exceeded' or v_budget <= 0))
+                  or (w.reason = 'not_priced' and v_kept and h.held
+                      and v_job.last_error = 'not_priced')
+                  or (w.reason = 'job_backoff' and v_kept and h.held
+                      and v_job.next_attempt_at > p_now)
+                  or (w.reason = 'job_due' and v_kept and h.held)
+                  or (w.reason = 'next_batch'
+                      and (v_job.status = 'running' or v_kept or not x.in_batch))
+                  or (w.reason = 'job_stopped' and x.in_batch and v_blocked
+                      and v_job.status is distinct from 'running' and not v_kept))
+              order by w.rank limit 1)) as verdict
+      from jsonb_to_recordset(v_scope.rows) as x(
+             scope_id bigint, request_id text, reason text, skip boolean, pos bigint,
+             in_batch boolean, bot_identity text, messages bigint, bytes integer,
+             sources jsonb, last_activity timestamptz, idle_until timestamptz)) y;
+  end loop;
+end
+$$;
+comment on function memory_private.extraction_verdict(text, bigint[], timestamptz) is
+  'The scheduling verdict of extraction for the given scopes: every conversation not yet '
+  'handled (memory_private.extraction_candidates) with the first reason it waits, in the order '
+  'of memory_private.waiting_reasons, or NULL when the next tick takes it (skip: it is recorded '
+  'skipped, too large for any batch; place: its place among the scope''s qualifying '
+  'conversations, newest first). '
+  'With its messages not yet handled, sources, last activity and when it moves on by itself '
+  '(the idle window''s end, the job''s next attempt). The scheduler takes the rows without a '
+  'reason (memory_private.schedule_extraction); memory.waiting_status counts them by reason.';
+
+create function memory_private.schedule_batch(
+  p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb, p_origin text,
+  p_skipped jsonb, p_skip_origin text, p_skip_reason text
+) returns jsonb
+  language plpgsql volatile
+  as $$
+declare
+  v_config integer;
+  v_input jsonb;
+  v_skip_job bigint;
+  v_now timestamptz := memory_private.clock_now();
+  v_result jsonb := '{}';
+begin
+  select config_version into v_config from memory_private.workspaces
+   where workspace_id = p_workspace_id;
+  if jsonb_array_length(p_skipped) > 0 then
+    -- Conversations that cannot fit alone: recorded as a skipped job, never retried (P4).
+    v_input := jsonb_build_object('bot_identity', p_bot_identity, 'sources', p_skipped,
+                                  'existing', '[]'::jsonb);
+    v_skip_job := memory_private.create_job(p_workspace_id, p_scope_id, 'extract', v_input,
+                    memory_private.content_hash(v_input::text), p_skip_origin, v_config,
+                    p_skip_reason);
+    insert into memory_private.extracted_sources
+      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
+    select p_workspace_id, p_scope_id, s.id, s.hash, 'skipped', v_skip_job, v_now
+      from jsonb_to_recordset(p_skipped) as s(id text, hash text)
+    on conflict do nothing;
+    v_result := jsonb_build_object('batches_skipped', 1);
+  end if;
+  if jsonb_array_length(p_batch) = 0 then
+    return v_result;
+  end if;
+  return v_result || memory_private.renew_open_job(
+    p_workspace_id, p_scope_id, 'extract',
+    memory_private.extraction_input(p_workspace_id, p_scope_id, p_bot_identity, p_batch),
+    p_origin, v_config);
+end
+$$;
+comment on function memory_private.schedule_batch(text, bigint, text, jsonb, text, jsonb, text,
+                                                  text) is
+  'What the scheduler does with a scope''s conversations the verdict left without a reason: '
+  'records those that cannot fit alone as a skipped job (their sources marked skipped, never '
+  'retried, P4), and creates or renews the extraction job of the batch (memory_private.'
+  'renew_open_job), charged to its newest conversation''s request. Returns counts.';
+
+create function memory_private.plan_idle_end(
+  p_workspace_id text, p_request_id text, p_at timestamptz
+) returns void
+  language plpgsql volatile
+  as $$
+begin
+  -- One row per conversation: a newer plan replaces the one before (its last activity moved,
+  -- or the idle window changed). Only a tick writes these, under the memory lock.
+  insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
+  values (p_workspace_id, p_at, p_request_id, true)
+  on conflict (workspace_id, request_id) where foreseen and request_id is not null
+  do update set due_at = excluded.due_at;
+end
+$$;
+comment on function memory_private.plan_idle_end(text, text, timestamptz) is
+  'Makes the workspace due when a conversation''s idle window ends (P3), naming its request: '
+  'the foreseen row of that conversation, one at most, moved to p_at.';
+
+create function memory_private.schedule_extraction(p_workspace_id text, p_scope_ids bigint[])
   returns jsonb
   language plpgsql volatile
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_scope memory_private.scopes;
-  v_now timestamptz := memory_private.clock_now();
-  v_identity text;
-  v_unit record;
   v_ceiling integer := (memory_private.policy()).batch_bytes;
   v_most integer := (memory_private.policy()).batch_messages;
-  v_bytes integer := 0;
-  v_count integer := 0;
+  v_row record;
+  v_scope bigint;
+  v_identity text;
   v_batch jsonb := '[]';
   v_origin text;
   v_skipped jsonb := '[]';
   v_skip_origin text;
   v_skip_reason text;
-  v_input jsonb;
-  v_skip_job bigint;
+  v_blocked bigint[] := '{}';
   v_result jsonb := '{}';
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if v_ws.paused or not v_scope.recall_enabled then
-    return v_result;
-  end if;
-  select identity into v_identity from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
-  if v_identity is null then
-    return v_result;
-  end if;
-
-  -- The most recent conversations that fit the ceiling together (P4); one that cannot fit alone
-  -- is recorded as skipped, never retried.
-  for v_unit in select * from memory_private.extraction_units(p_workspace_id, v_scope, v_now,
-                                                              v_now - v_ws.idle_window) loop
-    if v_unit.bytes > v_ceiling or jsonb_array_length(v_unit.sources) > v_most then
-      v_skipped := v_skipped || v_unit.sources;
-      v_skip_origin := coalesce(v_skip_origin, v_unit.request_id);
+  -- The verdict's rows without a reason, scope by scope (newest first): the batch, and those
+  -- too large for any; a conversation whose idle window has yet to pass gets its idle end
+  -- planned, so that the tick of that moment derives it again.
+  for v_row in
+    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids,
+                                                    memory_private.clock_now()) v
+     where v.reason is null or v.reason in ('idle_window', 'job_stopped')
+     order by v.scope_id, v.place
+  loop
+    if v_row.scope_id is distinct from v_scope then
+      if v_scope is not null then
+        v_result := memory_private.add_counts(v_result, memory_private.schedule_batch(
+          p_workspace_id, v_scope, v_identity, v_batch, v_origin, v_skipped, v_skip_origin,
+          v_skip_reason));
+      end if;
+      v_scope := v_row.scope_id;
+      v_identity := v_row.bot_identity;
+      v_batch := '[]';
+      v_origin := null;
+      v_skipped := '[]';
+      v_skip_origin := null;
+      v_skip_reason := null;
+    end if;
+    if v_row.reason = 'idle_window' then
+      perform memory_private.plan_idle_end(p_workspace_id, v_row.request_id,
+                                           v_row.next_change_at);
+    elsif v_row.reason = 'job_stopped' then
+      -- the batch's input stopped: not replayed (P13), counted once per scope
+      v_blocked := v_blocked || v_row.scope_id;
+    elsif v_row.skip then
+      v_skipped := v_skipped || v_row.sources;
+      v_skip_origin := coalesce(v_skip_origin, v_row.request_id);
       v_skip_reason := coalesce(v_skip_reason, format(
         'the conversation of request %s is %s bytes in %s messages: not even one '
         'user/assistant pair fits the batch ceiling of %s bytes and %s messages',
-        v_unit.request_id, v_unit.bytes, jsonb_array_length(v_unit.sources), v_ceiling,
-        v_most));
-    elsif v_bytes + v_unit.bytes <= v_ceiling
-          and v_count + jsonb_array_length(v_unit.sources) <= v_most then
-      v_batch := v_batch || v_unit.sources;
-      v_bytes := v_bytes + v_unit.bytes;
-      v_count := v_count + jsonb_array_length(v_unit.sources);
-      v_origin := coalesce(v_origin, v_unit.request_id);
+        v_row.request_id, v_row.bytes, jsonb_array_length(v_row.sources), v_ceiling, v_most));
     else
-      exit;   -- older conversations wait for the next batch
+      v_batch := v_batch || v_row.sources;
+      v_origin := coalesce(v_origin, v_row.request_id);
     end if;
   end loop;
-
-  if jsonb_array_length(v_skipped) > 0 then
-    v_input := jsonb_build_object('bot_identity', v_identity, 'sources', v_skipped,
-                                  'existing', '[]'::jsonb);
-    v_skip_job := memory_private.create_job(p_workspace_id, p_scope_id, 'extract', v_input,
-                    memory_private.content_hash(v_input::text), v_skip_origin,
-                    v_ws.config_version, v_skip_reason);
-    insert into memory_private.extracted_sources
-      (workspace_id, scope_id, message_id, content_hash, outcome, job_id, created_at)
-    select p_workspace_id, p_scope_id, s.id, s.hash, 'skipped', v_skip_job, v_now
-      from jsonb_to_recordset(v_skipped) as s(id text, hash text)
-    on conflict do nothing;
-    v_result := v_result || jsonb_build_object('batches_skipped', 1);
+  if v_scope is not null then
+    v_result := memory_private.add_counts(v_result, memory_private.schedule_batch(
+      p_workspace_id, v_scope, v_identity, v_batch, v_origin, v_skipped, v_skip_origin,
+      v_skip_reason));
   end if;
-
-  if jsonb_array_length(v_batch) = 0 then
-    return v_result;
+  if cardinality(v_blocked) > 0 then
+    v_result := memory_private.add_counts(v_result, jsonb_build_object(
+      'replays_blocked', (select count(distinct x) from unnest(v_blocked) as x)));
   end if;
-  -- The batch, with the memories chosen to accompany it (P5: none by the policy's choice).
-  v_input := jsonb_build_object(
-    'bot_identity', v_identity,
-    'sources', (select jsonb_agg(s order by s ->> 'id') from jsonb_array_elements(v_batch) s),
-    'existing', to_jsonb(memory_private.batch_memories(
-                  p_workspace_id, p_scope_id, v_batch,
-                  (memory_private.policy()).existing_with_batch)));
-  return v_result || memory_private.renew_open_job(p_workspace_id, p_scope_id, 'extract',
-                                                   v_input, v_origin, v_ws.config_version);
+  return v_result;
 end
 $$;
-comment on function memory_private.schedule_extraction(text, bigint) is
-  'Creates (or renews) the extraction job of one scope when it has qualifying conversations: '
-  'the most recent ones up to 24,000 bytes and 200 messages, with the memories chosen to '
-  'accompany them (memory_private.batch_memories); records a skipped job for a conversation '
-  'that cannot fit alone. Returns counts.';
+comment on function memory_private.schedule_extraction(text, bigint[]) is
+  'Schedules extraction in the given scopes as their verdict says (memory_private.'
+  'extraction_verdict): for each, the conversations without a reason become its batch (the '
+  'most recent ones up to 24,000 bytes and 200 messages) or a skipped job (too large alone); '
+  'the idle end of each conversation still in its idle window is planned. Returns counts.';
 
 create function memory_private.schedule_consolidation(p_workspace_id text, p_scope_id bigint)
   returns jsonb
@@ -352,21 +569,17 @@ create function memory_private.schedule_consolidation(p_workspace_id text, p_sco
   as $$
 declare
   v_ws memory_private.workspaces;
-  v_scope memory_private.scopes;
-  v_identity text;
+  v_gate record;
   v_candidates bigint[];
   v_origin text;
   v_job memory_private.jobs;
 begin
   select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  select * into v_scope from memory_private.scopes
-   where workspace_id = p_workspace_id and scope_id = p_scope_id;
-  if v_ws.paused or not v_scope.recall_enabled or v_scope.consolidation_due_at is null then
-    return '{}';
-  end if;
-  select identity into v_identity from memory_private.bots
-   where workspace_id = p_workspace_id and bot_id = v_scope.bot_id and active;
-  if v_identity is null
+  select * into v_gate from memory_private.scope_gate(p_workspace_id, p_scope_id);
+  if v_gate.reason is not null
+     or not exists (select 1 from memory_private.scopes
+                     where workspace_id = p_workspace_id and scope_id = p_scope_id
+                       and consolidation_due_at is not null)
      or exists (select 1 from memory_private.jobs
                  where workspace_id = p_workspace_id and scope_id = p_scope_id
                    and phase = 'consolidate' and status = 'running') then
@@ -383,12 +596,9 @@ begin
     loop
       perform memory_private.release_job(v_job, 'superseded', 'no valid record is left');
     end loop;
-    update memory_private.scopes
-       set consolidation_due_at = null, index_text = null, index_record_ids = null,
-           index_candidate_ids = null, index_built_at = null, index_bot_identity = null,
-           index_repositories = null
+    update memory_private.scopes set consolidation_due_at = null
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
-    delete from memory_private.index_dependencies
+    delete from memory_private.scope_indexes
      where workspace_id = p_workspace_id and scope_id = p_scope_id;
     return jsonb_build_object('indexes_cleared', 1);
   end if;
@@ -406,14 +616,15 @@ begin
   end if;
   return memory_private.renew_open_job(
     p_workspace_id, p_scope_id, 'consolidate',
-    jsonb_build_object('bot_identity', v_identity, 'candidates', to_jsonb(v_candidates)),
+    jsonb_build_object('bot_identity', v_gate.bot_identity, 'candidates', to_jsonb(v_candidates)),
     v_origin, v_ws.config_version);
 end
 $$;
 comment on function memory_private.schedule_consolidation(text, bigint) is
-  'Creates (or renews) the consolidation job of a scope whose index is due, over its 48 most '
-  'recent valid records, charged to the most recent candidate''s originating request; with no '
-  'valid record, clears the index and the due flag instead. Returns counts.';
+  'Creates (or renews) the consolidation job of a scope whose index is due and whose gate is '
+  'open (memory_private.scope_gate), over its 48 most recent valid records, charged to the '
+  'most recent candidate''s originating request; with no valid record, drops the index (its '
+  'row) and the due flag instead. Returns counts.';
 
 create function memory_private.schedule_jobs(
   p_workspace_id text, p_changed_requests text[] default null,
@@ -422,58 +633,43 @@ create function memory_private.schedule_jobs(
   language plpgsql volatile
   as $$
 declare
-  v_ws memory_private.workspaces;
-  v_now timestamptz := memory_private.clock_now();
-  v_request text;
-  v_requests text[];
-  v_scope memory_private.scopes;
+  v_scopes bigint[];
   v_scope_id bigint;
   v_counts jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                        'batches_skipped', 0);
 begin
-  select * into v_ws from memory_private.workspaces where workspace_id = p_workspace_id;
-  if v_ws.paused then
+  if (select paused from memory_private.workspaces where workspace_id = p_workspace_id) then
     return v_counts;
   end if;
   -- After a change confined to some requests and scopes, only their scopes can have a new
-  -- extraction input: every other scope's input is what the last tick derived (a job made,
-  -- an input found blocked, P13, a running job, nothing to extract), and what would change it
-  -- comes as a change of its own (a job leaving running names its scope; a conversation's
-  -- idle end, its request). So a tick costs what the change touched, not the workspace's
-  -- history or its stopped inputs; with p_changed_requests NULL, every scope is derived.
-  if p_changed_requests is not null then
-    v_requests := p_changed_requests || array(
-      select r.request_id
-        from memory_private.scopes s
-        join memory_private.requests r
-          on r.workspace_id = s.workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
-         and (case when s.kind = 'private' then r.user_id = s.user_id
-                   else r.topic_id = s.topic_id end)
-       where s.workspace_id = p_workspace_id and s.scope_id = any (p_changed_scopes));
+  -- verdict: every other scope's is what the last tick derived, and what would change it comes
+  -- as a change of its own (a job leaving running, a record deleted, a tool call name their
+  -- scope; a message, its request; a conversation's idle end, its request). So a tick costs
+  -- what the change touched, not the workspace's history or what waits elsewhere; with
+  -- p_changed_requests NULL, every scope is derived.
+  if p_changed_requests is null then
+    v_scopes := array(select s.scope_id from memory_private.scopes s
+                       where s.workspace_id = p_workspace_id order by 1);
+  else
+    v_scopes := array(
+      select distinct x.scope_id
+        from (select unnest(p_changed_scopes) as scope_id
+              union all
+              select s.scope_id
+                from unnest(p_changed_requests) as q(request_id)
+                join memory_private.requests r
+                  on r.workspace_id = p_workspace_id and r.request_id = q.request_id
+                join memory_private.scopes s
+                  on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id
+                 and s.chat_id = r.chat_id
+                 and ((s.kind = 'private' and s.user_id = r.user_id)
+                      or (s.kind = 'shared' and s.topic_id = r.topic_id))
+               where r.kind = 'interactive') x
+       where x.scope_id is not null
+       order by 1);
   end if;
-  -- One representative request per scope that has something new to extract.
-  for v_request in
-    select min(r.request_id)
-      from memory_private.requests r
-      join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-     where r.workspace_id = p_workspace_id and r.kind = 'interactive'
-       and (v_requests is null or r.request_id = any (v_requests))
-       and r.status = 'succeeded' and r.finished_at <= v_now - v_ws.idle_window
-       and exists (select 1 from memory_private.messages m
-                    where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-                      and memory_private.is_retained(m.body is not null, m.retain_until,
-                                                     v_now)
-                      and not exists (select 1 from memory_private.extracted_sources e
-                                       where e.workspace_id = m.workspace_id
-                                         and e.message_id = m.message_id
-                                         and e.content_hash = m.content_hash))
-     group by r.bot_id, r.chat_id, case when c.kind = 'group' then r.topic_id end
-     order by 1
-  loop
-    v_scope := memory_private.scope_of_request(p_workspace_id, v_request);
-    v_counts := memory_private.add_counts(v_counts,
-                  memory_private.schedule_extraction(p_workspace_id, v_scope.scope_id));
-  end loop;
+  v_counts := memory_private.add_counts(v_counts,
+                memory_private.schedule_extraction(p_workspace_id, v_scopes));
   for v_scope_id in
     select scope_id from memory_private.scopes
      where workspace_id = p_workspace_id and consolidation_due_at is not null
@@ -486,9 +682,8 @@ begin
 end
 $$;
 comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
-  'Maintenance step: schedules extraction for every scope with qualifying conversations and '
-  'consolidation for every scope whose index is due (nothing while the workspace is paused). '
-  'With p_changed_requests (and p_changed_scopes), only the scopes of those requests and those '
-  'scopes are derived: what changed since the last tick; every scope when NULL. Returns '
-  'counts.';
-
+  'Maintenance step: schedules extraction in the scopes a change touched as their verdict says '
+  '(memory_private.schedule_extraction), and consolidation for every scope whose index is due '
+  '(nothing while the workspace is paused). With p_changed_requests (and p_changed_scopes), '
+  'the scopes of those requests and those scopes: what changed since the last tick; every '
+  'scope when NULL. Returns counts.';

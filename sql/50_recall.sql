@@ -54,6 +54,12 @@ comment on column memory_private.request_recall.dependency_ids is
 
 create index request_recall_scope_idx on memory_private.request_recall (workspace_id, scope_id);
 
+-- The recalls that name a message or a record, read when it is erased or deleted (60_retention).
+create index request_recall_dependencies_idx on memory_private.request_recall
+  using gin (memory_private.message_keys(workspace_id, dependency_ids));
+create index request_recall_basis_idx on memory_private.request_recall
+  using gin (basis_record_ids);
+
 create table memory_private.tool_calls (
   workspace_id text not null,
   request_id text not null,
@@ -88,6 +94,12 @@ comment on column memory_private.tool_calls.dependency_ids is
   'the answer''s provenance (T2, T3). Ids only.';
 
 create index tool_calls_scope_idx on memory_private.tool_calls (workspace_id, scope_id);
+-- The query_memories calls that name a message or a record, likewise.
+create index tool_calls_dependencies_idx on memory_private.tool_calls
+  using gin (memory_private.message_keys(workspace_id, dependency_ids))
+  where tool = 'query_memories';
+create index tool_calls_records_idx on memory_private.tool_calls using gin (record_ids)
+  where tool = 'query_memories';
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';
@@ -392,15 +404,14 @@ begin
     v_mode := 'disabled';
     v_ids := '{}';
   else
-    if v_scope.index_text is not null and v_scope.consolidation_due_at is null then
-      -- The index holds for this reader when every record it was built from (every candidate
-      -- the model saw, not only those it names) is valid for them.
-      if memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
-        v_mode := 'index';
-        v_index := v_scope.index_text;
-        v_ids := v_scope.index_record_ids;
-        v_basis := v_scope.index_candidate_ids;
-      end if;
+    -- The index holds for this reader when every record it was built from (every candidate
+    -- the model saw, not only those it names) is valid for them.
+    if v_scope.consolidation_due_at is null
+       and memory_private.index_holds(p_workspace_id, v_scope.scope_id, v_request.user_id) then
+      select 'index', i.index_text, i.record_ids, i.candidate_ids
+        into v_mode, v_index, v_ids, v_basis
+        from memory_private.scope_indexes i
+       where i.workspace_id = p_workspace_id and i.scope_id = v_scope.scope_id;
     end if;
     if v_mode is null then
       -- Consolidation pending, no index, or the index rests on a record this reader may not

@@ -132,6 +132,7 @@ create function memory_private.delete_records(
   as $$
 declare
   v_deleted integer;
+  v_scopes bigint[];
   v_key text;
   v_call text;
   v_ids text[];
@@ -183,30 +184,25 @@ begin
   ), touched as (
     select scope_id, array_agg(record_id) as ids from gone group by scope_id
   ), marked as (
-    -- An index depends on every candidate it was built from: losing one drops it.
     update memory_private.scopes s
-       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now),
-           index_text = case when s.index_candidate_ids && t.ids then null else s.index_text end,
-           index_record_ids = case when s.index_candidate_ids && t.ids then null
-                                   else s.index_record_ids end,
-           index_candidate_ids = case when s.index_candidate_ids && t.ids then null
-                                      else s.index_candidate_ids end,
-           index_built_at = case when s.index_candidate_ids && t.ids then null
-                                 else s.index_built_at end,
-           index_bot_identity = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_bot_identity end,
-           index_repositories = case when s.index_candidate_ids && t.ids then null
-                                     else s.index_repositories end
+       set consolidation_due_at = coalesce(s.consolidation_due_at, v_now)
       from touched t
      where s.workspace_id = p_workspace_id and s.scope_id = t.scope_id
-    returning s.scope_id, s.index_text is null as dropped
-  ), unkept as (
-    delete from memory_private.index_dependencies d
-     using marked
-     where d.workspace_id = p_workspace_id and d.scope_id = marked.scope_id and marked.dropped
+    returning 1
+  ), dropped as (
+    -- An index depends on every candidate it was built from: losing one drops it (its
+    -- dependencies go with its row).
+    delete from memory_private.scope_indexes i
+     using touched t
+     where i.workspace_id = p_workspace_id and i.scope_id = t.scope_id
+       and i.candidate_ids && t.ids
     returning 1
   )
-  select count(*) into v_deleted from gone;
+  select count(*), array_agg(distinct g.scope_id) into v_deleted, v_scopes from gone g;
+  -- Their scopes changed (a consolidation is due; the memories a batch is shown may be gone):
+  -- noted for the tick.
+  perform memory_private.note_change(p_workspace_id, 'updated', null, x)
+     from unnest(v_scopes) as x;
   return v_deleted;
 end
 $$;
@@ -447,9 +443,8 @@ begin
       'Memory is turned off in this chat, so nothing is stored; turn it on first.');
     return;
   end if;
-  if exists (select 1 from memory_private.tombstones
-              where workspace_id = v_ws and scope_id = p_scope.scope_id
-                and message_id = v_source.message_id) then
+  if exists (select from memory_private.tombstone(v_ws, p_scope.scope_id,
+                                                  v_source.message_id)) then
     outcome := memory_private.control_outcome('refused', c_action, 'forgotten',
       'This message was forgotten in this chat and is not stored again.');
     return;
@@ -695,7 +690,7 @@ begin
   v_scope := v_start.scope;
   v_call := v_start.previous;
   -- Whatever the action changes (records, tombstones, recall on or off), maintenance follows.
-  perform memory_private.note_change(p_workspace_id, 'updated', false, null, v_scope.scope_id);
+  perform memory_private.note_change(p_workspace_id, 'updated', null, v_scope.scope_id);
   v_action := memory_private.arg_text(p_args, 'action', 40);
   if v_action is null
      or v_action not in ('remember', 'forget', 'enable-memory', 'disable-memory') then

@@ -29,21 +29,25 @@ begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
-    from (select message_id, request_id from memory_private.messages
-           where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
-           order by retain_until
+    from (select r.message_id, r.request_id
+            from memory_private.retention_ends(p_workspace_id) r
+           where not memory_private.is_retained(true, r.retain_until,
+                                                memory_private.clock_now())
+           order by r.retain_until
            limit v_batch) e;
   update memory_private.messages
      set body = null, content_hash = null, scrub_pending = true
    where workspace_id = p_workspace_id and message_id = any (v_ids);
   erased := cardinality(v_ids);
+  -- Their conversations changed: the tick derives them again (memory_private.schedule_jobs).
+  perform memory_private.note_change(p_workspace_id, 'updated', r)
+     from unnest(request_ids) as r;
 end
 $$;
 comment on function memory_private.erase_expired_messages(text) is
   'Erases the text and hash of the workspace''s messages past their retention (T6), the 50 '
   'longest expired at a time, and marks them for scrubbing. Answers how many, and the '
-  'requests they belong to (whose conversations changed).';
+  'requests they belong to (whose conversations changed: each is noted for the tick).';
 
 create function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
@@ -96,14 +100,24 @@ begin
     -- The records resting on them (not yet purged: the purge runs after this step).
     v_hit := array(select distinct record_id from memory_private.record_dependencies
                     where workspace_id = p_workspace_id and message_id = any(v_gone));
+    -- Read through the indexes on what they name (request_recall_dependencies_idx, ...).
     with derived as (
       select f.request_id from memory_private.request_recall f
        where f.workspace_id = p_workspace_id
-         and (f.dependency_ids && v_gone or f.basis_record_ids && v_hit)
+         and memory_private.message_keys(f.workspace_id, f.dependency_ids)
+             && memory_private.message_keys(p_workspace_id, v_gone)
+      union
+      select f.request_id from memory_private.request_recall f
+       where f.workspace_id = p_workspace_id and f.basis_record_ids && v_hit
       union
       select c.request_id from memory_private.tool_calls c
        where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
-         and (c.dependency_ids && v_gone or c.record_ids && v_hit)
+         and memory_private.message_keys(c.workspace_id, c.dependency_ids)
+             && memory_private.message_keys(p_workspace_id, v_gone)
+      union
+      select c.request_id from memory_private.tool_calls c
+       where c.workspace_id = p_workspace_id and c.tool = 'query_memories'
+         and c.record_ids && v_hit
     ), erased as (
       update memory_private.messages a
          set body = null, content_hash = null, removed_at = memory_private.clock_now(),
@@ -131,6 +145,7 @@ create function memory_private.purge_permanently_invalid(p_workspace_id text) re
 declare
   v_ids bigint[];
   v_changed bigint[];
+  v_requests text[];
 begin
   -- A record with a permanent reason (memory_private.invalid_reasons: the bot replaced, a
   -- dependency removed, expired, edited or forgotten) never comes back, whatever else holds now
@@ -157,16 +172,26 @@ begin
   -- (extraction_units leaves those out). A message another kept record rests on stays handled.
   -- Not after a forget (its messages are tombstoned) or a bot replaced (the memory was that
   -- identity's).
-  delete from memory_private.extracted_sources e
-   using memory_private.record_dependencies d, memory_private.records r
-   where d.workspace_id = p_workspace_id and d.record_id = any (v_changed)
-     and d.via in ('cited', 'shown')
-     and r.workspace_id = d.workspace_id and r.record_id = d.record_id
-     and e.workspace_id = p_workspace_id and e.scope_id = r.scope_id
-     and e.message_id = d.message_id and e.outcome = 'extracted'
-     and not exists (select 1 from memory_private.record_dependencies k
-                      where k.workspace_id = p_workspace_id and k.message_id = d.message_id
-                        and k.via in ('cited', 'shown') and not k.record_id = any (v_ids));
+  -- Their conversations are noted, so the tick derives them again.
+  with cleared as (
+    delete from memory_private.extracted_sources e
+     using memory_private.record_dependencies d, memory_private.records r
+     where d.workspace_id = p_workspace_id and d.record_id = any (v_changed)
+       and d.via in ('cited', 'shown')
+       and r.workspace_id = d.workspace_id and r.record_id = d.record_id
+       and e.workspace_id = p_workspace_id and e.scope_id = r.scope_id
+       and e.message_id = d.message_id and e.outcome = 'extracted'
+       and not exists (select 1 from memory_private.record_dependencies k
+                        where k.workspace_id = p_workspace_id and k.message_id = d.message_id
+                          and k.via in ('cited', 'shown') and not k.record_id = any (v_ids))
+    returning e.message_id
+  )
+  select array_agg(distinct m.request_id) into v_requests
+    from cleared c
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = c.message_id;
+  perform memory_private.note_change(p_workspace_id, 'updated', q)
+     from unnest(v_requests) as q;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
 $$;
@@ -175,7 +200,8 @@ comment on function memory_private.purge_permanently_invalid(text) is
   'forgotten, or the bot replaced, also while a reversible reason (recall off, membership, '
   'link, grants) hides them. Reversible reasons alone keep the record. The batch of a record '
   'that went for a removed, expired or edited message is marked for extraction again (its '
-  'extraction markers cleared), so what did not rest on that message comes back.';
+  'extraction markers cleared, its conversations noted for the tick), so what did not rest on '
+  'that message comes back.';
 
 create function memory_private.scrub_erased(p_workspace_id text) returns integer
   language plpgsql volatile
@@ -195,7 +221,8 @@ begin
   update memory_private.request_recall
      set index_text = null, index_withdrawn = true
    where workspace_id = p_workspace_id and index_text is not null
-     and dependency_ids && v_gone;
+     and memory_private.message_keys(workspace_id, dependency_ids)
+         && memory_private.message_keys(p_workspace_id, v_gone);
   -- Job inputs keep ids and content hashes: the hashes of erased messages go, and so does any
   -- checkpoint made from them (such a job is stale and is superseded, never committed).
   -- Computed first, then written by key: Citus takes no stable function of a column in an
@@ -206,7 +233,10 @@ begin
                               order by n)
                from jsonb_array_elements(j.input -> 'sources') with ordinality as a(e, n)))
       from memory_private.jobs j
-     where j.workspace_id = p_workspace_id and j.input ? 'sources'
+     where j.workspace_id = p_workspace_id
+       -- the jobs naming them, from jobs_sources_idx: not every job the workspace ever had
+       and memory_private.job_source_keys(j.workspace_id, j.input)
+           && memory_private.message_keys(p_workspace_id, v_gone)
        and exists (select 1 from jsonb_array_elements(j.input -> 'sources') e
                     where e ->> 'id' = any (v_gone) and e ? 'hash')
   loop
@@ -254,14 +284,14 @@ declare
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
-                 coalesce(u.last_used_at, r.created_at) as used,
+                 memory_private.prune_at(u.last_used_at, r.created_at) as prune_at,
                  row_number() over (order by coalesce(u.last_used_at, r.created_at) desc,
                                              r.record_id desc) as rank
             from memory_private.records r
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+   where r.prune_at <= memory_private.clock_now()
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -275,7 +305,6 @@ create function memory_private.sweep_retention(p_workspace_id text) returns json
   as $$
 declare
   v_expired integer;
-  v_expired_requests text[];
   v_derived integer;
   v_invalid integer;
   v_scrubbed integer;
@@ -283,8 +312,7 @@ declare
   v_pruned integer;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
-  select e.erased, e.request_ids into v_expired, v_expired_requests
-    from memory_private.erase_expired_messages(p_workspace_id) e;
+  select e.erased into v_expired from memory_private.erase_expired_messages(p_workspace_id) e;
   v_derived := memory_private.erase_derived_answers(p_workspace_id);
   v_invalid := memory_private.purge_permanently_invalid(p_workspace_id);
   v_scrubbed := memory_private.scrub_erased(p_workspace_id);
@@ -292,15 +320,14 @@ begin
   v_pruned := memory_private.prune_records(p_workspace_id);
   return jsonb_build_object('messages_expired', v_expired, 'answers_erased', v_derived,
                             'records_invalidated', v_invalid, 'messages_scrubbed', v_scrubbed,
-                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned,
-                            'expired_request_ids', to_jsonb(v_expired_requests));
+                            'tombstones_dropped', v_tombstones, 'records_pruned', v_pruned);
 end
 $$;
 comment on function memory_private.sweep_retention(text) is
   'The retention sweep of one workspace, run by maintenance: erase expired text, erase derived '
   'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
-  'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
-  'messages expired here.';
+  'stale tombstones, prune. What it changes is noted for the tick (the conversations of '
+  'erased text, the scopes of deleted records). Returns counts.';
 
 create function memory.delete_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile security definer
@@ -343,7 +370,9 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
+  select min(case when memory_private.is_retained(m.body is not null, m.retain_until,
+                                                  memory_private.clock_now())
+                  then m.retain_until else memory_private.clock_now() end)
     into v_boundary
     from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m

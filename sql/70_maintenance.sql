@@ -8,39 +8,39 @@
 --
 -- A pass visits only the workspaces that are due (memory_private.due_workspaces): a row of
 -- memory_private.maintenance_due at or before now, written by whatever changed the workspace
--- (ingest, manage_memory, a job leaving 'running', an operator's pause or retry) or by its
--- last tick for the next time-based event (memory_private.next_maintenance_at), or a running
--- job whose lease has expired. An idle workspace is not read at all.
+-- (ingest, manage_memory, a job leaving 'running', an operator's pause or retry, and the
+-- tick's own steps: a record deleted, a job retired, text erased) or by a tick for a
+-- time-based event it foresaw (a conversation's idle end, the next retention end or pruning
+-- horizon: memory_private.next_maintenance_at), or a running job whose lease has expired. An
+-- idle workspace is not read at all, and a tick derives only the scopes the rows it consumes
+-- name (memory_private.schedule_jobs).
 
 create function memory_private.next_maintenance_at(p_workspace_id text) returns timestamptz
   language plpgsql stable
   as $$
 declare
   v_now timestamptz := memory_private.clock_now();
-  v_backlog boolean;
   v_retention timestamptz;
   v_prune timestamptz;
 begin
-  -- The time-based events a tick cannot see coming from a change: expired text still left by
-  -- the bounded sweep (due again now), the next message's retention end, the next record's
-  -- pruning horizon. A conversation's idle end is kept by the change that set it (note_change)
-  -- or, after the idle window itself changed, by the tick (maintain_workspace). A lease is
-  -- found by its expiry (due_workspaces); a job's backoff needs no maintenance (claim_job
-  -- takes a pending job when it is due).
-  v_backlog := exists (select 1 from memory_private.messages
-                        where workspace_id = p_workspace_id and body is not null
-                          and retain_until <= v_now)
-               or exists (select 1 from memory_private.messages
-                           where workspace_id = p_workspace_id and scrub_pending);
-  if v_backlog then
+  -- The time-based events a tick cannot see coming from a change: the earliest retention end
+  -- of a message that still has its text (now while expired text is left by the bounded
+  -- sweep), erased text the sweep has yet to follow (now), the next record's pruning horizon.
+  -- A conversation's idle end is planned by the tick that derives it (schedule_extraction). A
+  -- lease is found by its expiry (due_workspaces); a job's backoff needs no maintenance
+  -- (claim_job takes a pending job when it is due).
+  if exists (select 1 from memory_private.messages
+              where workspace_id = p_workspace_id and scrub_pending) then
     return v_now;
   end if;
-  select min(retain_until) into v_retention from memory_private.messages
-   where workspace_id = p_workspace_id and body is not null and retain_until > v_now;
-  -- prune_records deletes a record unused for strictly longer than the horizon.
-  select min(coalesce(u.last_used_at, r.created_at))
-         + make_interval(days => (memory_private.policy()).unused_days)
-         + interval '1 microsecond'
+  select r.retain_until into v_retention
+    from memory_private.retention_ends(p_workspace_id) r
+   order by r.retain_until
+   limit 1;
+  if not memory_private.is_retained(true, v_retention, v_now) then
+    return v_now;
+  end if;
+  select min(memory_private.prune_at(u.last_used_at, r.created_at))
     into v_prune
     from memory_private.records r
     left join memory_private.record_usage u
@@ -75,98 +75,38 @@ comment on function memory_private.due_workspaces(text, integer) is
   'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
   'whose lease expired.';
 
-create function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
-  returns table (
-    request_id text, status text, recall_enabled boolean, bot_active boolean,
-    workspace_paused boolean, users bigint, assistants bigint, messages bigint,
-    last_activity timestamp with time zone, idle_until timestamp with time zone,
-    job_status text, job_holds boolean, job_next_attempt_at timestamp with time zone,
-    job_last_error text, budget_left numeric, stopped_holds boolean
-  )
-  language plpgsql stable
+create function memory_private.consume_due(
+  p_workspace_id text, p_now timestamptz,
+  out everything boolean, out request_ids text[], out scope_ids bigint[],
+  out changed_requests integer
+)
+  language plpgsql volatile
   as $$
-#variable_conflict use_column
 begin
-  -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
-  -- query of the node holding the workspace); the verdict is waiting_status_of's.
-  return query
-  select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
-         u.users, u.assistants, u.messages, a.last_activity,
-         a.last_activity + w.idle_window,
-         oj.status, oj.holds, oj.next_attempt_at, oj.last_error,
-         least(w.budget_usd - w.spent_usd - wm.memory_spent_usd, oj.request_left),
-         exists (select 1 from memory_private.jobs j
-                  where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-                    and j.phase = 'extract' and j.status = 'stopped'
-                    and j.config_version = w.config_version
-                    and not coalesce(j.result ? 'retried_as_job_id', false)
-                    and exists (select 1 from jsonb_array_elements(u.fresh) f
-                                 where j.input -> 'sources' @> jsonb_build_array(f)))
-    from memory_private.requests r
-    join memory_private.workspaces w on w.workspace_id = r.workspace_id
-    join memory_private.workspace_memory wm on wm.workspace_id = r.workspace_id
-    join memory_private.chats c on c.workspace_id = r.workspace_id and c.chat_id = r.chat_id
-    join memory_private.bots b on b.workspace_id = r.workspace_id and b.bot_id = r.bot_id
-    join memory_private.scopes s
-      on s.workspace_id = r.workspace_id and s.bot_id = r.bot_id and s.chat_id = r.chat_id
-     and ((c.kind = 'private' and s.kind = 'private' and s.user_id = c.private_user_id)
-          or (c.kind = 'group' and s.kind = 'shared' and s.topic_id = r.topic_id))
-   cross join lateral (
-     -- Its messages the scope may use: retained, not tombstoned there; fresh: those not yet
-     -- extracted (or skipped) at their content.
-     select count(*) filter (where m.role = 'user') as users,
-            count(*) filter (where m.role = 'assistant') as assistants,
-            count(*) filter (where e.message_id is null) as messages,
-            jsonb_agg(jsonb_build_object('id', m.message_id, 'hash', m.content_hash))
-              filter (where e.message_id is null) as fresh
-       from memory_private.messages m
-       left join memory_private.extracted_sources e
-         on e.workspace_id = m.workspace_id and e.scope_id = s.scope_id
-        and e.message_id = m.message_id and e.content_hash = m.content_hash
-      where m.workspace_id = r.workspace_id and m.request_id = r.request_id
-        and memory_private.is_retained(m.body is not null, m.retain_until, p_now)
-        and (m.directed or s.kind = 'private')
-        and not exists (select 1 from memory_private.tombstones t
-                         where t.workspace_id = m.workspace_id and t.scope_id = s.scope_id
-                           and t.message_id = m.message_id)
-   ) u
-   cross join lateral (
-     -- The idle window's clock: the request's update or finish, its messages' creation, edit
-     -- or removal (as memory_private.extraction_units reads it).
-     select greatest(r.updated_at, r.finished_at,
-                     max(greatest(x.created_at, x.edited_at, x.removed_at))) as last_activity
-       from memory_private.messages x
-      where x.workspace_id = r.workspace_id and x.request_id = r.request_id
-   ) a
-    left join lateral (
-      -- The scope's open extraction job, whether it holds this conversation, and what is
-      -- left of its origin request's budget.
-      select j.status, j.next_attempt_at, j.last_error,
-             exists (select 1 from jsonb_array_elements(u.fresh) f
-                      where j.input -> 'sources' @> jsonb_build_array(f)) as holds,
-             q.budget_usd - q.spent_usd - coalesce(
-               (select sum(rc.cost_usd) from memory_private.request_charges rc
-                 where rc.workspace_id = q.workspace_id and rc.request_id = q.request_id), 0)
-               as request_left
-        from memory_private.jobs j
-        join memory_private.requests q
-          on q.workspace_id = j.workspace_id and q.request_id = j.origin_request_id
-       where j.workspace_id = r.workspace_id and j.scope_id = s.scope_id
-         and j.phase = 'extract' and j.status in ('pending', 'running')
-       order by j.job_id
-       limit 1
-    ) oj on true
-   where r.workspace_id = p_workspace_id and r.kind = 'interactive' and u.messages > 0;
+  -- The rows due now go (in one statement, whatever their number): what they were confined to
+  -- (requests, scopes) is what the tick derives; a change confined to nothing means anything
+  -- may have changed (everything), unless it is foreseen (a time-based event: the tick's own
+  -- steps find what it changes). A change committed after this statement keeps its row, so the
+  -- next pass comes back for it.
+  with consumed as (
+    delete from memory_private.maintenance_due
+     where workspace_id = p_workspace_id and due_at <= p_now
+    returning request_id, scope_id, foreseen
+  )
+  select coalesce(bool_or(c.request_id is null and c.scope_id is null and not c.foreseen),
+                  false),
+         coalesce(array_agg(distinct c.request_id) filter (where c.request_id is not null),
+                  '{}'),
+         coalesce(array_agg(distinct c.scope_id) filter (where c.scope_id is not null), '{}'),
+         count(distinct c.request_id) filter (where not c.foreseen)
+    into everything, request_ids, scope_ids, changed_requests
+    from consumed c;
 end
 $$;
-comment on function memory_private.waiting_conversations(text, timestamptz) is
-  'The interactive conversations (requests) of a workspace with something not yet handled (a '
-  'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
-  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
-  'workspace switches, the request''s status, its user and assistant messages, its last '
-  'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
-  'conversation, its next attempt and last error), the budget left (the workspace''s or the '
-  'job''s request''s, whichever is less) and whether a stopped job holds it.';
+comment on function memory_private.consume_due(text, timestamptz) is
+  'Deletes the workspace''s maintenance_due rows due at p_now and answers what they name: '
+  'everything (a change confined to nothing), the requests and the scopes, and how many '
+  'requests changed (foreseen rows aside).';
 
 create function memory_private.maintain_workspace(p_workspace_id text) returns jsonb
   language plpgsql volatile
@@ -175,104 +115,60 @@ declare
   v_total jsonb := jsonb_build_object('extract_jobs_created', 0, 'consolidate_jobs_created', 0,
                                       'leases_expired', 0);
   v_now timestamptz := memory_private.clock_now();
-  v_idle_ends timestamptz[] := '{}';
-  v_idle_requests text[] := '{}';
-  v_at timestamptz;
-  v_request text;
-  v_scope bigint;
-  v_all boolean := false;
-  v_requests text[] := '{}';
-  v_scopes bigint[] := '{}';
-  v_seen interval;
-  v_window interval;
-  v_sweep jsonb;
-  v_foreseen boolean;
+  v_before record;
+  v_after record;
   v_next timestamptz;
 begin
   perform memory_private.lock_workspace(p_workspace_id);
-  -- The rows due now are consumed first: a change committed after this statement keeps its
-  -- row, so the next pass comes back for it; one committed before is seen by the steps below.
-  -- The idle ends the consumed changes set are kept as rows of their own. What the changes
-  -- were confined to (requests, scopes) is gathered for scheduling; a row confined to nothing
-  -- means anything may have changed.
-  for v_at, v_request, v_scope, v_foreseen in
-    delete from memory_private.maintenance_due
-     where workspace_id = p_workspace_id and due_at <= v_now
-    returning idle_at, request_id, scope_id, foreseen
-  loop
-    v_all := v_all or (v_request is null and v_scope is null and not v_foreseen);
-    if v_request is not null and not v_request = any (v_requests) then
-      v_requests := v_requests || v_request;
-    end if;
-    if v_scope is not null and not v_scope = any (v_scopes) then
-      v_scopes := v_scopes || v_scope;
-    end if;
-    if v_at > v_now then
-      v_idle_ends := v_idle_ends || v_at;
-      v_idle_requests := v_idle_requests || v_request;
-    end if;
-  end loop;
-  select m.idle_window_seen, w.idle_window into v_seen, v_window
-    from memory_private.workspace_memory m
-    join memory_private.workspaces w on w.workspace_id = m.workspace_id
-   where m.workspace_id = p_workspace_id;
-  if v_seen is distinct from v_window then
-    -- The idle window changed (or was never planned with): every waiting conversation's idle
-    -- end is planned anew, as memory.waiting_status computes it.
-    select coalesce(array_agg(c.idle_until order by c.request_id), '{}'),
-           coalesce(array_agg(c.request_id order by c.request_id), '{}')
-      into v_idle_ends, v_idle_requests
-      from memory_private.waiting_conversations(p_workspace_id, v_now) c
-     where c.idle_until > v_now;
+  -- What changed since the last tick (the rows due now), then the steps, in this order: leases
+  -- first (a job whose worker died is released or stopped); then retention, before stale jobs
+  -- are retired, so that a job or checkpoint built on a source erased here is superseded in the
+  -- same tick (T3); scheduling last, so that what the steps changed is scheduled at once. The
+  -- steps note what they change as rows of their own (a job leaving running, a record
+  -- deleted, text erased, a job retired), which the tick consumes before it schedules.
+  v_before := memory_private.consume_due(p_workspace_id, v_now);
+  if v_before.changed_requests >= (memory_private.policy()).analyze_after then
+    -- A bulk import since the last tick: the planner's statistics may not know this
+    -- workspace's rows yet, and a plan that takes it for a handful would read all of its
+    -- messages for each conversation. Refreshed before the steps plan their statements (and
+    -- every session's cached plans over these tables are made again).
+    analyze memory_private.requests, memory_private.messages;
+    v_total := v_total || jsonb_build_object('statistics_refreshed', 1);
   end if;
-  -- The steps, in this order: leases first (a job whose worker died is released or stopped);
-  -- then retention, before stale jobs are retired, so that a job or checkpoint built on a
-  -- source erased here is superseded in the same tick (T3); scheduling last, so that the
-  -- consolidation the sweep's deletions call for is scheduled at once.
   v_total := memory_private.add_counts(v_total, memory_private.expire_leases(p_workspace_id));
-  v_sweep := memory_private.sweep_retention(p_workspace_id);
-  v_total := memory_private.add_counts(v_total, v_sweep - 'expired_request_ids');
+  v_total := memory_private.add_counts(v_total,
+                                       memory_private.sweep_retention(p_workspace_id));
   v_total := memory_private.add_counts(v_total,
                                        memory_private.retire_stale_jobs(p_workspace_id));
-  -- What the steps so far deleted, released or retired may change any input; text past its
-  -- retention changes its own conversations (and what the erasure makes stale is retired, so
-  -- counted here).
-  v_requests := v_requests || array(select jsonb_array_elements_text(
-                                             v_sweep -> 'expired_request_ids'));
-  v_all := v_all or exists (select 1 from jsonb_each(v_total) c
-                             where jsonb_typeof(c.value) = 'number' and c.value::numeric > 0
-                               and c.key not in ('messages_expired', 'messages_scrubbed',
-                                                 'tombstones_dropped'));
+  v_after := memory_private.consume_due(p_workspace_id, v_now);
   v_total := memory_private.add_counts(v_total, memory_private.schedule_jobs(
-               p_workspace_id, case when not v_all then v_requests end, v_scopes));
-  -- The idle ends (each with its request) and the next time-based event as foreseen rows (a
-  -- retention end names its requests when it erases; a pruning deletes records, which makes
-  -- the tick derive every scope); under the memory lock, a row already planned for the same
-  -- time and request is consumed by a later tick, so it is not planned twice.
+               p_workspace_id,
+               case when not (v_before.everything or v_after.everything)
+                    then v_before.request_ids || v_after.request_ids end,
+               v_before.scope_ids || v_after.scope_ids));
+  -- The next time-based event as the workspace's one foreseen row (the idle ends are planned
+  -- by schedule_extraction, one row per conversation).
   v_next := memory_private.next_maintenance_at(p_workspace_id);
-  for v_at, v_request in
-    select e.at, e.request_id
-      from unnest(v_idle_ends || v_next, v_idle_requests || null::text) as e(at, request_id)
-     where e.at is not null
-  loop
-    if not exists (select 1 from memory_private.maintenance_due
-                    where workspace_id = p_workspace_id and due_at = v_at
-                      and request_id is not distinct from v_request) then
-      insert into memory_private.maintenance_due (workspace_id, due_at, request_id, foreseen)
-      values (p_workspace_id, v_at, v_request, true);
-    end if;
-  end loop;
-  update memory_private.workspace_memory
-     set maintained_at = v_now, idle_window_seen = v_window
+  if v_next is null then
+    delete from memory_private.maintenance_due
+     where workspace_id = p_workspace_id and foreseen and request_id is null;
+  else
+    insert into memory_private.maintenance_due (workspace_id, due_at, foreseen)
+    values (p_workspace_id, v_next, true)
+    on conflict (workspace_id) where foreseen and request_id is null
+    do update set due_at = excluded.due_at;
+  end if;
+  update memory_private.workspace_memory set maintained_at = v_now
    where workspace_id = p_workspace_id;
   return v_total || jsonb_build_object('sweep_backlog', coalesce(v_next <= v_now, false)::integer);
 end
 $$;
 comment on function memory_private.maintain_workspace(text) is
   'One maintenance tick of one workspace under its memory lock: consumes its due rows, expires '
-  'leases, sweeps retention, retires stale jobs, schedules jobs; plans its next time-based '
-  'event (and the idle ends of its conversations) as due rows; stamps maintained_at. Returns '
-  'the summed counts, sweep_backlog 1 when expired text is left for the next tick.';
+  'leases, sweeps retention, retires stale jobs, consumes the rows those steps wrote, schedules '
+  'jobs in the scopes all of them name (every scope after a change confined to nothing); plans '
+  'its next time-based event as its foreseen row; stamps maintained_at. Returns the summed '
+  'counts, sweep_backlog 1 when expired text is left for the next tick.';
 
 create function memory.run_maintenance(p_workspace_id text default null) returns jsonb
   language plpgsql volatile security definer

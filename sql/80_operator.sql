@@ -87,7 +87,7 @@ begin
            (select count(*) from memory_private.record_dependencies d
              where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
            octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
+           coalesce(r.record_id = any(i.record_ids), false) as in_index,
            v.reason is null as valid,
            v.reason as invalid_reason
       from memory_private.scopes s
@@ -95,6 +95,8 @@ begin
       join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
       left join memory_private.record_usage u
         on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+      left join memory_private.scope_indexes i
+        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
      where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
   ) v
    where v.workspace_id = p_workspace_id;
@@ -191,11 +193,11 @@ begin
              as records_invalid,
            coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
              as invalid_by_reason,
-           coalesce(cardinality(s.index_record_ids), 0) as index_records,
-           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
-           octet_length(s.index_text) as index_bytes,
-           s.index_built_at,
-           memory_private.operator_now() - s.index_built_at as index_age,
+           coalesce(cardinality(i.record_ids), 0) as index_records,
+           coalesce(cardinality(i.candidate_ids), 0) as index_candidates,
+           octet_length(i.index_text) as index_bytes,
+           i.built_at as index_built_at,
+           memory_private.operator_now() - i.built_at as index_age,
            s.consolidation_due_at is not null as consolidation_pending,
            s.consolidation_due_at,
            ej.job_id as extract_job_id, ej.status as extract_job_status,
@@ -204,6 +206,8 @@ begin
              where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
            s.created_at
       from memory_private.scopes s
+      left join memory_private.scope_indexes i
+        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
       left join memory_private.jobs ej
         on ej.workspace_id = s.workspace_id and ej.scope_id = s.scope_id and ej.phase = 'extract'
        and ej.status in ('pending', 'running')
@@ -281,7 +285,8 @@ begin
   select * from (
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
            w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
+           (select b.workspace_left from memory_private.budget_left(w.workspace_id, null) b)
+             as budget_left_usd,
            (select count(*) from memory_private.scopes s
              where s.workspace_id = w.workspace_id) as scopes,
            (select count(*) from memory_private.scopes s
@@ -354,42 +359,10 @@ comment on view memory.workspace_status is
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
   'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
 
--- What is waiting, and why: the conversations not yet turned into a memory, counted by the
--- first reason that holds them back, in the order the pipeline meets them (the scheduling rule
--- of 45_scheduling.sql, then the job's life). `pimem status` shows it, and the worker logs it
--- when it finds no work.
-create function memory_private.waiting_reasons()
-  returns table (rank integer, reason text, explanation text)
-  language sql immutable
-  as $$
-  values
-    (1, 'workspace_paused', 'the workspace is paused (memory.set_workspace_paused resumes it)'),
-    (2, 'recall_off', 'memory is turned off in the scope (recall disabled by a user or admin)'),
-    (3, 'bot_inactive', 'the bot is inactive'),
-    (4, 'request_not_finished', 'the request is not finished: it waits until the backend '
-                                'reports it succeeded (upsert_request)'),
-    (5, 'request_failed', 'the request failed: only succeeded requests become memories'),
-    (6, 'no_user_message', 'the conversation has no user message'),
-    (7, 'no_assistant_message', 'the conversation has no assistant message: the backend '
-                                'reports the bot''s answer (upsert_message, role assistant)'),
-    (8, 'idle_window', 'the workspace''s idle window has not passed since the '
-                       'conversation''s last activity (next_change_at)'),
-    (9, 'awaiting_maintenance', 'it qualifies: the next maintenance schedules its extraction'),
-    (10, 'next_batch', 'the scope''s open extraction job does not hold it: the next '
-                       'maintenance renews the job or it goes into the next batch'),
-    (11, 'job_stopped', 'its extraction job stopped and is not replayed '
-                        '(memory.job_status, memory.retry_job)'),
-    (12, 'no_budget', 'its extraction job waits for budget: the request''s or the '
-                      'workspace''s is spent'),
-    (13, 'not_priced', 'its extraction job waits: the worker cannot price the pinned model'),
-    (14, 'job_backoff', 'its extraction job failed and backs off until next_change_at'),
-    (15, 'job_due', 'its extraction job is due: it waits for a worker'),
-    (16, 'job_running', 'a worker is extracting it now')
-$$;
-comment on function memory_private.waiting_reasons() is
-  'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
-  'each with what it means.';
-
+-- What is waiting, and why: the scheduling verdict (memory_private.extraction_verdict,
+-- 45_scheduling.sql) of every conversation not yet turned into a memory, counted by its reason
+-- (memory_private.waiting_reasons, in their order). `pimem status` shows it, and the worker logs
+-- it when it finds no work.
 create function memory_private.waiting_status_of(p_workspace_id text)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
@@ -399,48 +372,20 @@ create function memory_private.waiting_status_of(p_workspace_id text)
   language plpgsql stable
   as $$
 #variable_conflict use_column
-declare
-  v_now timestamptz := memory_private.operator_now();
 begin
   return query
-  with classified as (
-    select cv.messages, cv.last_activity,
-           case
-             when cv.workspace_paused then 'workspace_paused'
-             when not cv.recall_enabled then 'recall_off'
-             when not cv.bot_active then 'bot_inactive'
-             when cv.status = 'failed' then 'request_failed'
-             when cv.status <> 'succeeded' then 'request_not_finished'
-             when cv.users = 0 then 'no_user_message'
-             when cv.assistants = 0 then 'no_assistant_message'
-             when cv.idle_until > v_now then 'idle_window'
-             when cv.job_status is not null and not cv.job_holds then 'next_batch'
-             when cv.job_status = 'running' then 'job_running'
-             when cv.job_status = 'pending'
-                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
-               then 'no_budget'
-             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
-               then 'not_priced'
-             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
-               then 'job_backoff'
-             when cv.job_status = 'pending' then 'job_due'
-             when cv.stopped_holds then 'job_stopped'
-             else 'awaiting_maintenance'
-           end as reason,
-           cv.idle_until, cv.job_next_attempt_at
-      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
-  )
-  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
+  select p_workspace_id, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
          -- when the earliest of them moves on by itself: the idle window's end, the job's
          -- next attempt
-         min(case k.reason when 'idle_window' then k.idle_until
-                           when 'no_budget' then k.job_next_attempt_at
-                           when 'not_priced' then k.job_next_attempt_at
-                           when 'job_backoff' then k.job_next_attempt_at end),
-         rs.explanation
-    from classified k
-    join memory_private.waiting_reasons() rs on rs.reason = k.reason
-   group by k.reason, rs.rank, rs.explanation
+         min(v.next_change_at), rs.explanation
+    from memory_private.extraction_verdict(
+           p_workspace_id,
+           array(select s.scope_id from memory_private.scopes s
+                  where s.workspace_id = p_workspace_id),
+           memory_private.operator_now()) v
+    join memory_private.waiting_reasons rs
+      on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
+   group by rs.reason, rs.rank, rs.explanation
    order by rs.rank;
 end
 $$;
@@ -471,10 +416,12 @@ comment on function memory_private.operator_waiting_status() is
 create view memory.waiting_status as select * from memory_private.operator_waiting_status();
 comment on view memory.waiting_status is
   'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the first reason that '
-  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
-  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
-  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
+  '(interactive requests) with messages not yet extracted, counted by the reason the '
+  'scheduling verdict gives them (memory_private.waiting_reasons, in their order: '
+  'workspace_paused, recall_off, bot_inactive, request_not_finished, request_failed, '
+  'no_user_message, no_assistant_message, idle_window, job_running, no_budget, not_priced, '
+  'job_backoff, job_due, next_batch, job_stopped, awaiting_maintenance: none, the next tick '
+  'schedules it), their '
   'messages, the oldest last activity, when the earliest of them moves on by itself '
   '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
   'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
@@ -585,7 +532,7 @@ begin
   select * from (
     select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
            memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
+           j.claims, memory_private.calls_left(j.claims) as claims_left,
            case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
            j.worker_id, j.lease_expires_at,
            j.checkpoint is not null as has_checkpoint,
@@ -680,7 +627,8 @@ begin
   select q.workspace_id, q.request_id, q.status as request_status,
          q.model_provider, q.model_id,
          q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
+         (select b.request_left from memory_private.budget_left(q.workspace_id, q.request_id) b)
+           as budget_left_usd,
          count(*) as attempts,
          count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
          coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
@@ -752,7 +700,7 @@ declare
   v_now timestamptz := memory_private.clock_now();
   v_new bigint;
   v_ws memory_private.workspaces;
-  v_request memory_private.requests;
+  v_budget record;
 begin
   perform memory_private.require_workspace(p_workspace_id);
   if p_job_id is null then
@@ -793,20 +741,16 @@ begin
          updated_at = v_now
    where workspace_id = p_workspace_id and job_id = p_job_id;
 
-  select * into v_request from memory_private.requests
-   where workspace_id = p_workspace_id and request_id = v_job.origin_request_id;
+  select * into v_budget
+    from memory_private.budget_left(p_workspace_id, v_job.origin_request_id);
   return jsonb_build_object(
     'job_id', p_job_id,
     'retried_as_job_id', v_new,
     'status', 'pending',
     'next_attempt_at', v_now,
     'workspace_paused', v_ws.paused,
-    'request_budget_left_usd',
-      v_request.budget_usd - v_request.spent_usd
-      - memory_private.request_memory_spent(p_workspace_id, v_job.origin_request_id),
-    'workspace_budget_left_usd', v_ws.budget_usd - v_ws.spent_usd
-      - (select memory_spent_usd from memory_private.workspace_memory
-          where workspace_id = p_workspace_id));
+    'request_budget_left_usd', v_budget.request_left,
+    'workspace_budget_left_usd', v_budget.workspace_left);
 end
 $$;
 comment on function memory.retry_job(text, bigint) is
@@ -898,17 +842,17 @@ begin
            'recorded_hash', d.content_hash, 'current_hash', m.content_hash,
            'retain_until', m.retain_until, 'removed_at', m.removed_at,
            'removal_reason', m.removal_reason, 'edited_at', m.edited_at,
-           'tombstoned', t.message_id is not null,
+           'tombstoned', t.tombstoned,
            'state', coalesce(memory_private.dependency_state(
                       m.removed_at, m.body is not null, m.retain_until, m.content_hash,
-                      d.content_hash, t.message_id is not null, p_now), 'current'))
+                      d.content_hash, t.tombstoned, p_now), 'current'))
          order by d.message_id), '[]')
     from memory_private.record_dependencies d
     join memory_private.messages m
       on m.workspace_id = d.workspace_id and m.message_id = d.message_id
-    left join memory_private.tombstones t
-      on t.workspace_id = d.workspace_id and t.scope_id = p_scope_id
-     and t.message_id = d.message_id
+   cross join lateral (
+     select exists (select from memory_private.tombstone(d.workspace_id, p_scope_id,
+                                                         d.message_id)) as tombstoned) t
    where d.workspace_id = p_workspace_id and d.record_id = p_record_id);
 end
 $$;
@@ -977,7 +921,10 @@ begin
       'speaker_ids', to_jsonb(v_record.speaker_ids), 'thread_ids', to_jsonb(v_record.thread_ids),
       'repositories', to_jsonb(v_record.repositories),
       'bot_identity', v_record.bot_identity, 'origin_request_id', v_record.origin_request_id,
-      'in_index', coalesce(v_record.record_id = any(v_scope.index_record_ids), false)),
+      'in_index', exists (select from memory_private.scope_indexes i
+                           where i.workspace_id = p_workspace_id
+                             and i.scope_id = v_scope.scope_id
+                             and v_record.record_id = any(i.record_ids))),
     'scope', jsonb_build_object(
       'scope_id', v_scope.scope_id, 'kind', v_scope.kind, 'bot_id', v_scope.bot_id,
       'chat_id', v_scope.chat_id, 'user_id', v_scope.user_id, 'topic_id', v_scope.topic_id,

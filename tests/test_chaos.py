@@ -150,7 +150,8 @@ def check_invariants(conn: psycopg.Connection) -> dict[str, Any]:
                                                     where c.workspace_id = w.workspace_id)""")
     violations += [f"workspace {w} spend differs from its charges" for (w,) in ws_totals]
     bad_index = q("""select s.scope_id, i.id from memory_private.scopes s
-                       cross join unnest(s.index_record_ids) i(id)
+                       join memory_private.scope_indexes x using (workspace_id, scope_id)
+                       cross join unnest(x.record_ids) i(id)
                       where s.consolidation_due_at is null
                         and not exists (select 1 from memory_private.records r
                                          where r.workspace_id = s.workspace_id

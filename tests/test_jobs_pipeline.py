@@ -31,6 +31,9 @@ from tests.jobs_world import (
 )
 from tests.records import copies_differing, invalid_reason, record_copy, usage_rows_missing
 
+SCOPE_INDEX = ("memory_private.scopes s left join memory_private.scope_indexes i "
+               "using (workspace_id, scope_id)")
+
 
 def claimed(conn: psycopg.Connection, worker: str = "w1") -> dict[str, Any]:
     job = claim(conn, worker)
@@ -591,8 +594,8 @@ def test_a_source_changed_during_consolidation_refuses_the_commit(conn: psycopg.
     with pytest.raises(psycopg.Error) as err:
         commit(conn, job)
     assert err.value.sqlstate == "MB021"
-    assert conn.execute("select index_text, consolidation_due_at is not null "
-                        "from memory_private.scopes").fetchone() == (None, True)
+    assert conn.execute("select i.index_text, s.consolidation_due_at is not null "
+                        f"from {SCOPE_INDEX}").fetchone() == (None, True)
     counts = maintenance(conn, "ws1")
     assert counts["jobs_superseded_stale"] == 1
     assert counts["indexes_cleared"] == 1, "no valid record is left to index"
@@ -614,8 +617,8 @@ def test_a_record_added_during_consolidation_keeps_the_scope_due(conn: psycopg.C
     assert rec is not None
     result = commit(conn, job)
     assert result["consolidation_still_due"] is True
-    scope = conn.execute("select index_record_ids, consolidation_due_at is not null "
-                         "from memory_private.scopes").fetchone()
+    scope = conn.execute("select i.record_ids, s.consolidation_due_at is not null "
+                         f"from {SCOPE_INDEX}").fetchone()
     assert scope is not None and scope[1] is True and rec[0] not in scope[0]
     assert maintenance(conn, "ws1")["consolidate_jobs_created"] == 1
 

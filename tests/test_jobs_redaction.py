@@ -105,5 +105,5 @@ def test_consolidation_candidates_and_index_are_redacted(conn: psycopg.Connectio
     checkpoint(conn, job, {"index": f"- tea ({SECRET})",
                            "record_ids": [job["input"]["candidates"][0]["id"]]})
     commit(conn, job)
-    assert conn.execute("select index_text from memory_private.scopes").fetchone() == (
+    assert conn.execute("select index_text from memory_private.scope_indexes").fetchone() == (
         "- tea ([REDACTED])",)

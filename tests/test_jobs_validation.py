@@ -146,6 +146,6 @@ def test_consolidation_output_is_validated(conn: psycopg.Connection) -> None:
     checkpoint(conn, job, {"index": "ü" * 2250, "record_ids": ids[:12]})
     result = commit(conn, job)
     assert result["index_record_ids"] == ids[:12]
-    scope = conn.execute("select octet_length(index_text), index_record_ids "
-                         "from memory_private.scopes").fetchone()
+    scope = conn.execute("select octet_length(index_text), record_ids "
+                         "from memory_private.scope_indexes").fetchone()
     assert scope == (4500, ids[:12])

@@ -258,8 +258,9 @@ def test_forget_removes_overlapping_records_tombstones_sources_and_clears_the_in
     assert conn.execute("select count(*) from memory_private.tombstones t "
                         "where t.message_id not in (select message_id "
                         "from memory_private.messages)").fetchone() == (0,)
-    row = conn.execute("select index_text, consolidation_due_at from memory_private.scopes "
-                       "where scope_id = %s", (scope_id(conn, "ws1", "h1"),)).fetchone()
+    row = conn.execute("select i.index_text, s.consolidation_due_at from "
+                       "memory_private.scopes s left join memory_private.scope_indexes i "
+                       "using (workspace_id, scope_id) where s.scope_id = %s", (scope_id(conn, "ws1", "h1"),)).fetchone()
     assert row is not None
     index, due = row
     assert index is None and due is not None

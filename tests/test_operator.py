@@ -135,7 +135,7 @@ def test_views_show_no_message_text_title_summary_or_index(
     checkpoint(conn, job, extraction_of(job, title=SECRET[:40], summary=SECRET))
     commit(conn, job)
     run_one_extraction(conn)  # the consolidation: an index naming the record
-    assert value(conn, "select count(*) from memory_private.scopes where index_text is not null")
+    assert value(conn, "select count(*) from memory_private.scope_indexes")
     dumped = ""
     for view in VIEWS:
         dumped += json.dumps(rows(operator, f"select * from memory.{view}"), default=str)

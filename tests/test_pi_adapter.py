@@ -184,8 +184,8 @@ def test_pi_end_to_end_record_then_index_charged_at_pis_cost(
     assert worker.run(until_idle=True) == 0
     [rec] = records(conn)
     assert rec["title"].startswith("Fake memory: Please plan the Berlin trip")
-    scope = rows(conn, "select index_text, index_record_ids from memory_private.scopes")[0]
-    assert scope["index_record_ids"] == [rec["record_id"]]
+    scope = rows(conn, "select index_text, record_ids from memory_private.scope_indexes")[0]
+    assert scope["record_ids"] == [rec["record_id"]]
     assert f"[#{rec['record_id']}]" in scope["index_text"]
     # The charge recorded on the request is exactly what Pi reported, call by call.
     pi_costs = [r.usage.cost_usd for r in recording.replies]

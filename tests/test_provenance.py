@@ -160,8 +160,8 @@ def index_world(conn: psycopg.Connection) -> tuple[World, int, int]:
                            "source_ids": ["o1", "o2"]})["record_id"]
     result = consolidate(conn, [named], f"Ship day is Friday [#{named}]")
     assert result["index_candidates"] == 2 and result["index_record_ids"] == [named]
-    assert sorted(value(conn, "select index_candidate_ids from memory_private.scopes "
-                              "where index_text is not null")) == sorted([named, other])
+    assert sorted(value(conn, "select candidate_ids from memory_private.scope_indexes")) \
+        == sorted([named, other])
     return w, named, other
 
 
@@ -385,7 +385,7 @@ def test_after_the_sweep_nothing_made_from_an_expired_message_is_left_anywhere(
     secret_world(conn)
     digest = value(conn, "select content_hash from memory_private.messages "
                          "where message_id = 'r1-u'")
-    assert set(rows_holding(conn, SECRET)) >= {"messages", "records", "scopes",
+    assert set(rows_holding(conn, SECRET)) >= {"messages", "records", "scope_indexes",
                                               "request_recall"}
     assert set(rows_holding(conn, digest)) >= {"messages", "record_dependencies", "jobs",
                                               "extracted_sources"}

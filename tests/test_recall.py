@@ -157,9 +157,7 @@ def test_an_index_naming_an_invalid_record_falls_back_to_the_directory(
     # No index at all: the directory too.
     w.request("ws1", "new2", chat="dm-alice", user="alice", status="running")
     set_index(conn, "ws1", "h1", [r2])
-    conn.execute("update memory_private.scopes set index_text = null, index_record_ids = null, "
-                 "index_candidate_ids = null, index_bot_identity = null, "
-                 "index_repositories = null")
+    conn.execute("delete from memory_private.scope_indexes")
     assert recall(conn, "ws1", "new2")["mode"] == "directory"
 
 

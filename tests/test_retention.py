@@ -125,8 +125,9 @@ def test_an_index_naming_a_deleted_record_is_dropped(conn: psycopg.Connection,
     set_index(conn, "ws1", "r1", [rec], "tea")
     world.remove("ws1", "r1-u")
     sweep(conn, "ws1")
-    row = conn.execute("select index_text, index_record_ids, consolidation_due_at is not null "
-                       "from memory_private.scopes").fetchone()
+    row = conn.execute("select i.index_text, i.record_ids, s.consolidation_due_at is not null "
+                       "from memory_private.scopes s left join memory_private.scope_indexes i "
+                       "using (workspace_id, scope_id)").fetchone()
     assert row == (None, None, True)
 
 

@@ -21,6 +21,9 @@ from tests.jobs_world import (
     start,
 )
 
+SCOPE_INDEX = ("memory_private.scopes s left join memory_private.scope_indexes i "
+               "using (workspace_id, scope_id)")
+
 
 def extract_jobs(conn: psycopg.Connection, ws: str = "ws1", status: str = "pending") -> list[dict]:
     return [j for j in jobs(conn, ws) if j["phase"] == "extract" and j["status"] == status]
@@ -379,8 +382,8 @@ def test_an_extraction_marks_the_scope_and_maintenance_schedules_consolidation(
     assert maintenance(conn, "ws1")["consolidate_jobs_created"] == 0, "one open job per scope"
     result = run_one_extraction(conn)  # claims the consolidation
     assert result["phase"] == "consolidate" and result["consolidation_still_due"] is False
-    scope = conn.execute("select index_text, index_record_ids, consolidation_due_at "
-                         "from memory_private.scopes").fetchone()
+    scope = conn.execute("select i.index_text, i.record_ids, s.consolidation_due_at "
+                         f"from {SCOPE_INDEX}").fetchone()
     assert scope is not None and scope[0] and scope[1] and scope[2] is None
 
 
@@ -395,8 +398,8 @@ def test_a_due_scope_without_valid_records_just_loses_its_index(conn: psycopg.Co
     conn.execute("update memory_private.scopes set consolidation_due_at = now()")
     counts = maintenance(conn, "ws1")
     assert counts["consolidate_jobs_created"] == 0 and counts["indexes_cleared"] == 1
-    scope = conn.execute("select index_text, index_record_ids, consolidation_due_at "
-                         "from memory_private.scopes").fetchone()
+    scope = conn.execute("select i.index_text, i.record_ids, s.consolidation_due_at "
+                         f"from {SCOPE_INDEX}").fetchone()
     assert scope == (None, None, None)
 
 

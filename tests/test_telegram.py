@@ -65,7 +65,8 @@ def test_a_private_preference_is_remembered_after_the_idle_window_and_shapes_the
     assert world.last_answer().startswith("You said:"), "nothing is remembered yet"
     assert world.memory_given() == {"mode": "none"}
     assert world.make_memories() == 2, "one extraction, one consolidation"
-    index = world.value("select index_text from memory_private.scopes where workspace_id = %s",
+    index = world.value("select index_text from memory_private.scope_indexes "
+                        "where workspace_id = %s",
                         PRIVATE_WS)
     assert "I prefer answers in German" in index
 

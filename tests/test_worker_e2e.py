@@ -119,8 +119,8 @@ def test_finished_conversation_becomes_a_record_then_an_index(
     assert rec["speaker_ids"] == ["alice"] and rec["title"].startswith("Fake memory: Please plan")
     second = worker.tick()
     assert (second.status, second.phase) == ("committed", "consolidate")
-    scope = rows(conn, "select index_text, index_record_ids from memory_private.scopes")[0]
-    assert scope["index_record_ids"] == [rec["record_id"]]
+    scope = rows(conn, "select index_text, record_ids from memory_private.scope_indexes")[0]
+    assert scope["record_ids"] == [rec["record_id"]]
     assert worker.tick().status == "idle"
     assert [c["kind"] for c in charges(conn)] == ["memory_extract", "memory_consolidate"]
     assert all(c["cost_usd"] == CALL_COST and c["outcome"] == "ok" for c in charges(conn))

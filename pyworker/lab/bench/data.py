@@ -152,9 +152,10 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                                       "speaker_id", "body", "content_hash", "directed",
                                       "repositories", "created_at"), []),
         "scopes": Copy("scopes", ("workspace_id", "scope_id", "kind", "bot_id", "chat_id",
-                                  "user_id", "topic_id", "index_text", "index_record_ids",
-                                  "index_candidate_ids", "index_bot_identity",
-                                  "index_repositories", "index_built_at", "created_at"), []),
+                                  "user_id", "topic_id", "created_at"), []),
+        "scope_indexes": Copy("scope_indexes", ("workspace_id", "scope_id", "index_text",
+                                                "record_ids", "candidate_ids", "bot_identity",
+                                                "repositories", "built_at"), []),
         "records": Copy("records", ("workspace_id", "record_id", "scope_id", "kind", "title",
                                     "summary", "speaker_ids", "thread_ids", "repositories",
                                     "bot_identity", "origin_request_id", "created_at",
@@ -245,11 +246,11 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         index_text = "\n".join(f"[#{r[1]}] {str(r[4])[:200]}" for r in newest)
         t["scopes"].rows.append((ws, scope_id, kind, "b1", chat,
                                  "u1" if kind == "private" else None,
-                                 None if kind == "private" else 0,
-                                 index_text, [r[1] for r in newest],
-                                 [r[1] for r in candidates], "b1-identity",
-                                 sorted({x for r in candidates for x in r[8]}),  # type: ignore[attr-defined]
-                                 now, start))
+                                 None if kind == "private" else 0, start))
+        t["scope_indexes"].rows.append((ws, scope_id, index_text, [r[1] for r in newest],
+                                        [r[1] for r in candidates], "b1-identity",
+                                        sorted({x for r in candidates for x in r[8]}),  # type: ignore[attr-defined]
+                                        now))
 
     with conn.transaction():
         # Foreign-key triggers off while loading consistent data (superuser only), as pg_restore.
@@ -258,7 +259,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
         conn.execute("set local citus.propagate_set_commands = 'local'")
         conn.execute("set local session_replication_role = replica")
         for name in ("workspaces", "members", "bots", "chats", "topics", "repository_grants",
-                     "requests", "messages", "scopes", "records", "record_dependencies"):
+                     "requests", "messages", "scopes", "records", "record_dependencies",
+                     "scope_indexes"):
             _copy(conn, tables[name])
         # Each workspace's memory row, which the workspaces trigger writes when triggers are on
         # (memory_private.workspaces_add_memory_row): the row every memory write, a tool call
@@ -272,9 +274,9 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
                  (workspace_id, scope_id, message_id, content_hash)
                select distinct on (s.workspace_id, s.scope_id, d.message_id)
                       s.workspace_id, s.scope_id, d.message_id, d.content_hash
-                 from memory_private.scopes s
+                 from memory_private.scope_indexes s
                  join memory_private.record_dependencies d
-                   on d.workspace_id = s.workspace_id and d.record_id = any(s.index_candidate_ids)
+                   on d.workspace_id = s.workspace_id and d.record_id = any(s.candidate_ids)
                 where s.workspace_id = any(%s)
                 order by s.workspace_id, s.scope_id, d.message_id""",
             ([r[0] for r in tables["workspaces"].rows],))

@@ -199,8 +199,10 @@ def measure_recall_directory(conn: psycopg.Connection, width: int, n: int) -> Se
     valid records instead of the index (R2). Marks all bench scopes due first (it stays so)."""
     if not has_function(conn, RECALL_SIGNATURE):
         return not_available("memory.recall (sql/50_recall.sql) is not in the schema yet")
-    conn.execute("update memory_private.scopes set consolidation_due_at = index_built_at "
-                 "where workspace_id like 'bench-%%' and consolidation_due_at is null")
+    conn.execute("update memory_private.scopes s set consolidation_due_at = i.built_at "
+                 "from memory_private.scope_indexes i "
+                 "where i.workspace_id = s.workspace_id and i.scope_id = s.scope_id "
+                 "and s.workspace_id like 'bench-%%' and s.consolidation_due_at is null")
     section = measure_recall(conn, width, n, tag="rd")  # new requests: none has recalled yet
     section.pop("requests", None)
     return section

@@ -89,11 +89,6 @@ def bulk_workspaces(conn: psycopg.Connection, names: str, first: int, count: int
            cross join (values ('user'), ('assistant')) r(role)
            cross join lateral (select repeat('The export totals differ from last week. ', 7)
                                       || q.request_id || r.role as body) b""")
-        # As maintained before: its last tick planned with the current idle window.
-        conn.execute(f"""
-          update memory_private.workspace_memory m set idle_window_seen = w.idle_window
-            from memory_private.workspaces w
-           where w.workspace_id = m.workspace_id and m.workspace_id in (select {ws} from {span})""")
     conn.execute("analyze")
 
 

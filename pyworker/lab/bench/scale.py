@@ -207,10 +207,11 @@ LOAD_RECORDS = [
 LOAD_INDEXES = [
     # The scope's index as a consolidation leaves it: naming the newest records, built from
     # all of them, and what it rests on.
-    f"""update memory_private.scopes s
-           set index_text = x.text, index_record_ids = x.named, index_candidate_ids = x.ids,
-               index_bot_identity = 'b1-identity', index_repositories = x.repos,
-               index_built_at = %(now)s
+    f"""insert into memory_private.scope_indexes
+         (workspace_id, scope_id, index_text, record_ids, candidate_ids, bot_identity,
+          repositories, built_at)
+        select x.workspace_id, x.scope_id, x.text, x.named, x.ids, 'b1-identity', x.repos,
+               %(now)s
           from (select r.workspace_id, r.scope_id,
                        string_agg('[#' || r.record_id || '] ' || r.title, e'\\n'
                                   order by r.created_at desc)
@@ -225,15 +226,13 @@ LOAD_INDEXES = [
                                                        order by r.created_at desc) as n
                           from memory_private.records r
                          where r.workspace_id between %(lo_ws)s and %(hi_ws)s) r
-                 group by r.workspace_id, r.scope_id) x
-         where s.workspace_id = x.workspace_id and s.scope_id = x.scope_id
-           and s.workspace_id between %(lo_ws)s and %(hi_ws)s""",
+                 group by r.workspace_id, r.scope_id) x""",
     """insert into memory_private.index_dependencies
          (workspace_id, scope_id, message_id, content_hash)
        select distinct s.workspace_id, s.scope_id, d.message_id, d.content_hash
-         from memory_private.scopes s
+         from memory_private.scope_indexes s
          join memory_private.record_dependencies d
-           on d.workspace_id = s.workspace_id and d.record_id = any(s.index_candidate_ids)
+           on d.workspace_id = s.workspace_id and d.record_id = any(s.candidate_ids)
         where s.workspace_id between %(lo_ws)s and %(hi_ws)s""",
     # The history was extracted: every message is a handled source of its scope (by a job of
     # the past, id 0), so a maintenance pass finds nothing to schedule in an idle workspace.
