@@ -5994,7 +5994,7 @@ $$;
 comment on function memory_private.waiting_status_of(text) is
   'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
 
-create or replace function memory_private.operator_waiting_status()
+create or replace function memory.waiting_status(p_workspace_id text default null)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
     oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
@@ -6006,17 +6006,27 @@ create or replace function memory_private.operator_waiting_status()
 declare
   v_ws text;
 begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
+  -- One workspace's verdict when given one (the worker's report reads only the workspaces it
+  -- just maintained); every workspace's, one at a time, each on the node holding it, when NULL.
+  if p_workspace_id is not null then
+    perform memory_private.require_workspace(p_workspace_id);
+  end if;
+  foreach v_ws in array coalesce(case when p_workspace_id is not null
+                                      then array[p_workspace_id] end,
+                                 array(select w.workspace_id from memory_private.workspaces w
+                                        order by 1))
+  loop
     return query select * from memory_private.waiting_status_of(v_ws);
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_waiting_status() is
-  'memory.waiting_status: every workspace''s rows, one workspace at a time, each on the node '
-  'holding it (security definer).';
+comment on function memory.waiting_status(text) is
+  'What waits to become a memory in the workspace (NULL: in every workspace), and why: the rows '
+  'of memory.waiting_status, read from that workspace alone. MB001/MB002 for a malformed or '
+  'unknown workspace. For memory_operator and memory_worker.';
 
-create or replace view memory.waiting_status as select * from memory_private.operator_waiting_status();
+create or replace view memory.waiting_status as select * from memory.waiting_status(null);
 
 comment on view memory.waiting_status is
   'What waits to become a memory, and why: per workspace and reason, the conversations '
@@ -6907,10 +6917,9 @@ revoke all on memory.waiting_status from public;
 
 grant select on memory.waiting_status to memory_operator, memory_worker;
 
-revoke all on function memory_private.operator_waiting_status() from public;
+revoke all on function memory.waiting_status(text) from public;
 
-grant execute on function memory_private.operator_waiting_status()
-  to memory_operator, memory_worker;
+grant execute on function memory.waiting_status(text) to memory_operator, memory_worker;
 
 revoke all on function
   memory.retry_job(text, bigint),

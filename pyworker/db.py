@@ -205,9 +205,20 @@ class Database:
 
     def waiting(self, workspace_id: str | None = None) -> list[dict[str, Any]]:
         """What waits to become a memory and why (``memory.waiting_status``: per workspace and
-        reason, counted in the database). Readable by memory_operator and memory_worker."""
-        return self.view_rows("waiting_status",
-                              where={"workspace_id": workspace_id} if workspace_id else None)
+        reason, the scheduler's own verdict counted in the database), read from that workspace
+        alone when one is given. For memory_operator and memory_worker."""
+        conn = self._connection()
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute("select * from memory.waiting_status(%s)",
+                                   (workspace_id,)).fetchall()
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn.broken or conn.closed:
+                self.close()
+                raise DatabaseUnavailable(str(exc).strip()) from exc
+            raise translate(exc) from exc
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
 
     def current_role(self) -> str:
         """The role this session acts as (for an error that names it)."""

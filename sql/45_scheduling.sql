@@ -300,6 +300,8 @@ comment on function memory_private.extraction_input(text, bigint, text, jsonb) i
   'batch_memories). What the verdict compares the open job with, and what the scheduler '
   'creates.';
 
+-- Long: one pass over the candidates, then each scope's batch, open job and input history,
+-- and its rows' reasons in one statement: the verdict's parts read best together.
 create function memory_private.extraction_verdict(
   p_workspace_id text, p_scope_ids bigint[], p_now timestamptz
 ) returns table (

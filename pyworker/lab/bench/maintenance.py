@@ -238,7 +238,9 @@ def measure_sweep(conn: psycopg.Connection, dsn: str, *, workspaces: int,
     # The retention end their last tick foresaw.
     conn.execute("insert into memory_private.maintenance_due (workspace_id, due_at, foreseen) "
                  "select workspace_id, now(), true from memory_private.workspaces "
-                 "where workspace_id like %s", (f"{names}-%",))
+                 "where workspace_id like %s "
+                 "on conflict (workspace_id) where foreseen and request_id is null "
+                 "do update set due_at = excluded.due_at", (f"{names}-%",))
     conn.execute("analyze memory_private.messages")
     build = round(time.perf_counter() - t0, 1)
     quiet = _ingest(dsn, ids, threading.Event(), ingest_samples, "quiet")

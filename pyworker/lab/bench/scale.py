@@ -371,7 +371,9 @@ def measure_sweep(conn: psycopg.Connection, width: int, n: int, now: datetime) -
         (now - timedelta(minutes=1), lo, hi, CONVERSATIONS // SWEEP_SHARE))
     conn.execute("insert into memory_private.maintenance_due (workspace_id, due_at, foreseen) "
                  "select workspace_id, %s, true from memory_private.workspaces "
-                 "where workspace_id between %s and %s", (now - timedelta(minutes=1), lo, hi))
+                 "where workspace_id between %s and %s "
+                 "on conflict (workspace_id) where foreseen and request_id is null "
+                 "do update set due_at = excluded.due_at", (now - timedelta(minutes=1), lo, hi))
     before = _erased(conn, lo, hi)
     times: list[float] = []
     walks = 0
