@@ -128,9 +128,10 @@ comment on function memory_private.job_source_keys(text, jsonb) is
   'none for a consolidation.';
 
 -- The jobs whose input names a message, read when it is erased (60_retention: its hash goes
--- from every job that kept it): what changed, not every job the workspace ever had.
+-- from every job that kept it): what changed, not every job the workspace ever had. Without a
+-- pending list (fastupdate off), which every search would read whole.
 create index jobs_sources_idx on memory_private.jobs
-  using gin (memory_private.job_source_keys(workspace_id, input));
+  using gin (memory_private.job_source_keys(workspace_id, input)) with (fastupdate = off);
 
 -- A job's model calls: an input makes at most max_claims (P13). Asked here only.
 create function memory_private.calls_left(p_claims integer) returns integer

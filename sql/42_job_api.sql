@@ -52,11 +52,15 @@ begin
       perform memory_private.release_job(v_job, 'stopped',
         format('the model/provider configuration changed (version %s -> %s)',
                v_job.config_version, v_config));
-      continue;
+    else
+      v_reason := memory_private.job_stale_reason(v_job);
+      if v_reason is not null then
+        perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+      end if;
     end if;
-    v_reason := memory_private.job_stale_reason(v_job);
-    if v_reason is not null then
-      perform memory_private.release_job(v_job, 'superseded', 'input changed: ' || v_reason);
+    if v_job.config_version <> v_config or v_reason is not null then
+      -- its scope needs a new snapshot: the next tick derives it
+      perform memory_private.note_change(p_workspace_id, 'updated', null, v_job.scope_id);
       continue;
     end if;
     -- The claim is counted by start_attempt, when it can reach the provider. The token is
@@ -364,21 +368,26 @@ create function memory_private.install_index(
 ) returns void
   language plpgsql volatile
   as $$
+declare
+  v_repositories text[];
 begin
   -- The index text may speak of any candidate the model saw: it depends on all of them, and
   -- keeps what they rest on (their dependencies, bot identity and repositories) so that recall
   -- checks it in one pass (memory_private.index_holds).
-  -- A new index replaces the old one whole: its row and, with it, its dependencies.
+  -- A new index replaces the old one whole: its row and, with it, its dependencies. (The
+  -- repositories are read first: Citus takes no subquery in an INSERT ... VALUES.)
+  v_repositories := array(select distinct x
+                            from memory_private.records r, unnest(r.repositories) as x
+                           where r.workspace_id = p_workspace_id
+                             and r.record_id = any(p_candidate_ids)
+                           order by 1);
   delete from memory_private.scope_indexes
    where workspace_id = p_workspace_id and scope_id = p_scope_id;
   insert into memory_private.scope_indexes
     (workspace_id, scope_id, index_text, record_ids, candidate_ids, bot_identity, repositories,
      built_at)
   values (p_workspace_id, p_scope_id, p_text, p_record_ids, p_candidate_ids, p_bot_identity,
-          array(select distinct x from memory_private.records r, unnest(r.repositories) as x
-                 where r.workspace_id = p_workspace_id and r.record_id = any(p_candidate_ids)
-                 order by 1),
-          memory_private.clock_now());
+          v_repositories, memory_private.clock_now());
   insert into memory_private.index_dependencies
     (workspace_id, scope_id, message_id, content_hash)
   select distinct on (d.message_id) p_workspace_id, p_scope_id, d.message_id, d.content_hash

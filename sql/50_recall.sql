@@ -56,9 +56,10 @@ create index request_recall_scope_idx on memory_private.request_recall (workspac
 
 -- The recalls that name a message or a record, read when it is erased or deleted (60_retention).
 create index request_recall_dependencies_idx on memory_private.request_recall
-  using gin (memory_private.message_keys(workspace_id, dependency_ids));
+  using gin (memory_private.message_keys(workspace_id, dependency_ids))
+  with (fastupdate = off);
 create index request_recall_basis_idx on memory_private.request_recall
-  using gin (basis_record_ids);
+  using gin (basis_record_ids) with (fastupdate = off);
 
 create table memory_private.tool_calls (
   workspace_id text not null,
@@ -97,9 +98,9 @@ create index tool_calls_scope_idx on memory_private.tool_calls (workspace_id, sc
 -- The query_memories calls that name a message or a record, likewise.
 create index tool_calls_dependencies_idx on memory_private.tool_calls
   using gin (memory_private.message_keys(workspace_id, dependency_ids))
-  where tool = 'query_memories';
+  with (fastupdate = off) where tool = 'query_memories';
 create index tool_calls_records_idx on memory_private.tool_calls using gin (record_ids)
-  where tool = 'query_memories';
+  with (fastupdate = off) where tool = 'query_memories';
 comment on column memory_private.tool_calls.authority is
   'manage_memory: the standing the change needed (the scope''s user, a participant acting on '
   'their own statements, or an owner/admin); a replay re-checks that the caller still has it.';

@@ -61,6 +61,8 @@ class Profile:
     maint_stopped: int = 1000
     sweep_workspaces: int = 20
     sweep_messages: int = 5000
+    maint_many: tuple[int, ...] = (1000, 10_000)  # new conversations before a tick
+    maint_past_jobs: int = 10_000                 # the history beside a removal's tick
 
 
 PROFILES = {
@@ -68,7 +70,8 @@ PROFILES = {
                      ingest_samples=300, jobs=16, peer_jobs=200, model_calls=6,
                      floor_samples=400, hostile_samples=30, maint_changed=10,
                      maint_idle=200, maint_passes=3, maint_stopped=50, sweep_workspaces=4,
-                     sweep_messages=500, commit_samples=4),
+                     sweep_messages=500, commit_samples=4, maint_many=(100, 1000),
+                     maint_past_jobs=1000),
     "default": Profile("default", sizes=(10, 100, 1000), recall_samples=2000,
                        query_samples=1000, ingest_samples=3000, jobs=200, peer_jobs=2000,
                        model_calls=40, floor_samples=4000),
@@ -82,6 +85,8 @@ TARGETS = {
     "maintenance_pass_x_idle": maintenance.TARGET_PASS_X,
     "maintenance_tick_x_stopped": maintenance.TARGET_STOPPED_X,
     "sweep_longest_transaction_ms": maintenance.TARGET_LOCK_MS,
+    "maintenance_tick_x_conversations": maintenance.TARGET_MANY_X,
+    "maintenance_tick_x_past_jobs": maintenance.TARGET_SCRUB_X,
 }
 
 
@@ -280,7 +285,8 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
             passes=profile.maint_passes, stopped=profile.maint_stopped,
             sweep_workspaces=profile.sweep_workspaces,
             sweep_per_workspace=profile.sweep_messages,
-            ingest_samples=max(100, profile.ingest_samples // 3)))
+            ingest_samples=max(100, profile.ingest_samples // 3),
+            many=profile.maint_many, past_jobs=profile.maint_past_jobs))
         log("job machinery")
         result["jobs"] = guarded(lambda: run_jobs(profile, target.dsn, target.nodes))
         log("the largest commit")

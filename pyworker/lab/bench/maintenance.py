@@ -1,6 +1,6 @@
-"""Maintenance that grows with change, and the retention sweep (issue 34, parts 3 and 4).
+"""Maintenance that grows with change, and the retention sweep (issues 34 and 40).
 
-Three measurements, each through the public API (``memory.maintain_next_workspace``,
+Five measurements, each through the public API (``memory.maintain_next_workspace``,
 ``memory.run_maintenance``, ``memory.upsert_message``) over history written in bulk
 (``INSERT ... SELECT`` into the memory_private tables, which notes no change: a workspace so
 written is idle until something changes it):
@@ -13,6 +13,12 @@ written is idle until something changes it):
   input stopped (a stopped job of exactly the scheduler's input), another none; each gets the
   same change (a new message in a live conversation) and its tick (``run_maintenance``) is
   timed.
+- **A tick after many new conversations.** ``n`` conversations imported through the API in
+  one transaction (1,000 and 10,000, beside each other): the tick that follows (it plans each
+  idle end) and, with no idle window, the tick that schedules them. Its ms per conversation
+  must not grow with n.
+- **A tick after removals beside history.** 50 messages removed in a workspace whose past
+  holds 10,000 finished jobs and in one with none: the tick (its scrub) must cost the same.
 - **The retention sweep.** ``workspaces`` x ``per_workspace`` messages past their retention are
   swept by walks until none is left: the rate, and the longest single maintenance transaction
   (the longest a workspace's memory lock is held), while another connection ingests
@@ -35,6 +41,8 @@ PREFIX = "bench-mnt"
 TARGET_PASS_X = 1.2       # a pass beside 10,000 idle workspaces / beside 100
 TARGET_STOPPED_X = 1.2    # a tick with 1,000 stopped inputs / with none ("about 1x")
 TARGET_LOCK_MS = 100.0    # the longest maintenance transaction of the sweep
+TARGET_MANY_X = 1.5       # a tick's ms per new conversation: the larger size / the smaller
+TARGET_SCRUB_X = 1.2      # a tick after 50 removals beside 10,000 past jobs / beside none
 
 
 def _ms(t0: float) -> float:
@@ -197,6 +205,130 @@ def measure_stopped(conn: psycopg.Connection, *, stopped: int, ticks: int) -> Se
             if out["none"]["p50_ms"] else None}
 
 
+def _fresh_workspace(conn: psycopg.Connection, ws: str, idle_minutes: int, topics: int) -> None:
+    """A workspace through the public API: a member, a bot and a linked group of ``topics``
+    topics, ticked once (so only what follows is due)."""
+    conn.execute("select memory.upsert_workspace(%s, 1, 1000, 0, %s)", (ws, idle_minutes))
+    conn.execute("select memory.upsert_member(%s, 'u1', 'owner', true)", (ws,))
+    conn.execute("select memory.upsert_bot(%s, 'b1', 'b1-identity', true)", (ws,))
+    conn.execute("select memory.upsert_chat(%s, 'grp', 'group', null, true)", (ws,))
+    conn.execute("select memory.upsert_topic(%s, 'grp', t, null) "
+                 "from generate_series(1, %s) t", (ws, topics - 1))
+    conn.execute("select memory.run_maintenance(%s)", (ws,))
+
+
+def _import(conn: psycopg.Connection, ws: str, n: int, topics: int) -> float:
+    """``n`` finished conversations (a request, a user message, the reply) reported through
+    the public API in one transaction, spread over the topics; its seconds."""
+    t0 = time.perf_counter()
+    with conn.transaction():
+        conn.execute(
+            """select memory.upsert_request(%(ws)s, 'c' || i, 'b1', 'grp', i %% %(topics)s,
+                                            'u1', 'interactive', 'succeeded', 'fake', 'm', 1, 0,
+                                            null),
+                      memory.upsert_message(%(ws)s, 'c' || i || '-u', 'c' || i, 'user', 'u1',
+                                            'what was decided about the export, number ' || i,
+                                            true, null, '{}'),
+                      memory.upsert_message(%(ws)s, 'c' || i || '-a', 'c' || i, 'assistant',
+                                            'b1', 'the export totals are weekly now, ' || i,
+                                            true, null, '{}')
+                 from generate_series(1, %(n)s) i""", {"ws": ws, "n": n, "topics": topics})
+    return time.perf_counter() - t0
+
+
+def measure_many(conn: psycopg.Connection, *, sizes: tuple[int, ...]) -> Section:
+    """A tick after ``n`` new conversations, for each size: the tick that follows their import
+    (it plans each one's idle end) and, in a workspace with no idle window, the tick that
+    schedules them (the verdict of every conversation, the batches). Linear in n: the ms per
+    conversation stays the same from the smaller size to the larger."""
+    names = f"{PREFIX}-n"
+    out: dict[str, Any] = {}
+    for n in sizes:
+        topics = max(1, n // 100)
+        row: dict[str, Any] = {"conversations": n, "scopes": topics}
+        for what, idle in (("after_import", 30), ("scheduling", 0)):
+            ws = f"{names}-{what}-{n}"
+            _fresh_workspace(conn, ws, idle, topics)
+            seconds = _import(conn, ws, n, topics)
+            t0 = time.perf_counter()
+            got = conn.execute("select memory.run_maintenance(%s)", (ws,)).fetchone()
+            ms = _ms(t0)
+            counts = got[0] if got else {}
+            row[what] = {"tick_ms": round(ms, 1), "us_per_conversation": round(1000 * ms / n, 1),
+                         "import_s": round(seconds, 2),
+                         "extract_jobs_created": counts.get("extract_jobs_created", 0),
+                         "statistics_refreshed": counts.get("statistics_refreshed", 0)}
+            if what == "after_import":
+                due = conn.execute("select count(*) from memory_private.maintenance_due "
+                                   "where workspace_id = %s and foreseen", (ws,)).fetchone()
+                row[what]["foreseen_rows"] = int(due[0]) if due else -1
+            conn.execute("delete from memory_private.workspaces where workspace_id = %s", (ws,))
+        out[str(n)] = row
+    small, large = out[str(sizes[0])], out[str(sizes[-1])]
+    x = {what: round(large[what]["us_per_conversation"] / small[what]["us_per_conversation"], 3)
+         if small[what]["us_per_conversation"] else None
+         for what in ("after_import", "scheduling")}
+    return {"status": "ok", "sizes": list(sizes), "by_size": out, "x": x}
+
+
+def measure_scrub(conn: psycopg.Connection, *, past_jobs: int, removals: int,
+                  ticks: int) -> Section:
+    """The tick after ``removals`` messages are removed, in a workspace whose history holds
+    ``past_jobs`` finished jobs (naming other messages of it) and in one with none: erasing
+    reads what names the removed messages, not the workspace's history."""
+    names = f"{PREFIX}-r"
+    history, bare = f"{names}-history", f"{names}-bare"
+    removed = removals * (ticks + 1)  # conversations c1.. lose their user message, in turn
+    others = 100                      # the conversations the past jobs name
+    t0 = time.perf_counter()
+    for ws in (history, bare):
+        _fresh_workspace(conn, ws, 30, 1)
+        _import(conn, ws, removed + others, 1)
+        conn.execute("select memory.run_maintenance(%s)", (ws,))
+    # The history: finished jobs of the past, each naming the messages of five conversations.
+    conn.execute(
+        """insert into memory_private.jobs
+             (workspace_id, scope_id, phase, status, input, input_hash, origin_request_id,
+              model_provider, model_id, config_version, claims, next_attempt_at, created_at,
+              updated_at, finished_at)
+           select %(ws)s, s.scope_id, 'extract', 'succeeded',
+                  jsonb_build_object(
+                    'bot_identity', 'b1-identity', 'existing', '[]'::jsonb,
+                    'sources', (select jsonb_agg(jsonb_build_object('id', m.message_id,
+                                                                    'hash', m.content_hash))
+                                  from generate_series(0, 4) k
+                                  join memory_private.messages m
+                                    on m.workspace_id = %(ws)s
+                                   and m.request_id = 'c' || (%(removed)s + 1
+                                                              + (j * 5 + k) %% %(others)s))),
+                  md5(j::text), 'c1', 'fake', 'm', 1, 1, now(), now(), now(), now()
+             from generate_series(1, %(jobs)s) j
+             join memory_private.scopes s on s.workspace_id = %(ws)s""",
+        {"ws": history, "jobs": past_jobs, "removed": removed, "others": others})
+    conn.execute("analyze memory_private.jobs")
+    build = round(time.perf_counter() - t0, 1)
+    times: dict[str, list[float]] = {"bare": [], "history": []}
+    for t in range(ticks + 1):  # the first of each untimed
+        for name, ws in (("bare", bare), ("history", history)):
+            for i in range(removals):
+                conn.execute("select memory.remove_message(%s, %s)",
+                             (ws, f"c{1 + t * removals + i}-u"))
+            t1 = time.perf_counter()
+            got = conn.execute("select memory.run_maintenance(%s)", (ws,)).fetchone()
+            if t:
+                times[name].append(_ms(t1))
+            if got is None or got[0].get("messages_scrubbed") != removals:
+                raise RuntimeError(f"the tick did not scrub the {removals} removals: {got}")
+    for ws in (history, bare):
+        conn.execute("delete from memory_private.workspaces where workspace_id = %s", (ws,))
+    out = {name: {"ticks": ticks, "p50_ms": round(statistics.median(ts), 2)}
+           for name, ts in times.items()}
+    return {"status": "ok", "past_jobs": past_jobs, "removals": removals, **out,
+            "build_seconds": build,
+            "x": round(out["history"]["p50_ms"] / out["bare"]["p50_ms"], 3)
+            if out["bare"]["p50_ms"] else None}
+
+
 INGEST_EVERY = 0.002  # a call every 2 ms at most: a busy backend, not a flood
 
 
@@ -276,7 +408,8 @@ def measure_sweep(conn: psycopg.Connection, dsn: str, *, workspaces: int,
 
 
 def measure(dsn: str, *, changed: int, idle: int, passes: int, stopped: int,
-            sweep_workspaces: int, sweep_per_workspace: int, ingest_samples: int) -> Section:
+            sweep_workspaces: int, sweep_per_workspace: int, ingest_samples: int,
+            many: tuple[int, ...] = (1000, 10_000), past_jobs: int = 10_000) -> Section:
     with psycopg.connect(dsn, autocommit=True) as conn:
         if not db.has_function(conn, "memory_private.due_workspaces(text,integer)"):
             return db.not_available("maintenance does not follow change in this schema yet")
@@ -289,6 +422,9 @@ def measure(dsn: str, *, changed: int, idle: int, passes: int, stopped: int,
             return {"status": "ok",
                     "pass": measure_pass(conn, changed=changed, idle=idle, passes=passes),
                     "stopped": measure_stopped(conn, stopped=stopped, ticks=passes),
+                    "many": measure_many(conn, sizes=many),
+                    "scrub": measure_scrub(conn, past_jobs=past_jobs, removals=50,
+                                           ticks=passes),
                     "sweep": measure_sweep(conn, dsn, workspaces=sweep_workspaces,
                                            per_workspace=sweep_per_workspace,
                                            ingest_samples=ingest_samples)}
@@ -302,9 +438,17 @@ def verdict(section: Section) -> list[dict[str, Any]]:
         return [{"name": "maintenance that grows with change", "met": None,
                  "note": section.get("reason", "not available yet")}]
     p, s, w = section["pass"], section["stopped"], section["sweep"]
+    n, r = section["many"], section["scrub"]
+    small, large = n["sizes"][0], n["sizes"][-1]
     return [
         db.target(f"maintenance pass after {p['changed']} changes: beside {p['idle_large']} idle "
                   f"workspaces / beside {p['idle_small']}", p["x"], TARGET_PASS_X),
+        db.target(f"tick after {large} new conversations, per conversation / after {small}",
+                  n["x"]["after_import"], TARGET_MANY_X),
+        db.target(f"tick scheduling {large} conversations, per conversation / {small}",
+                  n["x"]["scheduling"], TARGET_MANY_X),
+        db.target(f"tick after {r['removals']} removals: beside {r['past_jobs']} past jobs / "
+                  "beside none", r["x"], TARGET_SCRUB_X),
         db.target(f"maintenance tick after one change: {s['stopped_inputs']} stopped inputs / "
                   "none", s["x"], TARGET_STOPPED_X),
         db.target(f"retention sweep of {w['expired']} expired messages: longest maintenance "
@@ -326,6 +470,22 @@ def markdown(section: Section) -> list[str]:
         "",
         (f"A tick after one new message: {s['none']['p50_ms']} ms with no stopped input, "
          f"{s['stopped']['p50_ms']} ms with {s['stopped_inputs']} ({s['x']}x)."),
+        "",
+        "A tick after n new conversations (imported through the API in one transaction):",
+        "",
+        "| n | scopes | tick after the import ms | µs each | foreseen rows | scheduling tick "
+        "ms | µs each | jobs |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {k} | {v['scopes']} | {v['after_import']['tick_ms']} | "
+          f"{v['after_import']['us_per_conversation']} | {v['after_import']['foreseen_rows']} | "
+          f"{v['scheduling']['tick_ms']} | {v['scheduling']['us_per_conversation']} | "
+          f"{v['scheduling']['extract_jobs_created']} |"
+          for k, v in section["many"]["by_size"].items()),
+        "",
+        (f"A tick after {section['scrub']['removals']} removals: "
+         f"{section['scrub']['bare']['p50_ms']} ms in a workspace with no past job, "
+         f"{section['scrub']['history']['p50_ms']} ms beside {section['scrub']['past_jobs']} "
+         f"({section['scrub']['x']}x)."),
         "",
         (f"The sweep of {w['expired']} expired messages in {w['workspaces']} workspaces: "
          f"{w['seconds']} s, {w['messages_per_second']} messages/s, {w['ticks']} ticks in "
@@ -378,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                           passes=p.maint_passes, stopped=p.maint_stopped,
                           sweep_workspaces=p.sweep_workspaces,
                           sweep_per_workspace=p.sweep_messages,
-                          ingest_samples=max(100, p.ingest_samples // 3))
+                          ingest_samples=max(100, p.ingest_samples // 3),
+                          many=p.maint_many, past_jobs=p.maint_past_jobs)
     finally:
         if cleanup is not None:
             cleanup()
