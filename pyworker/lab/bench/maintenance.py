@@ -473,8 +473,8 @@ def markdown(section: Section) -> list[str]:
         "",
         "A tick after n new conversations (imported through the API in one transaction):",
         "",
-        "| n | scopes | tick after the import ms | µs each | foreseen rows | scheduling tick "
-        "ms | µs each | jobs |",
+        ("| n | scopes | tick after the import ms | µs each | foreseen rows | scheduling tick "
+         "ms | µs each | jobs |"),
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *(f"| {k} | {v['scopes']} | {v['after_import']['tick_ms']} | "
           f"{v['after_import']['us_per_conversation']} | {v['after_import']['foreseen_rows']} | "
