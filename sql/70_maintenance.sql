@@ -127,11 +127,13 @@ begin
   -- steps note what they change as rows of their own (a job leaving running, a record
   -- deleted, text erased, a job retired), which the tick consumes before it schedules.
   v_before := memory_private.consume_due(p_workspace_id, v_now);
-  if v_before.changed_requests >= (memory_private.policy()).analyze_after then
+  if v_before.changed_requests >= (memory_private.policy()).analyze_after
+     and not exists (select 1 from pg_catalog.pg_extension where extname = 'citus') then
     -- A bulk import since the last tick: the planner's statistics may not know this
     -- workspace's rows yet, and a plan that takes it for a handful would read all of its
     -- messages for each conversation. Refreshed before the steps plan their statements (and
-    -- every session's cached plans over these tables are made again).
+    -- every session's cached plans over these tables are made again). On Citus each node
+    -- plans its shards with its own statistics, which its autovacuum keeps.
     analyze memory_private.requests, memory_private.messages;
     v_total := v_total || jsonb_build_object('statistics_refreshed', 1);
   end if;

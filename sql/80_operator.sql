@@ -271,6 +271,8 @@ declare
   v_invalid bigint;
   v_scopes jsonb;
   v_by_reason jsonb;
+  v_budget_left numeric := (select b.workspace_left
+                              from memory_private.budget_left(p_workspace_id, null) b);
 begin
   -- The rule once per scope (scope_validity_counts), summed over the scopes.
   select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
@@ -285,8 +287,7 @@ begin
   select * from (
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
            w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           (select b.workspace_left from memory_private.budget_left(w.workspace_id, null) b)
-             as budget_left_usd,
+           v_budget_left as budget_left_usd,
            (select count(*) from memory_private.scopes s
              where s.workspace_id = w.workspace_id) as scopes,
            (select count(*) from memory_private.scopes s
@@ -632,13 +633,22 @@ create function memory_private.request_memory_charges_of(p_workspace_id text)
   language plpgsql stable
   as $$
 #variable_conflict use_column
+declare
+  v_id text;
+  v_left jsonb := '{}';
 begin
+  -- What each charged request has left (memory_private.budget_left), asked a request at a time
+  -- (on Citus a query may not take a stable function of a column as a table).
+  for v_id in select distinct c.request_id from memory_private.request_charges c
+               where c.workspace_id = p_workspace_id loop
+    v_left := v_left || jsonb_build_object(v_id, (
+      select l.request_left from memory_private.budget_left(p_workspace_id, v_id) l));
+  end loop;
   return query
   select q.workspace_id, q.request_id, q.status as request_status,
          q.model_provider, q.model_id,
          q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         (select b.request_left from memory_private.budget_left(q.workspace_id, q.request_id) b)
-           as budget_left_usd,
+         (v_left ->> q.request_id)::numeric as budget_left_usd,
          count(*) as attempts,
          count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
          coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,

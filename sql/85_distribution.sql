@@ -5,7 +5,7 @@
 -- distributed onto the cluster and leaves what is alone, so it is idempotent and a later
 -- migration's new table, view or function is distributed the same way:
 --   - tables without a workspace_id (global configuration: clock, redaction_patterns,
---     invalid_reasons) become reference tables, replicated on every node;
+--     invalid_reasons, waiting_reasons) become reference tables, replicated on every node;
 --   - every table with a workspace_id is distributed by it, co-located with
 --     memory_private.workspaces, so a workspace's rows of every table live on one node and every
 --     join, foreign key, trigger and cascade of one workspace stays on it;
