@@ -24,12 +24,13 @@ from tests.telegram_world import CALL_COST, PRICES
 PIMEM = Path(sys.executable).parent / "pimem"
 
 
-def environment(tg: FakeTelegram, chat: FakeChat, dsn: str) -> dict[str, str]:
+def environment(tg: FakeTelegram, chat: FakeChat, dsn: str, state: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIMEM_")}
     env.update(PIMEM_TG_TOKEN=tg.token, PIMEM_DSN=dsn, PIMEM_TG_API_BASE=tg.url,
                PIMEM_TG_MODEL="fake/m", PIMEM_TG_MODEL_URL=chat.url,
                PIMEM_TG_MODEL_KEY="test-key", PIMEM_PRICES=PRICES,
-               PIMEM_TG_POLLING_TIMEOUT="1", PIMEM_TG_WORKSPACE_PREFIX="ci")
+               PIMEM_TG_POLLING_TIMEOUT="1", PIMEM_TG_WORKSPACE_PREFIX="ci",
+               PIMEM_TG_STATE_DIR=str(state))
     return env
 
 
@@ -47,9 +48,10 @@ def events(stderr: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # the bot as a process
 def test_pimem_telegram_answers_through_the_fake_bot_api_and_stops_on_sigterm(
-        conn: psycopg.Connection, db_dsn: str) -> None:
+        conn: psycopg.Connection, db_dsn: str, tmp_path: Path) -> None:
     with FakeTelegram() as tg, FakeChat() as chat:
-        proc = subprocess.Popen([str(PIMEM), "telegram"], env=environment(tg, chat, db_dsn),
+        proc = subprocess.Popen([str(PIMEM), "telegram"],
+                                env=environment(tg, chat, db_dsn, tmp_path / "state"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             alice = tg.user(101, "Alice")
