@@ -9,7 +9,8 @@ terminated, new ones refused) and comes back, under the bot running against the 
   refusal; an update the database refuses alone is given up after five refusals, named in an
   error line, confirmed, and its sender told;
 - a request whose answer met an outage is finished once the database is back, with its spend
-  and its answer, also by the next run of the bot, and its conversation becomes a memory.
+  and its answer, also by the next run of the bot, and its conversation becomes a memory; an
+  end the database judges bad (not a refusal) is logged, not kept for ever.
 
 (A forward with only the legacy ``forward_from``/``forward_date`` fields is a forward:
 test_telegram_outage.py runs its forward tests with both kinds.)
@@ -19,6 +20,7 @@ Bot API, a row)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -27,6 +29,8 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +38,7 @@ import psycopg
 import pytest
 
 from pyworker.client import MemoryClient
+from pyworker.contrib.telegram.outbox import Outbox, RequestEnd, SentAnswer
 from pyworker.contrib.telegram.redelivery import GIVE_UP_AFTER
 from pyworker.logs import LOGGER
 from tests.fake_chat import say
@@ -351,3 +356,35 @@ def test_the_spend_of_an_answer_the_outage_failed_is_reported_by_the_next_run_of
         assert started["state"] == str(state)
         with sqlite3.connect(state) as kept:
             assert kept.execute("select count(*) from request_ends").fetchone() == (0,)
+
+
+def test_a_request_end_the_memory_judges_bad_is_logged_not_kept(
+        conn: psycopg.Connection, db_dsn: str, tmp_path: Path, logged: Events) -> None:
+    """Only the database's refusals are kept for later: an end it judges bad (our MB errors)
+    would fail the same way for ever, so it is logged and dropped; an answer it refuses leaves
+    the request failed, with its spend (a conversation without its answer is no memory)."""
+    with MemoryClient(db_dsn) as memory:
+        memory.upsert_workspace(ALICE_WS, 1, "10")
+        memory.upsert_member(ALICE_WS, "101", "owner")
+        memory.upsert_bot(ALICE_WS, "telegram", "tg:1")
+        memory.upsert_chat(ALICE_WS, "101", "private", "101")
+        memory.upsert_request(ALICE_WS, "101:1", bot_id="telegram", chat_id="101", topic_id=0,
+                              user_id="101", kind="interactive", status="running",
+                              model_provider="fake", model_id="m", budget_usd="0.50")
+        outbox = Outbox(memory, tmp_path / "state" / "telegram-1.sqlite3")
+        assert outbox.open() == 0
+        assert stat.S_IMODE(os.stat(outbox.path.parent).st_mode) == 0o700
+
+        asyncio.run(outbox.settle(RequestEnd(workspace_id=ALICE_WS, request_id="101:404",
+                                             status="failed", spent_usd=Decimal("0.01"))))
+        [refused] = logged.named("request_end_refused")
+        assert refused["request_id"] == "101:404" and "NotFound" in refused["error"]
+        too_long = SentAnswer(message_id="101:2", speaker_id="telegram", text="x" * 70_000)
+        asyncio.run(outbox.settle(RequestEnd(workspace_id=ALICE_WS, request_id="101:1",
+                                             status="succeeded", spent_usd=CALL_COST,
+                                             answer=too_long)))
+        assert "TooLarge" in logged.named("answer_not_stored")[0]["error"]
+        assert len(outbox) == 0 and outbox.open() == 0, "nothing kept"
+    assert conn.execute("select status, spent_usd from memory_private.requests "
+                        "where workspace_id = %s and request_id = '101:1'",
+                        (ALICE_WS,)).fetchone() == ("failed", CALL_COST)
