@@ -89,6 +89,20 @@ def test_pimem_telegram_says_which_setting_is_missing(monkeypatch: pytest.Monkey
     assert "PIMEM_PRICES has no price for openai/gpt-4o-mini" in result.output
 
 
+def test_pimem_telegram_says_when_it_cannot_keep_its_state(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [k for k in os.environ if k.startswith("PIMEM_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "a-file").write_text("not a directory")
+    state = tmp_path / "a-file" / "state"
+    result = CliRunner().invoke(app, ["telegram"], env={
+        "PIMEM_TG_TOKEN": "1:x", "PIMEM_DSN": "host=127.0.0.1 port=1 dbname=none",
+        "PIMEM_TG_MODEL": "fake/m", "PIMEM_PRICES": PRICES,
+        "PIMEM_TG_API_BASE": "http://127.0.0.1:1", "PIMEM_TG_STATE_DIR": str(state)})
+    assert result.exit_code == 2, "a configuration to fix, not a restart loop"
+    assert f"PIMEM_TG_STATE_DIR: the bot cannot keep its state in {state}" in result.output
+
+
 def test_pimem_telegram_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import signal
+import sqlite3
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -56,7 +57,7 @@ from pyworker import errors
 from pyworker.client import ManageResult, MemoryClient, Recall
 from pyworker.contrib.telegram import mapping
 from pyworker.contrib.telegram.chat import ChatFailure, ChatModel, function_tools
-from pyworker.contrib.telegram.config import Settings
+from pyworker.contrib.telegram.config import Settings, SettingsError
 from pyworker.contrib.telegram.outbox import Outbox, RequestEnd, SentAnswer
 from pyworker.contrib.telegram.polling import poll
 from pyworker.contrib.telegram.redelivery import NotReported, Redeliveries, database_refused
@@ -156,10 +157,14 @@ class MemoryBot:
         answers in progress finish (up to ``drain_seconds``)."""
         retrying: asyncio.Task[None] | None = None
         try:
+            try:
+                kept = await asyncio.to_thread(self.outbox.open)
+            except (OSError, sqlite3.Error) as exc:
+                raise SettingsError(f"PIMEM_TG_STATE_DIR: the bot cannot keep its state in "
+                                    f"{self.outbox.path}: {exc}") from exc
             self.me = me = await self.bot.me()
             await self._db(self.memory.schema_version)
             self.tools = function_tools(await self._db(self.memory.tool_definitions))
-            kept = await asyncio.to_thread(self.outbox.open)
             retrying = asyncio.create_task(
                 self.outbox.keep_retrying(self._stopped, self.retry_seconds))
             event("telegram_started", bot=me.username, bot_user_id=me.id,

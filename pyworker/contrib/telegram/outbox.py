@@ -21,7 +21,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, suppress
 from datetime import datetime
 from decimal import Decimal
@@ -125,7 +125,8 @@ class Outbox:
 
     def open(self) -> int:
         """Creates the file (its directory too; both for the owner only) or reads what an
-        earlier run kept; how many request ends wait to be reported."""
+        earlier run kept; how many request ends wait to be reported. OSError or sqlite3.Error
+        when the file cannot be made or read."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         with self._file() as db:
@@ -176,15 +177,17 @@ class Outbox:
         if not await asyncio.to_thread(self._settle, end):
             self._more.set()
 
-    def retry(self) -> int:
-        """Reports the kept ends, oldest first, until the database refuses one; how many are
-        left."""
+    def retry(self, stopping: Callable[[], bool] = lambda: False) -> int:
+        """Reports the kept ends, oldest first, until the database refuses one (or
+        ``stopping()``); how many are left."""
         if not self._retrying.acquire(blocking=False):
             return len(self)
         try:
             with self._lock:
                 waiting = list(self._kept.values())
             for end in waiting:
+                if stopping():
+                    break
                 try:
                     report(self.memory, end)
                 except Exception as exc:  # noqa: BLE001 - logged; the end stays kept
@@ -215,7 +218,8 @@ class Outbox:
             wait = longer(wait, seconds)
             with suppress(TimeoutError):
                 await asyncio.wait_for(stopped.wait(), wait)
-            if not stopped.is_set() and not await asyncio.to_thread(self.retry):
+            if not stopped.is_set() and not await asyncio.to_thread(self.retry,
+                                                                    stopped.is_set):
                 wait = 0.0
 
 
