@@ -205,6 +205,30 @@ def test_polling_a_message_the_read_only_database_refuses_waits_unconfirmed_unti
         assert len(world.chat.requests) == 1, "answered once"
 
 
+def test_an_edit_that_removes_a_secret_is_not_confirmed_until_the_memory_has_it(
+        conn: psycopg.Connection, db_dsn: str, client: MemoryClient, database: Database,
+        logged: Events) -> None:
+    with telegram_world(conn, db_dsn, memory=client) as world:
+        tg = world.tg
+        alice = tg.user(101, "Alice", "alice")
+        secret = world.say(tg.private(alice), alice, "the vault code is 9931")
+        wait_for(lambda: request(world, "101:1")["status"] == "succeeded", "the answer")
+        database.read_only(True)
+        tg.edit(secret, "the vault code is (removed)")
+        update_id = tg.updates[-1]["update_id"]
+        logged.wait("update_not_stored", 3, update_id=update_id, kind="edited_message",
+                    database="refuses writes")
+        assert tg.confirmed <= update_id
+        assert [r["body"] for r in stored(world, "the vault code%")] == [
+            "the vault code is 9931"], "the memory still has the secret: not confirmed"
+
+        database.read_only(False)
+        tg.wait(lambda: tg.confirmed > update_id, 30, "the edit confirmed")
+        assert [r["body"] for r in stored(world, "the vault code%")] == [
+            "the vault code is (removed)"]
+        assert logged.named("edit_reported", message_id="101:1")[0]["outcome"] == "updated"
+
+
 def test_webhook_a_message_whose_store_times_out_is_answered_500_until_the_lock_is_gone(
         conn: psycopg.Connection, db_dsn: str, client: MemoryClient, logged: Events) -> None:
     port = free_port()

@@ -103,7 +103,7 @@ def report(memory: MemoryClient, end: RequestEnd) -> None:
 
 class Outbox:
     """The request ends the database has not taken yet, kept in ``path`` (SQLite) until it
-    does. Thread-safe; one file may serve several processes of the same bot."""
+    does. Thread-safe."""
 
     def __init__(self, memory: MemoryClient, path: Path) -> None:
         self.memory = memory
@@ -129,6 +129,7 @@ class Outbox:
         when the file cannot be made or read."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(self.path, 0o600)  # SQLite gives its journal the file's mode
         with self._file() as db:
             db.execute("create table if not exists request_ends (workspace_id text not null, "
                        "request_id text not null, body text not null, "

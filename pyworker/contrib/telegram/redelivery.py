@@ -122,9 +122,6 @@ class Redeliveries:
         """The update was stored (or needs nothing stored): its refusals no longer count."""
         self._refused.pop(update_id, None)
 
-    def __len__(self) -> int:
-        return len(self._refused)
-
 
 def longer(wait: float, bounds: tuple[float, float]) -> float:
     """The next wait before trying again: doubling, within ``bounds`` (first, most)."""
