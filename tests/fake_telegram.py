@@ -314,9 +314,9 @@ class FakeTelegram(JsonServer):
         with self._cond:
             self.confirmed = max(self.confirmed, offset)
             self._cond.notify_all()
-            while True:
-                due = [u for u in self.updates if u["update_id"] >= max(offset, 1)
-                       and self._allowed(u)]
+            while True:  # a confirmed update is never delivered again
+                due = [u for u in self.updates
+                       if u["update_id"] >= max(offset, self.confirmed, 1) and self._allowed(u)]
                 left = deadline - time.monotonic()
                 if due or left <= 0 or self._closing:
                     return due[:100]

@@ -129,10 +129,10 @@ class World:
 
     def restart_bot(self) -> None:
         """Stops the bot and starts it again, with the same settings and state directory, as
-        ``pimem telegram`` restarted by systemd."""
+        ``pimem telegram`` restarted by systemd: a new process, with a client of its own."""
         old = self.bot
         old.stop()
-        self.bot = RunningBot(old.settings, old.memory)
+        self.bot = RunningBot(old.settings)
 
     def last_answer(self) -> str:
         return str(self.tg.sent[-1]["text"])

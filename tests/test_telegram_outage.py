@@ -57,8 +57,10 @@ def client(db_dsn: str) -> Iterator[OutageClient]:
 
 
 def stored(world: World, text_like: str) -> list[dict[str, Any]]:
+    """The user's messages stored (the answer's is stored after it is sent: not waited for)."""
     return world.rows("select message_id, request_id, body from memory_private.messages "
-                      "where workspace_id = %s and body like %s", ALICE_WS, text_like)
+                      "where workspace_id = %s and role = 'user' and body like %s", ALICE_WS,
+                      text_like)
 
 
 def test_polling_a_message_sent_while_the_database_is_down_is_stored_once_it_is_back(

@@ -196,7 +196,7 @@ def test_polling_a_message_the_read_only_database_refuses_waits_unconfirmed_unti
         assert stored(world, "%locker%") == []
 
         database.read_only(False)
-        tg.wait(lambda: tg.confirmed > update_id, 30, "the update confirmed")
+        tg.wait(lambda: tg.confirmed > update_id, 60, "the update confirmed")
         wait_for(lambda: request(world, "101:1")["status"] == "succeeded", "the answer")
         assert [(r["message_id"], r["role"]) for r in stored(world, "%locker%")] == [
             ("101:1", "user"), ("101:2", "assistant")]
@@ -223,7 +223,7 @@ def test_an_edit_that_removes_a_secret_is_not_confirmed_until_the_memory_has_it(
             "the vault code is 9931"], "the memory still has the secret: not confirmed"
 
         database.read_only(False)
-        tg.wait(lambda: tg.confirmed > update_id, 30, "the edit confirmed")
+        tg.wait(lambda: tg.confirmed > update_id, 60, "the edit confirmed")
         assert [r["body"] for r in stored(world, "the vault code%")] == [
             "the vault code is (removed)"]
         assert logged.named("edit_reported", message_id="101:1")[0]["outcome"] == "updated"
@@ -334,11 +334,12 @@ def test_an_answer_sent_as_the_database_went_away_is_stored_and_its_request_fini
         logged.wait("update_not_stored", 2, update_id=update_id, database="away")
         assert tg.confirmed <= update_id
 
-        database.back()
-        wait_for(lambda: request(world, request_id)["status"] == "succeeded", "the request end")
+        database.back()  # the bot's pool connects again after its back-off (up to 30 s here)
+        wait_for(lambda: request(world, request_id)["status"] == "succeeded", "the request end",
+                 timeout=120)
         assert request(world, request_id) == {"status": "succeeded", "spent_usd": CALL_COST}
         assert [r["role"] for r in stored(world, "%prefer tea%")] == ["user", "assistant"]
-        tg.wait_sent(2)
+        tg.wait_sent(2, timeout=60)
         assert [m["text"] for m in tg.sent] == ["You said: I prefer tea to coffee",
                                                 "You said: and green tea best"]
         assert world.make_memories() >= 2, "the conversations became memories"
@@ -374,6 +375,7 @@ def test_the_spend_of_an_answer_the_outage_failed_is_reported_by_the_next_run_of
 
         database.back()
         world.restart_bot()
+        logged.wait("telegram_started", 2)
         wait_for(lambda: request(world, request_id)["status"] == "failed", "the request end")
         assert request(world, request_id) == {"status": "failed", "spent_usd": CALL_COST}
         [started] = logged.named("telegram_started", request_ends_kept=1)

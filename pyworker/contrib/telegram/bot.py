@@ -165,6 +165,7 @@ class MemoryBot:
             self.me = me = await self.bot.me()
             await self._db(self.memory.schema_version)
             self.tools = function_tools(await self._db(self.memory.tool_definitions))
+            await asyncio.to_thread(self.outbox.retry)  # what an earlier run kept goes first
             retrying = asyncio.create_task(
                 self.outbox.keep_retrying(self._stopped, self.retry_seconds))
             event("telegram_started", bot=me.username, bot_user_id=me.id,
