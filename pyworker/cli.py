@@ -386,6 +386,9 @@ def telegram(
         raise typer.Exit(2) from None
     try:
         asyncio.run(serve(settings))
+    except SettingsError as exc:  # a state directory it cannot use: fix it, do not restart
+        console.print(f"pimem telegram: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except Exception as exc:  # noqa: BLE001 - a bad token, no database: say so and exit 1
         console.print(f"pimem telegram: {type(exc).__name__}: {exc}", markup=False)
         raise typer.Exit(1) from None
