@@ -186,6 +186,21 @@ LOAD_RECORDS = [
             on m.workspace_id = r.workspace_id
            and m.request_id = {_RID % '((o.k + w) %% %(c)s::int)'}
          where r.workspace_id between %(lo_ws)s and %(hi_ws)s""",
+    # ... and the rest of its batch, every message its model call was shown: the conversations
+    # of the workspace's records share them out, c / r each.
+    f"""insert into memory_private.record_dependencies
+          (workspace_id, record_id, message_id, content_hash, via, position)
+        select r.workspace_id, r.record_id, m.message_id, m.content_hash, 'shown', null
+          from memory_private.records r
+         cross join lateral (select substr(r.origin_request_id, 2)::int as k) o
+         cross join lateral generate_series(1, %(c)s::int / %(r)s::int - 1) w
+          join memory_private.messages m
+            on m.workspace_id = r.workspace_id
+           and m.request_id = {_RID % '((o.k + w) %% %(c)s::int)'}
+         where r.workspace_id between %(lo_ws)s and %(hi_ws)s
+           and not exists (select 1 from memory_private.record_dependencies d
+                            where d.workspace_id = r.workspace_id and d.record_id = r.record_id
+                              and d.message_id = m.message_id)""",
     # What the record triggers make: each record's copy of its dependencies (as
     # memory_private.copy_dependencies writes it, one statement for the batch instead of one a
     # workspace) and its usage row (as memory_private.records_add_usage_row writes it).
@@ -194,7 +209,8 @@ LOAD_RECORDS = [
          from (select d.workspace_id, d.record_id,
                       array_agg(d.message_id order by d.message_id collate "C") as ids,
                       array_agg(d.content_hash order by d.message_id collate "C") as hashes,
-                      array_agg(d.message_id order by d.position) as sources
+                      coalesce(array_agg(d.message_id order by d.position)
+                               filter (where d.position is not null), '{}') as sources
                  from memory_private.record_dependencies d
                 where d.workspace_id between %(lo_ws)s and %(hi_ws)s
                 group by d.workspace_id, d.record_id) x
