@@ -116,7 +116,8 @@ create type memory_private.policy_values as (
   -- bounded search (R4): what one query_memories call may make the search do
   query_terms integer,         -- words and CJK pairs the word stage searches for
   fuzzy_words integer,         -- query words the fuzzy stage compares
-  fuzzy_neighbours integer     -- scope words a fuzzy query word is compared with, on each side
+  fuzzy_neighbours integer,    -- scope words a fuzzy query word is compared with, on each side
+  shown_ids integer            -- R5: thread and speaker ids shown per record, as source ids
 );
 comment on type memory_private.policy_values is
   'The policy numbers of the memory (memory_private.policy() holds their values).';
@@ -159,7 +160,8 @@ create function memory_private.policy() returns memory_private.policy_values
     48,                     -- copy_stock_records
     32,                     -- query_terms
     8,                      -- fuzzy_words
-    16                      -- fuzzy_neighbours
+    16,                     -- fuzzy_neighbours
+    20                      -- shown_ids
   )::memory_private.policy_values
 $$;
 comment on function memory_private.policy() is
@@ -168,7 +170,8 @@ comment on function memory_private.policy() is
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; what the copy rule counts as a copy (8 consecutive words, a message of 4 '
   'words, a token of 4 characters; stock phrasing looked for in the 48 newest records); the '
-  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side). Immutable: '
+  'bounds of one search (32 query terms, 8 fuzzy words, 16 neighbours a side) and of the id '
+  'lists of its answer (20 source, thread and speaker ids a record). Immutable: '
   'changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor

@@ -31,7 +31,7 @@ from tests.records import invalid_reason, record_exists, sweep
 
 DOOR = "My door code is 4711-ZEBRA."
 # Every table that keeps text made from a record's title and summary.
-RECORD_TABLES = ("records", "record_texts", "record_documents", "record_lines")
+RECORD_TABLES = ("records", "record_texts", "record_documents", "scope_words")
 
 
 def value(conn: psycopg.Connection, sql: str, *args: Any) -> Any:

@@ -375,7 +375,7 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
 # whole-table read (a planner's choice that costs W times more at W workspaces: the hashed
 # subplan over every summary line of 2026-12-01, docs/benchmarks.md).
 TENANT_TABLES = frozenset({
-    "records", "record_texts", "record_documents", "record_lines", "record_words", "record_dependencies", "record_usage", "messages", "requests", "tool_calls", "scopes",
+    "records", "record_texts", "record_documents", "scope_words", "record_dependencies", "record_usage", "messages", "requests", "tool_calls", "scopes",
     "tombstones", "index_dependencies", "request_recall", "members", "bots", "chats", "topics",
     "repository_grants"})
 _NODE = re.compile(r"(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Tid Scan)"

@@ -280,7 +280,7 @@ def load(conn: psycopg.Connection, have: int, want: int, *, start: datetime, now
                     "select workspace_id, array_agg(record_id) from memory_private.records "
                     "where workspace_id between %s and %s group by 1",
                     (args["lo_ws"], args["hi_ws"])).fetchall():
-                conn.execute("select memory_private.index_records(%s, %s::bigint[], true)",
+                conn.execute("select memory_private.index_records(%s, %s::bigint[])",
                              (ws, ids), prepare=True)
             spent["index_records"] = round(spent.get("index_records", 0.0)
                                            + time.monotonic() - t, 2)
@@ -304,7 +304,7 @@ def _table(sql: str) -> str:
 
 def counts(conn: psycopg.Connection) -> dict[str, int]:
     names = ("workspaces", "requests", "messages", "scopes", "records", "record_dependencies",
-             "record_usage", "record_words", "extracted_sources", "jobs")
+             "record_usage", "scope_words", "extracted_sources", "jobs")
     row = conn.execute("select " + ", ".join(
         f"(select count(*) from memory_private.{n})" for n in names)).fetchone()
     assert row is not None
