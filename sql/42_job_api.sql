@@ -266,7 +266,7 @@ comment on function memory.save_checkpoint(text, bigint, text, jsonb, jsonb) is
 -- A record depends on every message of its batch and every memory shown with the batch whose
 -- content it copies, cited or not (docs/retention.md, "What a record copies"). The record's
 -- text is its title and summary: everything else it stores (record_texts, record_documents,
--- record_lines, line_sources) is derived from those two. The rule's functions that read FROM
+-- scope_words, line_sources) is derived from those two. The rule's functions that read FROM
 -- something are PL/pgSQL: such a SQL function is not inlined and is planned again in every
 -- transaction that calls it, where a PL/pgSQL one keeps its plans for the session (a commit
 -- runs them a dozen times).

@@ -528,7 +528,7 @@ declare
   v_speakers text[];
   v_order bigint[];
   v_scores float8[];
-  v_top integer := 4 * (memory_private.policy()).query_limit;
+  v_top integer := 2 * (memory_private.policy()).query_limit;
 begin
   -- The records of the scope holding any of the question's words p_terms (or naming a speaker
   -- p_names could name: '@' || the word as written, at the same positions; NULL for a CJK
@@ -554,8 +554,9 @@ begin
   -- The content words and their weights (BM25's idf in the scope); a word that names a
   -- speaker of the scope (its '@' form is in the scope) is a speaker, not content.
   with df as (
-    select u.lexeme, count(*) as n from unnest(v_found) f cross join lateral unnest(f) u
-     group by u.lexeme
+    select w.lexeme, count(*) as n
+      from unnest(v_found) f cross join lateral unnest(tsvector_to_array(f)) w(lexeme)
+     group by w.lexeme
   )
   select coalesce(array_agg(q.term) filter (where q.content), '{}'),
          coalesce(array_agg(ln(1 + (v_scope_size - q.n + 0.5) / (q.n + 0.5)))
@@ -567,25 +568,23 @@ begin
             from unnest(p_terms, p_names) p(term, name)
             left join df t on t.lexeme = p.term
             left join df s on s.lexeme = p.name) q;
-  -- BM25 over each whole record: the lines holding each word (k1 1.2), against the record's
-  -- words over the candidates' average (b 0.75). Best first, then newest.
+  -- BM25 over each whole record, each word once (k1 1.2: what a word adds, 2.2 / (1 + 1.2 x
+  -- the length norm), against the record's words over the candidates' average (b 0.75); how
+  -- many lines hold it is the lines' business, below). Best first, then newest.
   select coalesce(array_agg(x.id order by x.score desc, x.created desc, x.id desc), '{}'),
          coalesce(array_agg(x.score order by x.score desc, x.created desc, x.id desc), '{}'),
          coalesce(array_agg(v_found[x.n] order by x.score desc, x.created desc, x.id desc),
                   '{}')
     into v_order, v_scores, v_found
-    from (select f.n, min(f.id) as id, min(f.created) as created,
-                 coalesce(sum(v_weights[u.k] * u.tf * 2.2
-                              / (u.tf + 1.2 * (0.25 + 0.75 * f.size / nullif(v_average, 0)))),
-                          0) as score
+    from (select f.n, f.id, f.created,
+                 coalesce(sum(v_weights[array_position(v_terms, w.lexeme)]), 0)
+                 * 2.2 / (1 + 1.2 * (0.25 + 0.75 * f.size / nullif(v_average, 0))) as score
             from unnest(v_ids, v_created, v_sizes, v_found)
                    with ordinality as f(id, created, size, found, n)
-            left join lateral (select array_position(v_terms, w.lexeme) as k,
-                                      cardinality(w.positions) as tf
-                                 from unnest(f.found) w) u on u.k is not null
+           cross join lateral unnest(tsvector_to_array(f.found)) w(lexeme)
            where not f.id = any(p_skip)
-           group by f.n) x;
-  -- The lines, in the best records by BM25 only (four times as many as an answer shows, each
+           group by f.n, f.id, f.created, f.size) x;
+  -- The lines, in the best records by BM25 only (twice as many as an answer shows, each
   -- word on its first 8 lines: bounded work whatever the records hold). A line scores the
   -- weights of the query's words on it (twice on the title, line 1: what the record is
   -- about), half as much again when a speaker the query names said it (a line only said by one
