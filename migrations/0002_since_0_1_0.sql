@@ -3316,26 +3316,51 @@ comment on function memory_private.text_document(text) is
   '(simple), plus its CJK bigrams.';
 
 create or replace function memory_private.word_stem(p_word text) returns text
-  language sql immutable strict parallel safe
+  language plpgsql immutable strict parallel safe
   as $$
+declare
+  w text := p_word;
+  cut boolean := false;
+begin
   -- A light English stemmer for a lower-case word of four letters a-z or more (any other word
   -- is itself): the inflections only, so that "paints", "painted" and "painting" meet in
   -- "paint" while "painter", "organization" and "organized" stay apart (Porter's stemmer, as
   -- PostgreSQL's english configuration has it, makes "organ" of the last two). In order: a
   -- plural (-sses -> -ss, -ies -> -i, -s after a letter other than s, i, u); -eed -> -ee, or
-  -- -ed / -ing after three letters or more holding a vowel, then a doubled final b, g, m, n,
-  -- p, r or t single ("running" -> "run"); a final e; a final y -> i. Inlined.
-  select case when p_word !~ '^[a-z]{4,}$' then p_word else (
-    select case when char_length(e.w) >= 4 then regexp_replace(e.w, 'y$', 'i') else e.w end
-      from (select case when char_length(d.w) >= 4 then regexp_replace(d.w, 'e$', '')
-                        else d.w end as w
-              from (select case when c.w ~ '[aeiouy][a-z]*[a-z](ed|ing)$' and c.w !~ 'eed$'
-                                     and char_length(regexp_replace(c.w, '(ed|ing)$', '')) >= 3
-                                then regexp_replace(regexp_replace(c.w, '(ed|ing)$', ''),
-                                                    '([bgmnprt])\1$', '\1')
-                                else regexp_replace(c.w, 'eed$', 'ee') end as w
-                      from (select regexp_replace(p_word, '(ss)es$|(i)es$|([^siu])s$',
-                                                  '\1\2\3') as w) c) d) e) end
+  -- -ed / -ing after three letters or more with a vowel before the last, then a doubled final
+  -- b, g, m, n, p, r or t single ("running" -> "run"); a final e; a final y -> i. PL/pgSQL:
+  -- simple expressions, evaluated without a plan per call.
+  if w !~ '^[a-z]{4,}$' then
+    return w;
+  end if;
+  if right(w, 1) = 's' then
+    if right(w, 4) = 'sses' or right(w, 3) = 'ies' then
+      w := left(w, -2);
+    elsif right(w, 2) not in ('ss', 'is', 'us') then
+      w := left(w, -1);
+    end if;
+  end if;
+  if right(w, 3) = 'eed' then
+    w := left(w, -1);
+  elsif right(w, 2) = 'ed' and char_length(w) >= 5 and left(w, -3) ~ '[aeiouy]' then
+    w := left(w, -2);
+    cut := true;
+  elsif right(w, 3) = 'ing' and char_length(w) >= 6 and left(w, -4) ~ '[aeiouy]' then
+    w := left(w, -3);
+    cut := true;
+  end if;
+  if cut and right(w, 1) = substr(w, char_length(w) - 1, 1)
+     and right(w, 1) in ('b', 'g', 'm', 'n', 'p', 'r', 't') then
+    w := left(w, -1);
+  end if;
+  if right(w, 1) = 'e' and char_length(w) >= 4 then
+    w := left(w, -1);
+  end if;
+  if right(w, 1) = 'y' and char_length(w) >= 4 then
+    w := left(w, -1) || 'i';
+  end if;
+  return w;
+end
 $$;
 
 comment on function memory_private.word_stem(text) is
@@ -3408,26 +3433,35 @@ begin
   -- Each stemmed word of the title (position 1) and of the content of each summary line
   -- (position n + 1 for line n), English stop words left out, once, with the lines it is on;
   -- and '@' || the speaker of each summary line that names one, with its lines. At most 256
-  -- lines a word (a tsvector's limit). PL/pgSQL, so that its plan is kept for the session: it
-  -- runs whenever a record is written.
+  -- lines a word (a tsvector's limit). Each distinct word is stemmed once. PL/pgSQL, so that
+  -- its plan is kept for the session: it runs whenever a record is written.
   return (
-    select coalesce(string_agg(memory_private.lexeme_query(x.word)::text || ':' || x.lines, ' '),
-                    '')::tsvector
-      from (select w.word,
-                   array_to_string((array_agg(distinct w.pos order by w.pos))[1:256], ',') as lines
-              from (select l.pos, memory_private.word_stem(t.word) as word
-                      from (select 1 as pos, p_title as content
-                            union all
-                            select s.line_no + 1, memory_private.line_content(s.line)
-                              from memory_private.summary_lines(p_summary) s) l
-                     cross join lateral unnest(tsvector_to_array(
-                                          memory_private.text_document(l.content))) t(word)
-                     where not memory_private.stop_word(t.word)
-                    union all
-                    select s.line_no + 1, '@' || memory_private.line_speaker(s.line, p_speakers)
-                      from memory_private.summary_lines(p_summary) s
-                     where memory_private.line_speaker(s.line, p_speakers) is not null) w
-             group by w.word) x);
+    with l as materialized (
+      select 1 as pos, p_title as line, p_title as content
+      union all
+      select s.line_no + 1, s.line, memory_private.line_content(s.line)
+        from memory_private.summary_lines(p_summary) s
+    ), t as materialized (
+      select l.pos, w.word
+        from l cross join lateral unnest(tsvector_to_array(
+                                           memory_private.text_document(l.content))) w(word)
+    ), v as materialized (
+      select u.word, memory_private.word_stem(u.word) as stem
+        from (select distinct t.word from t) u
+       where not memory_private.stop_word(u.word)
+    ), x as (
+      select v.stem as word, t.pos from t join v on v.word = t.word
+      union all
+      select '@' || sp.id, l.pos
+        from l cross join lateral memory_private.line_speaker(l.line, p_speakers) sp(id)
+       where l.pos > 1 and sp.id is not null
+    )
+    select coalesce(string_agg('''' || replace(replace(y.word, '\', '\\'), '''', '''''')
+                               || ''':' || y.lines, ' '), '')::tsvector
+      from (select x.word,
+                   array_to_string((array_agg(distinct x.pos order by x.pos))[1:256], ',')
+                     as lines
+              from x group by x.word) y);
 end
 $$;
 
@@ -3705,7 +3739,8 @@ declare
   v_speakers text[];
   v_order bigint[];
   v_scores float8[];
-  v_top integer := 2 * (memory_private.policy()).query_limit;
+  v_norms float8[];
+  v_top integer := 4 * (memory_private.policy()).query_limit;
 begin
   -- The records of the scope holding any of the question's words p_terms (or naming a speaker
   -- p_names could name: '@' || the word as written, at the same positions; NULL for a CJK
@@ -3745,35 +3780,48 @@ begin
             from unnest(p_terms, p_names) p(term, name)
             left join df t on t.lexeme = p.term
             left join df s on s.lexeme = p.name) q;
-  -- BM25 over each whole record, each word once (k1 1.2: what a word adds, 2.2 / (1 + 1.2 x
-  -- the length norm), against the record's words over the candidates' average (b 0.75); how
-  -- many lines hold it is the lines' business, below). Best first, then newest.
+  -- BM25 over each whole record, each word counted once (k1 1.2: a word adds 2.2 / (1 + 1.2 x
+  -- the length norm), against the record's words over the candidates' average (b 0.75)): the
+  -- order in which the best are picked. Best first, then newest.
   select coalesce(array_agg(x.id order by x.score desc, x.created desc, x.id desc), '{}'),
          coalesce(array_agg(x.score order by x.score desc, x.created desc, x.id desc), '{}'),
+         coalesce(array_agg(x.norm order by x.score desc, x.created desc, x.id desc), '{}'),
          coalesce(array_agg(v_found[x.n] order by x.score desc, x.created desc, x.id desc),
                   '{}')
-    into v_order, v_scores, v_found
+    into v_order, v_scores, v_norms, v_found
     from (select f.n, f.id, f.created,
-                 coalesce(sum(v_weights[array_position(v_terms, w.lexeme)]), 0)
-                 * 2.2 / (1 + 1.2 * (0.25 + 0.75 * f.size / nullif(v_average, 0))) as score
+                 coalesce(sum(v_weights[array_position(v_terms, w.lexeme)]), 0) * 2.2
+                 / (1 + 1.2 * (0.25 + 0.75 * f.size / nullif(v_average, 0))) as score,
+                 0.25 + 0.75 * f.size / nullif(v_average, 0) as norm
             from unnest(v_ids, v_created, v_sizes, v_found)
                    with ordinality as f(id, created, size, found, n)
            cross join lateral unnest(tsvector_to_array(f.found)) w(lexeme)
            where not f.id = any(p_skip)
            group by f.n, f.id, f.created, f.size) x;
-  -- The lines, in the best records by BM25 only (twice as many as an answer shows, each
-  -- word on its first 8 lines: bounded work whatever the records hold). A line scores the
-  -- weights of the query's words on it (twice on the title, line 1: what the record is
-  -- about), half as much again when a speaker the query names said it (a line only said by one
-  -- scores a little); a record its best line plus its BM25. The records after them keep their
-  -- BM25 order; a record holding only a speaker's name as a word, and no line of theirs, has
-  -- nothing.
+  -- The best records (four times as many as an answer shows, each word on its first 8 lines:
+  -- bounded work whatever the records hold) are ranked by BM25 with how many lines hold each
+  -- word (tf: tf x 2.2 / (tf + 1.2 x the norm)) plus their best line: the weights of the
+  -- query's words on it (twice on the title, line 1: what the record is about), half as much
+  -- again when a speaker the query names said it (a line only said by one scores a little). The
+  -- records after them keep their order. A record holding only a speaker's name as a word, and
+  -- no line of theirs, has nothing.
+  with t as materialized (
+    select f.n, array_position(v_terms, w.lexeme) as k, w.lexeme = any(v_speakers) as said,
+           w.positions
+      from unnest(v_found[1:v_top]) with ordinality as f(found, n)
+     cross join lateral unnest(f.found) w
+  )
   select coalesce(array_agg(r.id order by r.n <= v_top desc, r.score desc, r.n), '{}'),
          coalesce(array_agg(coalesce(r.lines, '') order by r.n <= v_top desc, r.score desc, r.n),
                   '{}')
     into ids, lines
-    from (select o.id, o.n, o.score + coalesce(l.best, 0) as score, l.lines
+    from (select o.id, o.n, coalesce(b.score, o.score) + coalesce(l.best, 0) as score, l.lines
             from unnest(v_order, v_scores) with ordinality as o(id, score, n)
+            left join (
+              select t.n,
+                     sum(v_weights[t.k] * cardinality(t.positions) * 2.2
+                         / (cardinality(t.positions) + 1.2 * v_norms[t.n])) as score
+                from t where t.k is not null group by t.n) b on b.n = o.n
             left join (
               select s.n, max(s.score) as best,
                      string_agg((s.line - 1)::text, ' ' order by s.score desc, s.line)
@@ -3783,15 +3831,11 @@ begin
                                                            + 0.01
                                   else sum(v_weights[t.k]) end
                              * case when p.line = 1 then 2 else 1 end as score
-                        from (select f.n, array_position(v_terms, w.lexeme) as k,
-                                     w.lexeme = any(v_speakers) as said, w.positions
-                                from unnest(v_found[1:v_top]) with ordinality as f(found, n)
-                               cross join lateral unnest(f.found) w) t
-                       cross join lateral unnest(t.positions[1:8]) p(line)
+                        from t cross join lateral unnest(t.positions[1:8]) p(line)
                        where t.k is not null or t.said
                        group by t.n, p.line) s
                group by s.n) l on l.n = o.n
-           where o.score + coalesce(l.best, 0) > 0) r;
+           where coalesce(b.score, o.score) + coalesce(l.best, 0) > 0) r;
 end
 $$;
 
