@@ -174,6 +174,13 @@ def test_the_scale_profile_reports_both_sizes_of_a_valid_world(db_dsn: str,
     assert set(scale["consistency"].values()) == {0}
     assert scale["counts"]["end"]["messages"] >= 1200
     assert scale["disk"]["status"] == "ok"
+    # The whole schema's bytes per message of text, judged against 10x at the larger size (a
+    # world this small is mostly empty tables' pages), and what it grew by between the sizes.
+    disk = next(v for v in report["verdict"] if "bytes on disk per message" in v["name"]
+                and v["name"].startswith("scale"))
+    assert disk["limit"] == 10.0 and disk["value"] == scale["disk"]["all_x_raw"]
+    assert scale["disk_growth"]["x_raw"] > 0 and scale["disk"]["search_bytes_per_record"] > 0
+    assert "the fixed size of empty tables taken out" in (tmp_path / "bench.md").read_text()
     names = [f["name"] for f in scale["figures"]]
     assert names[0].startswith("recall") and names[-1].startswith("build")
     assert all(f["small"] is not None and f["large"] is not None for f in scale["figures"])
