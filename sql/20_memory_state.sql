@@ -73,7 +73,8 @@ create function memory_private.summary_lines(p_summary text)
 $$;
 comment on function memory_private.summary_lines(text) is
   'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
-  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+  'the lines of the search documents (record_documents'' positions) and the lines a search '
+  'finds share.';
 
 create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe

@@ -303,7 +303,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             ids = [r[0] for r in conn.execute(
                 "select record_id from memory_private.records where workspace_id = %s",
                 (row[0],))]
-            conn.execute("select memory_private.index_records(%s, %s::bigint[], true)",
+            conn.execute("select memory_private.index_records(%s, %s::bigint[])",
                          (row[0], ids))
     return len(tables["records"].rows)
 
@@ -388,7 +388,7 @@ def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
 SETTLED_TABLES = ("workspaces", "workspace_memory", "members", "bots", "chats", "topics",
                   "repository_grants", "requests", "messages", "scopes", "records",
                   "record_dependencies", "record_usage", "record_texts", "record_documents",
-                  "record_lines", "record_words", "index_dependencies")
+                  "scope_words", "index_dependencies")
 
 
 def settle(conn: psycopg.Connection) -> None:
