@@ -412,7 +412,8 @@ def test_the_runbooks_check_names_the_workers_that_commit_asynchronously(
 # it blocks the shard group's writes for its final catch-up. Holding the key pauses it there.
 MOVE_PAUSE_KEY = (44000, 55152)
 
-# Each run of the loaded rebalance is a fresh cluster: about 40 s on the 2-core machine.
+# Each run of the loaded rebalance is a fresh cluster: 1.5 to 2 minutes (a third of it starting
+# the cluster and migrating) on the shared 2-core machine at a load of 10 to 18.
 REBALANCE_RUNS = 3
 
 
