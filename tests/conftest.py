@@ -107,9 +107,10 @@ def local_cluster(bindir: Path, settings: dict[str, str] | None = None) -> Local
 TEST_SERVER_SETTINGS = {"wal_level": "minimal", "max_wal_senders": "0"}
 
 
-def start_citus_cluster() -> CitusCluster:
-    """A started throwaway Citus cluster whose nodes keep their files under
-    :func:`cluster_parent`; skips the test, saying why, when Citus is not installed."""
+def start_citus_cluster(settings: dict[str, str] | None = None) -> CitusCluster:
+    """A started throwaway Citus cluster (its nodes' ``settings`` added to
+    CITUS_NODE_SETTINGS) whose nodes keep their files under :func:`cluster_parent`; skips the
+    test, saying why, when Citus is not installed."""
     bindir = find_bindir()
     reason = citus_available(bindir)
     if reason is not None or bindir is None:
@@ -117,7 +118,7 @@ def start_citus_cluster() -> CitusCluster:
     saved = tempfile.tempdir
     tempfile.tempdir = cluster_parent() or saved  # the nodes' directories
     try:
-        return CitusCluster(bindir).start()
+        return CitusCluster(bindir, settings=settings).start()
     finally:
         tempfile.tempdir = saved
 

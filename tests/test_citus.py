@@ -3,7 +3,8 @@ PostgreSQL with Citus installed (pyworker.lab.servers.CitusCluster), built and d
 ``pimem migrate`` on the coordinator (docs/scaling.md).
 
 Skipped, with one line saying why, when Citus is not installed (scripts/bootstrap builds it from
-../shared/vendor/citus when that source is present). The cluster is started once for the file.
+../shared/vendor/citus when that source is present). The cluster is started once for the file;
+the tests that add a worker and move shards start one each.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from pyworker import schema
 from pyworker.adapters import make_adapter
 from pyworker.cli import app
 from pyworker.lab import releases
-from pyworker.lab.servers import CitusCluster
+from pyworker.lab.servers import CitusCluster, LocalCluster
 from pyworker.worker import Worker, WorkerConfig
 from tests.conftest import start_citus_cluster
 from tests.factory import World
@@ -38,15 +40,23 @@ class Cluster:
     dsn: str  # the coordinator's, of the distributed database
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    citus = start_citus_cluster()
+@contextmanager
+def _distributed(dbname: str, settings: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A started cluster (its nodes' ``settings`` added) with the schema distributed in
+    database ``dbname``; destroyed afterwards."""
+    citus = start_citus_cluster(settings)
     try:
-        dsn = citus.create_database("pimem_citus")
+        dsn = citus.create_database(dbname)
         schema.migrate(dsn)
         yield Cluster(citus, dsn)
     finally:
         citus.destroy()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with _distributed("pimem_citus") as c:
+        yield c
 
 
 def _ingest(conn: psycopg.Connection, ws: str, n_messages: int = 2) -> None:
@@ -105,6 +115,16 @@ def test_migrate_on_the_coordinator_distributes_every_table_and_workspace_functi
                and p.provolatile <> 'i'
                and p.prosrc ~ 'memory_private\\.(records|messages|scopes)\\M'""").fetchall()
         assert sql_readers == []
+        # every table has a primary key and logs it as its replica identity: Citus's default
+        # shard transfer mode (auto) then moves shards by logical replication, updates and
+        # deletes included, while writes go on (docs/scaling.md, Operating it)
+        without_key = conn.execute("""
+            select c.relname from pg_class c
+             where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
+               and not (c.relreplident = 'd'
+                        and exists (select 1 from pg_index i
+                                     where i.indrelid = c.oid and i.indisprimary))""")
+        assert without_key.fetchall() == []
         # and every function of the schema exists on the workers
         for worker in cluster.citus.workers:
             with psycopg.connect(worker.dsn("pimem_citus")) as w:
@@ -343,51 +363,167 @@ def test_the_demo_runs_on_the_cluster(cluster: Cluster) -> None:
         assert info is not None and info.distributed
 
 
-def _find_in_shards(cluster: Cluster, dbname: str,
-                    wanted: set[tuple[str, str]]) -> list[tuple[int, str]]:
-    """Where messages are on the nodes' own shards (old placements included): for a failure's
-    message."""
+# Adding a worker and moving shards online --------------------------------------------------------
+
+def _runbook_check() -> str:
+    """The first step of docs/scaling.md's runbook for adding a node, as written there: the
+    workers on which a session of this database commits asynchronously (synchronous_commit off
+    in the server's settings, or set off for the database or for a role), which Citus 13.2.2 can
+    lose in an online move."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    block = text[text.index("-- 1. Every worker commits synchronously"):]
+    statement = block[block.index("\n") + 1:block.index(";\n")]
+    assert "run_command_on_workers" in statement, statement
+    return statement
+
+
+ASYNCHRONOUS_WORKERS = _runbook_check()
+
+def _on_node_alone(node: LocalCluster, statement: str) -> None:
+    """A statement on one node of the cluster only (as an operator's on one machine)."""
+    with psycopg.connect(node.dsn("pimem_citus"), autocommit=True) as w:
+        w.execute("set citus.enable_ddl_propagation = off")
+        w.execute(statement)
+
+
+def test_the_runbooks_check_names_the_workers_that_commit_asynchronously(
+    cluster: Cluster,
+) -> None:
+    first, second = cluster.citus.workers[:2]
+    role = "alter role pimem_async_backend in database pimem_citus"
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        assert conn.execute(ASYNCHRONOUS_WORKERS).fetchall() == []
+        conn.execute("create role pimem_async_backend")  # Citus creates it on every node
+    try:
+        # on one worker a role commits asynchronously in this database, on the other the
+        # database itself
+        _on_node_alone(first, f"{role} set synchronous_commit = false")
+        _on_node_alone(second, "alter database pimem_citus set synchronous_commit = off")
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            listed = conn.execute(ASYNCHRONOUS_WORKERS).fetchall()
+        assert sorted(listed) == sorted(("127.0.0.1", n.port) for n in (first, second))
+    finally:
+        _on_node_alone(first, f"{role} reset synchronous_commit")
+        _on_node_alone(second, "alter database pimem_citus reset synchronous_commit")
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            conn.execute("drop role pimem_async_backend")
+            assert conn.execute(ASYNCHRONOUS_WORKERS).fetchall() == []
+
+
+# The isolation-test hook of Citus (multi_logical_replication.c,
+# ConflictWithIsolationTestingAfterCopy): with citus.running_under_citus_test_suite on, a
+# logical move takes a share lock on this advisory key after its copy and catch-up, right before
+# it blocks the shard group's writes for its final catch-up. Holding the key pauses it there.
+MOVE_PAUSE_KEY = (44000, 55152)
+
+# Each run of the loaded rebalance is a fresh cluster: 1.5 to 2 minutes (a third of it starting
+# the cluster and migrating) on the shared 2-core machine at a load of 10 to 18.
+REBALANCE_RUNS = 3
+
+
+@pytest.fixture
+def moves_cluster() -> Iterator[Cluster]:
+    """A cluster of the test's own (a coordinator and two workers, the schema distributed in
+    database "moves"), to which the test adds a third worker and moves shards. Its WAL writer
+    runs every 10 s instead of 200 ms: a commit that waited for it (an asynchronous one) would
+    stay unwritten well past a move's end; a synchronous commit writes its WAL itself."""
+    with _distributed("moves", {"wal_writer_delay": "10s"}) as c:
+        yield c
+
+
+def _wait_for(what: str, done: Callable[[], bool], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+KEYS = {"requests": "request_id", "messages": "message_id"}
+
+
+def _present(dsn: str) -> set[tuple[str, str, str]]:
+    """Every request and message the coordinator finds, as (table, workspace, id)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {(table, ws, key) for table, column in KEYS.items()
+                for ws, key in conn.execute(
+                    f"select workspace_id, {column} from memory_private.{table}")}
+
+
+def _missing(cluster: Cluster, acknowledged: list[tuple[str, str, str]]) -> list[str]:
+    """The acknowledged rows ((table, workspace, id)) that the coordinator does not find, each
+    named with the shard that should hold it, that shard's node, and every node's shard of the
+    table that does hold it (a move's old placement until Citus drops it)."""
+    present = _present(cluster.dsn)
+    lost = [row for row in acknowledged if row not in present]
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        named = []
+        for table, ws, key in lost:
+            shard, port = conn.execute("""
+                select p.shardid, n.nodeport from pg_dist_placement p
+                  join pg_dist_node n using (groupid)
+                 where p.shardid = get_shard_id_for_distribution_column(
+                                     %s::regclass, %s::text)""",
+                                       (f"memory_private.{table}", ws)).fetchone() or (None, None)
+            held = ", ".join(_held_by(cluster, table, ws, key)) or "no shard of any node"
+            named.append(f"{table} {ws}/{key}: shard {shard} on port {port}; held by {held}")
+    return named
+
+
+def _held_by(cluster: Cluster, table: str, ws: str, key: str) -> list[str]:
     found = []
-    for node in [cluster.citus.coordinator, *cluster.citus.workers]:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(cluster.dsn)["dbname"])
+    for node in cluster.citus.nodes:
         with psycopg.connect(node.dsn(dbname), autocommit=True) as w:
             w.execute("set citus.override_table_visibility = off")
-            for (shard,) in w.execute("""select c.relname from pg_class c
-                                          where c.relnamespace = 'memory_private'::regnamespace
-                                            and c.relname ~ '^messages_[0-9]+$'""").fetchall():
-                for ws, m in wanted:
-                    if w.execute(f"select 1 from memory_private.{shard} "
-                                 "where workspace_id = %s and message_id = %s",
-                                 (ws, m)).fetchone():
-                        found.append((node.port, f"{shard}: {ws}/{m}"))
+            for (shard,) in w.execute(
+                    "select c.relname from pg_class c where c.relnamespace = "
+                    "'memory_private'::regnamespace and c.relname ~ %s",
+                    (f"^{table}_[0-9]+$",)).fetchall():
+                if w.execute(f"select 1 from memory_private.{shard} "
+                             f"where workspace_id = %s and {KEYS[table]} = %s",
+                             (ws, key)).fetchone():
+                    found.append(f"{shard} on port {node.port}")
     return found
 
 
-def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Cluster) -> None:
-    dsn = cluster.citus.create_database("rebalance")
-    schema.migrate(dsn)
+def _conversation(w: World, ws: str, request: str, n: int,
+                  acknowledged: list[tuple[str, str, str]]) -> None:
+    """One request and its two messages, each call's row noted once the call has returned."""
+    w.request(ws, request, chat="dm-alice", user="alice")
+    acknowledged.append(("requests", ws, request))
+    for suffix, role, speaker, text in (
+            ("u", "user", "alice", f"Please remember that item {n} is blue."),
+            ("a", "assistant", "bot1", f"Noted: item {n}.")):
+        w.message(ws, f"{request}-{suffix}", request, role, speaker, text)
+        acknowledged.append(("messages", ws, f"{request}-{suffix}"))
+
+
+@pytest.mark.parametrize("run", range(1, REBALANCE_RUNS + 1))
+def test_adding_a_worker_and_rebalancing_online_under_load_loses_nothing(
+    moves_cluster: Cluster, run: int,
+) -> None:
+    cluster, dsn = moves_cluster, moves_cluster.dsn
     spaces = [f"rb-{i}" for i in range(12)]
+    acknowledged: list[tuple[str, str, str]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         w = World(conn)
         for ws in spaces:
             w.basic(ws)
-            w.conversation(ws, "r0", chat="dm-alice", user="alice",
-                           user_text="Please remember that I prefer tea.", reply="Noted: tea.")
+            _conversation(w, ws, "r0", 0, acknowledged)
         conn.execute("select memory_private.advance_clock('31 minutes')")
-    stop = threading.Event()
+        assert conn.execute(ASYNCHRONOUS_WORKERS).fetchall() == []  # the runbook's check
+    stop, moved_all = threading.Event(), threading.Event()
     errors: list[str] = []
-    written: set[tuple[str, str]] = set()  # messages whose ingest call returned
+    statuses: set[str] = set()  # of the moves, as Citus reports them while they run
 
     def ingest() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             w = World(c)
-            n = 0
+            n = 1
             while not stop.is_set():
-                ws = spaces[n % len(spaces)]
                 try:
-                    ids = w.conversation(ws, f"live-{n}", chat="dm-alice", user="alice",
-                                         user_text=f"Please remember that item {n} is blue.",
-                                         reply=f"Noted: item {n}.")
-                    written.update((ws, m) for m in ids)
+                    _conversation(w, spaces[n % len(spaces)], f"live-{n}", n, acknowledged)
                 except psycopg.Error as exc:
                     errors.append(f"ingest: {exc}")
                 n += 1
@@ -399,11 +535,20 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
             while not stop.is_set():
                 if worker.tick().status == "idle":
                     time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - the test names it
+            errors.append(f"worker {i}: {exc!r}")
         finally:
             worker.adapter.close()
             worker.db.close()
 
-    threads = [threading.Thread(target=ingest)] + [
+    def watch() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while not moved_all.is_set():
+                statuses.update(r[0] for r in c.execute(
+                    "select status from get_rebalance_progress()"))
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=ingest), threading.Thread(target=watch)] + [
         threading.Thread(target=work, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
@@ -411,10 +556,10 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
         node = cluster.citus.add_worker()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("select citus_add_node('127.0.0.1', %s)", (node.port,))
-            # block_writes: the writes of a moving shard group wait for the move (seconds).
-            # force_logical, which lets them go on, lost one acknowledged conversation in one
-            # loaded run of about fifteen (docs/scaling.md): not what the runbook uses.
-            conn.execute("select rebalance_table_shards(shard_transfer_mode => 'block_writes')")
+            # The runbook's rebalance: Citus's default transfer mode (auto), logical
+            # replication, the shard groups' writes going on while they are copied.
+            conn.execute("select rebalance_table_shards()")
+            moved_all.set()
             moved = conn.execute("""
                 select count(*) from pg_dist_placement p join pg_dist_node n using (groupid)
                  where n.nodeport = %s""", (node.port,)).fetchone()
@@ -422,10 +567,18 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
         time.sleep(1)
     finally:
         stop.set()
+        moved_all.set()
         for t in threads:
             t.join(timeout=120)
     assert errors == []
-    # Everything written is there, and the pipeline finishes on the rebalanced cluster.
+    # The moves ran by logical replication: only those report catching up.
+    assert statuses & {"Catching Up", "Final Catchup"}, statuses
+    assert len(acknowledged) > 100  # the ingest went on during the rebalance
+    # Every request and message whose call returned is there, and nothing else.
+    missing = _missing(cluster, acknowledged)
+    assert not missing, "acknowledged, then lost:\n" + "\n".join(missing)
+    assert _present(dsn) == set(acknowledged)
+    # The pipeline finishes on the rebalanced cluster, and every workspace recalls.
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("select memory_private.advance_clock('31 minutes')")
         worker = Worker(WorkerConfig(dsn=dsn, interval=0), make_adapter("offline"))
@@ -438,12 +591,6 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
         finally:
             worker.adapter.close()
             worker.db.close()
-        present = set(conn.execute(
-            "select workspace_id, message_id from memory_private.messages").fetchall())
-        missing = written - present
-        assert not missing, (sorted(missing), _find_in_shards(cluster, "rebalance", missing))
-        assert {m for m in present if not m[1].startswith("live-")} == {
-            (ws, m) for ws in spaces for m in ("r0-u", "r0-a")}
         jobs = dict(conn.execute(
             "select status, count(*) from memory_private.jobs group by 1").fetchall())
         assert set(jobs) <= {"succeeded", "skipped", "superseded"}, jobs
@@ -452,3 +599,79 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_nothing(cluster: Clust
             w.request(ws, "after", chat="dm-alice", user="alice", status="running")
             recall = w.call("recall", ws, "after")
             assert recall["mode"] in ("index", "directory") and recall["records"], (ws, recall)
+
+
+def test_a_conversation_acknowledged_just_before_a_move_blocks_writes_reaches_the_new_node(
+    moves_cluster: Cluster,
+) -> None:
+    """The moment Citus 13.2.2 loses a commit that was acknowledged before its WAL was written
+    (docs/scaling.md, "Online moves need synchronous commits"): after the last catch-up and
+    before the writes are blocked, the source's WAL written up to a record's end that the
+    subscription has reached, its WAL writer slow. A move is paused right there, a conversation
+    written and acknowledged, and the move goes on: the conversation is on the new node. On
+    nodes that commit asynchronously it is not (it stays on the old placement only)."""
+    cluster, dsn = moves_cluster, moves_cluster.dsn
+    acknowledged: list[tuple[str, str, str]] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        w = World(conn)
+        w.basic("ws-a")
+        _conversation(w, "ws-a", "r0", 0, acknowledged)
+        assert conn.execute(ASYNCHRONOUS_WORKERS).fetchall() == []
+        row = conn.execute("""
+            select p.shardid, n.nodeport from pg_dist_placement p join pg_dist_node n using (groupid)
+             where p.shardid = get_shard_id_for_distribution_column(
+                                 'memory_private.workspaces', 'ws-a'::text)""").fetchone()
+        assert row is not None
+        shard, port = row
+    source = next(n for n in cluster.citus.workers if n.port == port)
+    target = cluster.citus.add_worker()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select citus_add_node('127.0.0.1', %s)", (target.port,))
+        conn.execute("select replicate_reference_tables()")
+    pause = psycopg.connect(dsn, autocommit=True)
+    moved: list[str] = []
+    try:
+        pause.execute("select pg_advisory_lock(%s, %s)", MOVE_PAUSE_KEY)
+
+        def move() -> None:
+            with psycopg.connect(dsn, autocommit=True) as m:
+                m.execute("set citus.running_under_citus_test_suite = on")
+                m.execute("select citus_move_shard_placement(%s, '127.0.0.1', %s, "
+                          "'127.0.0.1', %s)", (shard, source.port, target.port))
+                moved.append("moved")
+
+        mover = threading.Thread(target=move)
+        mover.start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _wait_for("the move to pause before blocking writes", lambda: not mover.is_alive()
+                      or conn.execute("select 1 from pg_locks where locktype = 'advisory' "
+                                      "and objid = %s and not granted",
+                                      (MOVE_PAUSE_KEY[1],)).fetchone() is not None)
+        assert mover.is_alive(), "the move ended before its final catch-up"
+        with psycopg.connect(source.dsn("moves"), autocommit=True) as s, \
+                psycopg.connect(target.dsn("moves"), autocommit=True) as t:
+            # The source's WAL written to the end of a commit (this synchronous one's, of a
+            # table of the node's own: a temporary one's drop at the session's end would write
+            # the WAL again), and the subscription past it: Citus's catch-up check will pass
+            # at once.
+            s.execute("set synchronous_commit = on")
+            s.execute("create table public.flush_mark as select 1 as x")
+            written = s.execute("select pg_current_wal_lsn()").fetchone()
+            assert written is not None
+            _wait_for("the subscription to reach the source's WAL", lambda: bool(t.execute(
+                "select min(latest_end_lsn) >= %s from pg_stat_subscription",
+                (written[0],)).fetchone()[0]))  # type: ignore[index]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _conversation(World(conn), "ws-a", "late", 1, acknowledged)
+    finally:
+        pause.execute("select pg_advisory_unlock(%s, %s)", MOVE_PAUSE_KEY)
+        pause.close()
+    mover.join(timeout=300)
+    assert moved == ["moved"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        now = conn.execute("""select n.nodeport from pg_dist_placement p
+                               join pg_dist_node n using (groupid) where p.shardid = %s""",
+                           (shard,)).fetchone()
+    assert now == (target.port,)
+    missing = _missing(cluster, acknowledged)
+    assert not missing, "acknowledged, then lost:\n" + "\n".join(missing)
