@@ -81,25 +81,43 @@ def gather_status(db: Database, workspace_id: str | None = None,
                   limit: int = 20) -> dict[str, list[dict[str, Any]]]:
     """The rows ``pimem status`` shows: workspaces, what waits to become a memory and why,
     scopes (across workspaces only those needing a look), jobs needing attention and the
-    requests memory charged most."""
-    only = {"workspace_id": workspace_id} if workspace_id else {}
-    scopes = db.view_rows("scope_status", where=only,
-                          order_by=("workspace_id", "scope_id"), limit=None)
+    requests memory charged most. Given a workspace, the database reads that one only.
+
+    The validity rule runs once per scope: the scopes' rows carry their counts, and each
+    workspace's are the sums of its scopes' (what memory.workspace_status would count again,
+    so it is read without them)."""
+    scopes = db.view_rows("scope_status", workspace_id=workspace_id,
+                          order_by=("workspace_id", "scope_id"))
+    workspaces = db.view_rows("workspace_status", workspace_id=workspace_id,
+                              order_by=("workspace_id",), count_records=False)
+    for w in workspaces:
+        w.update(_record_counts([s for s in scopes if s["workspace_id"] == w["workspace_id"]]))
     if not workspace_id:
         # Across workspaces, only the scopes with something to look at.
         scopes = [s for s in scopes if needs_a_look(s)][:limit]
-    jobs = db.view_rows("job_status", where={**only, "status": ATTENTION},
-                        order_by=("-created_at",), limit=None)
+    jobs = db.view_rows("job_status", workspace_id=workspace_id, where={"status": ATTENTION},
+                        order_by=("-created_at",))
     jobs = [j for j in jobs if j["retried_as_job_id"] is None]
     jobs.sort(key=lambda j: (j["status"] != "stopped", j["status"] != "running"))
     return {
-        "workspaces": db.view_rows("workspace_status", where=only, order_by=("workspace_id",)),
+        "workspaces": workspaces,
         "waiting": db.waiting(workspace_id),
         "scopes": scopes,
         "jobs": jobs[:limit],
-        "charges": db.view_rows("request_memory_charges", where=only,
+        "charges": db.view_rows("request_memory_charges", workspace_id=workspace_id,
                                 order_by=("-memory_spent_usd",), limit=limit),
     }
+
+
+def _record_counts(scopes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workspace's record counts from its scopes' rows: valid, invalid, invalid by reason."""
+    by_reason: dict[str, int] = {}
+    for s in scopes:
+        for reason, n in (s["invalid_by_reason"] or {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + int(n)
+    return {"records_valid": sum(s["records_valid"] for s in scopes),
+            "records_invalid": sum(s["records_invalid"] for s in scopes),
+            "invalid_by_reason": by_reason}
 
 
 def cluster_line(cluster: CitusCluster | None) -> str:

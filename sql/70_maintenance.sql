@@ -88,7 +88,7 @@ create function memory_private.waiting_conversations(p_workspace_id text, p_now 
 #variable_conflict use_column
 begin
   -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
-  -- query of the node holding the workspace); the verdict is waiting_status_of's.
+  -- query of the node holding the workspace); the verdict is memory.waiting_status's.
   return query
   select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
          u.users, u.assistants, u.messages, a.last_activity,
@@ -162,7 +162,7 @@ $$;
 comment on function memory_private.waiting_conversations(text, timestamptz) is
   'The interactive conversations (requests) of a workspace with something not yet handled (a '
   'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
-  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
+  'its content), with the facts memory.waiting_status decides on: the scope, bot and '
   'workspace switches, the request''s status, its user and assistant messages, its last '
   'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
   'conversation, its next attempt and last error), the budget left (the workspace''s or the '

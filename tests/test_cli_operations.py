@@ -190,7 +190,7 @@ def test_help_lists_the_users_commands_first_and_tags_no_flag_with_a_type() -> N
     commands = [line.split()[0] for line in top.split("Commands:")[1].splitlines()
                 if line.strip()]
     assert commands[0] == "worker"
-    assert commands[-2:] == ["schema-bundle", "freeze-release"]
+    assert commands[-3:] == ["schema-bundle", "cluster-code", "freeze-release"]
     worker = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "80"}).output
     assert "<bool>" not in worker and "<bool>" not in top
     assert "--once" in worker and "--dsn <str>" in worker
