@@ -5805,6 +5805,11 @@ begin
      order by 1::text
   loop
     perform create_distributed_function(v_function);
+    -- Citus makes the function on the workers with its grants, not with its revokes: PUBLIC's
+    -- EXECUTE, revoked here, would be back there (a role reaching a worker could call it).
+    if not has_function_privilege('public', v_function, 'execute') then
+      execute format('revoke execute on function %s from public', v_function);
+    end if;
     v_count := v_count + 1;
   end loop;
   return v_count;
@@ -5813,8 +5818,9 @@ $$;
 
 comment on function memory_private.distribute_functions(boolean) is
   'Puts every function of memory and memory_private not yet on the cluster on every node (none '
-  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
-  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md), with '
+  'the same privileges (PUBLIC''s EXECUTE revoked there too when it is here). With p_all '
+  'false, only those that use no table''s or view''s row type. Answers how many.';
 
 create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
