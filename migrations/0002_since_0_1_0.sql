@@ -2144,11 +2144,12 @@ declare
   v_expired integer := 0;
   v_unknown integer := 0;
   v_lost integer := 0;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   for v_job in
     select * from memory_private.jobs
      where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
+       and lease_expires_at <= v_now
      order by job_id
        for update
   loop
@@ -2161,8 +2162,7 @@ begin
       -- A valid answer was paid for: the next claim commits it without a model call, whatever
       -- the number of calls the input has made.
       perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
+        'the lease expired after the checkpoint; the next claim commits it', v_now);
     elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
@@ -3056,13 +3056,16 @@ create or replace function memory_private.input_carryover(
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+declare
+  -- The clock read here, not in the statement: on Citus a statement goes to the workspace's
+  -- node, whose transaction (and so its now()) began later than this one's.
+  v_now timestamptz := memory_private.clock_now();
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+         greatest(v_now, max(j.next_attempt_at) filter (where j.status = 'superseded'))
     into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
@@ -4384,13 +4387,14 @@ declare
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
   v_batch constant integer := 50;
   v_ids text[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
     from (select message_id, request_id from memory_private.messages
            where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
+             and retain_until <= v_now
            order by retain_until
            limit v_batch) e;
   update memory_private.messages
@@ -4512,6 +4516,7 @@ create or replace function memory_private.prune_records(p_workspace_id text) ret
   as $$
 declare
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
@@ -4522,7 +4527,7 @@ begin
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+   where r.used < v_now - make_interval(days => (memory_private.policy()).unused_days)
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -4564,6 +4569,37 @@ comment on function memory_private.sweep_retention(text) is
   'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
   'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
   'messages expired here.';
+
+create or replace function memory.answer_retention_boundary(p_workspace_id text, p_request_id text)
+  returns timestamptz
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_boundary timestamptz;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  if not exists (select 1 from memory_private.requests
+                  where workspace_id = p_workspace_id and request_id = p_request_id) then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  select min(case when m.body is null then v_now else m.retain_until end)
+    into v_boundary
+    from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
+  return v_boundary;
+end
+$$;
+
+comment on function memory.answer_retention_boundary(text, text) is
+  'The latest time until which the backend may keep the answer of a request: the earliest '
+  'retention end among every message the records it was shown depend on (by recall and by '
+  'query_memories, not only the sources shown); now if one is already gone; NULL when none of '
+  'them has a retention end (T2).';
 
 create or replace function memory_private.next_maintenance_at(p_workspace_id text) returns timestamptz
   language plpgsql stable
@@ -4608,27 +4644,29 @@ comment on function memory_private.next_maintenance_at(text) is
   'erased text awaits the sweep, else the earliest of the next retention end and the next '
   'record pruning horizon; NULL when nothing is foreseen.';
 
-create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
+create or replace function memory_private.due_workspaces(
+  p_after_workspace_id text, p_limit integer, p_now timestamptz
+) returns setof text
   language sql stable
   as $$
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
+  -- From the indexes alone: the rows due at p_now, and the running jobs (one per workspace at
+  -- most) whose lease has expired. (The caller reads the clock: on Citus this statement runs
+  -- on every node, each with its own.)
   select d.workspace_id
     from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
+           where due_at <= p_now
           union
           select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+           where status = 'running' and lease_expires_at <= p_now) d
    where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
    order by d.workspace_id
    limit p_limit
 $$;
 
-comment on function memory_private.due_workspaces(text, integer) is
-  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
-  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
-  'whose lease expired.';
+comment on function memory_private.due_workspaces(text, integer, timestamptz) is
+  'The workspaces due for maintenance at p_now after p_after_workspace_id in id order (all '
+  'when NULL), at most p_limit (all when NULL): a maintenance_due row at or before p_now, or a '
+  'running job whose lease expired by then.';
 
 create or replace function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
   returns table (
@@ -4848,7 +4886,8 @@ begin
   -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
-                                 array(select memory_private.due_workspaces(null, null)))
+                                 array(select memory_private.due_workspaces(null, null,
+                                                                   memory_private.clock_now())))
   loop
     v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
@@ -4891,13 +4930,14 @@ declare
   v_ws text;
   v_result jsonb;
   v_after text := p_after_workspace_id;
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
   -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
   -- its own lock, on its own node, and one that is busy is passed over.
   loop
     v_ws := null;
-    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
+    for v_ws in select memory_private.due_workspaces(v_after, 16, v_now) loop
       select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
       if v_result is not null then
         return v_result;
@@ -5968,6 +6008,10 @@ to memory_backend;
 revoke all on function memory.manage_memory(text, text, text, jsonb) from public;
 
 grant execute on function memory.manage_memory(text, text, text, jsonb) to memory_backend;
+
+revoke all on function memory.answer_retention_boundary(text, text) from public;
+
+grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
 
 revoke all on function memory.run_maintenance(text), memory.maintain_next_workspace(text)
   from public;

@@ -24,7 +24,7 @@ select set_eq(
   array['claim_job', 'extend_lease', 'start_attempt', 'save_checkpoint', 'commit_job',
         'fail_job', 'run_maintenance', 'maintain_next_workspace', 'schema_version',
         'waiting_status'],
-  'memory_worker executes only the job functions (and reads what waits)');
+  'memory_worker executes only the job functions');
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,

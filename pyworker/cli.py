@@ -481,7 +481,7 @@ def status(
         typer.echo(json.dumps({**data, "cluster": asdict(cluster) if cluster else None},
                               default=str, indent=2))
     else:
-        typer.echo(cluster_line(cluster))  # one whole line, never wrapped
+        typer.echo(cluster_line(cluster))  # whole lines of at most 80 columns
         render_status(data, output_console(), workspace_id=workspace)
 
 

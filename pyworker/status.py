@@ -120,16 +120,28 @@ def _record_counts(scopes: list[dict[str, Any]]) -> dict[str, Any]:
             "invalid_by_reason": by_reason}
 
 
-def cluster_line(cluster: CitusCluster | None) -> str:
-    """Where the memory lives: one PostgreSQL server, or a Citus cluster and its nodes."""
+def cluster_line(cluster: CitusCluster | None, width: int = 80) -> str:
+    """Where the memory lives: one PostgreSQL server, or a Citus cluster and its nodes. Lines of
+    at most ``width`` columns, never cutting a node's address (the nodes go on lines of their
+    own when they do not fit beside the heading)."""
     if cluster is None:
         return "one PostgreSQL server (no Citus)"
     if not cluster.coordinator:
         return "a Citus worker node: run pimem status on the coordinator"
     if not cluster.distributed:
         return "Citus coordinator, schema not distributed yet (pimem migrate distributes it)"
-    return (f"Citus coordinator, schema distributed on {len(cluster.workers)} worker node(s): "
-            + ", ".join(cluster.workers))
+    heading = f"Citus coordinator, schema distributed on {len(cluster.workers)} worker node(s):"
+    one = f"{heading} {', '.join(cluster.workers)}"
+    if len(one) <= width:
+        return one
+    lines = [heading]
+    for node in cluster.workers:
+        if len(lines) > 1 and len(lines[-1]) + len(node) + 2 <= width:
+            lines[-1] += f", {node}"
+        else:
+            lines[-1] += "," if len(lines) > 1 else ""
+            lines.append(f"  {node}")
+    return "\n".join(lines)
 
 
 def needs_a_look(scope: dict[str, Any]) -> bool:

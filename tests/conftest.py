@@ -20,13 +20,15 @@ The canonical schema (``sql/``) is built once into a template database. Tests se
   shared database. ``fresh_conn`` is ``conn`` on a clone, for a test that needs no DSN but
   changes the schema (creates a function, disables a trigger).
 
-**The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs it after the main suite): the
-server is a throwaway Citus cluster (a coordinator and two workers, ``pyworker.lab.servers.
-CitusCluster``), the schema is built by ``pimem migrate`` on the coordinator (which distributes
-it), and every test runs against that one distributed database: ``conn`` and ``db_dsn`` alike,
-reset after every test as the shared database is. A test that changes the schema
-(``fresh_conn``) or needs a database of its own is skipped there, saying so; so is every test
-when Citus is not installed (one line says why).
+**The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs the whole suite so after the
+main suite, ``-m "not slow"``): the server is a throwaway Citus cluster (a coordinator and two
+workers, ``pyworker.lab.servers.CitusCluster``), the schema is built by ``pimem migrate`` on the
+coordinator (which distributes it), and every test runs against that one distributed database:
+``conn``, ``db_dsn`` and ``shared_dsn`` alike, reset after every test as the shared database is.
+A test that cannot run there says why with ``@pytest.mark.no_citus("reason")`` and is skipped
+with that reason; a test on ``fresh_conn`` (it changes the schema, and the profile has one
+database) is skipped with that reason without a mark of its own. Every test is skipped when
+Citus is not installed (one line says why).
 
 The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
 (``-m "not slow"``) leaves them out. Under xdist the slow tests start first, spread over the

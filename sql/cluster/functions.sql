@@ -275,7 +275,7 @@ begin
 end
 $$;
 
--- memory_private.extraction_units (45_scheduling.sql:158)
+-- memory_private.extraction_units (45_scheduling.sql:161)
 create or replace function memory_private.extraction_units(
   p_workspace_id text, p_scope memory_private.scopes, p_now timestamptz, p_cutoff timestamptz
 ) returns table (request_id text, bytes integer, sources jsonb)
@@ -430,7 +430,7 @@ begin
 end
 $$;
 
--- memory_private.request_provenance (60_retention.sql:48)
+-- memory_private.request_provenance (60_retention.sql:49)
 create or replace function memory_private.request_provenance(p_workspace_id text, p_request_id text)
   returns setof text
   language plpgsql stable
@@ -463,21 +463,23 @@ end
 $$;
 
 -- memory_private.due_workspaces (70_maintenance.sql:57)
-create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
+create or replace function memory_private.due_workspaces(
+  p_after_workspace_id text, p_limit integer, p_now timestamptz
+) returns setof text
   language plpgsql stable
   as $$
 #variable_conflict use_column
 begin
   return query
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
+  -- From the indexes alone: the rows due at p_now, and the running jobs (one per workspace at
+  -- most) whose lease has expired. (The caller reads the clock: on Citus this statement runs
+  -- on every node, each with its own.)
   select d.workspace_id
     from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
+           where due_at <= p_now
           union
           select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+           where status = 'running' and lease_expires_at <= p_now) d
    where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
    order by d.workspace_id
    limit p_limit;
