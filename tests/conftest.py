@@ -26,9 +26,11 @@ workers, ``pyworker.lab.servers.CitusCluster``), the schema is built by ``pimem 
 coordinator (which distributes it), and every test runs against that one distributed database:
 ``conn``, ``db_dsn`` and ``shared_dsn`` alike, reset after every test as the shared database is.
 A test that cannot run there says why with ``@pytest.mark.no_citus("reason")`` and is skipped
-with that reason; a test on ``fresh_conn`` (it changes the schema, and the profile has one
-database) is skipped with that reason without a mark of its own. Every test is skipped when
-Citus is not installed (one line says why).
+with that reason. Two kinds are skipped with their reason without a mark of their own: a test
+on ``fresh_conn`` (it changes the schema, and the profile has one database), and a test that
+reaches no database of the cluster (none of ``conn``, ``db_dsn``, ``shared_dsn``: no database
+at all, or one of its own on plain PostgreSQL), which would only run again what the main suite
+ran. Every test is skipped when Citus is not installed (one line says why).
 
 The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
 (``-m "not slow"``) leaves them out. Under xdist the slow tests start first, spread over the
@@ -337,15 +339,26 @@ def shared_dsn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[st
     _reset_or_fail(shared, pg_server)
 
 
+# The fixtures that reach the Citus profile's distributed database.
+CLUSTER_FIXTURES = frozenset({"conn", "db_dsn", "shared_dsn", "shared_db"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the Citus profile, the tests marked ``no_citus`` are skipped with their reason."""
+    """In the Citus profile, the tests marked ``no_citus`` are skipped with their reason, and so
+    are, each with its reason, a test on ``fresh_conn`` (it changes the schema) and a test that
+    reaches no database of the cluster (none at all, or one of its own on plain PostgreSQL:
+    the main suite runs it as it is)."""
     if not CITUS:
         return
     for item in items:
         marker = item.get_closest_marker("no_citus")
-        if marker is None and "fresh_conn" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if marker is None and "fresh_conn" in fixtures:
             marker = pytest.mark.no_citus("changes the schema (fresh_conn), and the Citus "
                                           "profile has one database").mark
+        elif marker is None and not fixtures & CLUSTER_FIXTURES:
+            marker = pytest.mark.no_citus("uses no database of the cluster (none, or one of "
+                                          "its own): the main suite runs it as it is").mark
         if marker is not None:
             reason = marker.args[0] if marker.args else "not in the Citus profile"
             item.add_marker(pytest.mark.skip(reason=f"Citus profile: {reason}"))

@@ -428,6 +428,11 @@ def test_a_later_migration_reaches_every_node_of_a_distributed_database(
                              """).fetchone() == ("plpgsql", True, True, "s", 7,
                                                  ["search_path=pg_catalog, pg_temp"])
             assert w.execute("select memory_private.later_count('later-1')").fetchone() == (3,)
+            # the new private functions are no more executable by PUBLIC there than here
+            assert w.execute("""select count(*) from pg_proc p
+                                 where p.pronamespace = 'memory_private'::regnamespace
+                                   and has_function_privilege('public', p.oid, 'execute')
+                             """).fetchone() == (0,)
 
 
 def test_the_demo_runs_on_the_cluster(cluster: Cluster) -> None:
