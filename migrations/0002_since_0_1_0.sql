@@ -7,9 +7,14 @@
 -- `pimem schema-bundle` writes and tests/test_migrations.py checks.
 
 -- The operator views of 0.1.0 read columns and functions that change below; the generated part
--- makes them again (memory_private.*_of and the views over them).
+-- makes them again, each over its function of the workspace (memory.<view>(workspace)), which
+-- runs as its owner: the wrappers 0.1.0 granted the operator go, and so does the operator's
+-- grant of policy(), which nothing it calls needs any more.
 drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status,
   memory.request_memory_charges;
+drop function memory_private.operator_now(),
+  memory_private.operator_invalid_records(text, bigint);
+revoke execute on function memory_private.policy() from memory_operator;
 
 -- Released functions that go, or whose arguments or result change (made again from sql/).
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]),
@@ -1628,6 +1633,21 @@ comment on function memory_private.index_holds(text, bigint, text) is
   'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
   'dependency current and not forgotten), checked from what the index kept when it was built.';
 
+create or replace function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  as $$
+  select v.reason
+    from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
+                                        array[p_record.record_id], p_requester) v
+   limit 1  -- one row at most (one id); the cluster's form depends on it (cluster_code.py)
+$$;
+
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'memory_private.invalid_records for one record: why it may not be recalled now for the '
+  'requester, or NULL when it may.';
+
 create or replace function memory_private.record_checks(
   p_workspace_id text, p_record_id bigint, p_requester text
 ) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
@@ -2183,11 +2203,12 @@ declare
   v_expired integer := 0;
   v_unknown integer := 0;
   v_lost integer := 0;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   for v_job in
     select * from memory_private.jobs
      where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
+       and lease_expires_at <= v_now
      order by job_id
        for update
   loop
@@ -2200,8 +2221,7 @@ begin
       -- A valid answer was paid for: the next claim commits it without a model call, whatever
       -- the number of calls the input has made.
       perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
+        'the lease expired after the checkpoint; the next claim commits it', v_now);
     elsif v_job.claims + 1 >= (memory_private.policy()).max_claims then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
@@ -2805,13 +2825,16 @@ create or replace function memory_private.input_carryover(
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+declare
+  -- The clock read here, not in the statement: on Citus a statement goes to the workspace's
+  -- node, whose transaction (and so its now()) began later than this one's.
+  v_now timestamptz := memory_private.clock_now();
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+         greatest(v_now, max(j.next_attempt_at) filter (where j.status = 'superseded'))
     into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
@@ -3923,6 +3946,22 @@ comment on function memory_private.begin_tool_call(text, text, text, text, jsonb
   'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
   'first call), raising MB003 when that was another tool or other arguments.';
 
+create or replace function memory_private.query_answer_row(
+  p_mode text, p_scope_kind text, p_records memory_private.record_answer[], p_count integer,
+  p_replayed boolean
+) returns memory_private.query_answer
+  language sql immutable
+  as $$
+  select row(p_mode, memory_private.recall_label(p_scope_kind), p_scope_kind, p_records, p_count,
+             p_replayed)::memory_private.query_answer
+$$;
+
+comment on function memory_private.query_answer_row(text, text, memory_private.record_answer[],
+                                                    integer, boolean) is
+  'A query_memories answer: its mode (search, id, browse), the label of the scope''s kind, the '
+  'scope kind, the records, their count and whether the call was a replay. (Its result names '
+  'the type, so that Citus puts the type on every node with the function.)';
+
 create or replace function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
   p_last_used_at timestamptz, p_match text, p_rank integer
@@ -4312,10 +4351,10 @@ begin
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
-  return to_jsonb(row(case when v_query is not null then 'search'
-                          when v_id is not null then 'id' else 'browse' end,
-                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
-                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+  return to_jsonb(memory_private.query_answer_row(
+           case when v_query is not null then 'search'
+                when v_id is not null then 'id' else 'browse' end,
+           v_scope.kind, v_records, cardinality(v_ids), not v_first));
 end
 $$;
 
@@ -4771,13 +4810,14 @@ declare
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
   v_batch constant integer := 50;
   v_ids text[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
     from (select message_id, request_id from memory_private.messages
            where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
+             and retain_until <= v_now
            order by retain_until
            limit v_batch) e;
   update memory_private.messages
@@ -4921,6 +4961,7 @@ create or replace function memory_private.prune_records(p_workspace_id text) ret
   as $$
 declare
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
@@ -4931,7 +4972,7 @@ begin
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+   where r.used < v_now - make_interval(days => (memory_private.policy()).unused_days)
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -4973,6 +5014,37 @@ comment on function memory_private.sweep_retention(text) is
   'answers, delete permanently invalid records, scrub what was made from erased messages, drop '
   'stale tombstones, prune. Returns counts, and expired_request_ids: the requests whose '
   'messages expired here.';
+
+create or replace function memory.answer_retention_boundary(p_workspace_id text, p_request_id text)
+  returns timestamptz
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+declare
+  v_boundary timestamptz;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
+begin
+  perform memory_private.require_workspace(p_workspace_id);
+  perform memory_private.check_id('request_id', p_request_id);
+  if not exists (select 1 from memory_private.requests
+                  where workspace_id = p_workspace_id and request_id = p_request_id) then
+    raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
+      using errcode = 'MB002';
+  end if;
+  select min(case when m.body is null then v_now else m.retain_until end)
+    into v_boundary
+    from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
+    join memory_private.messages m
+      on m.workspace_id = p_workspace_id and m.message_id = d.message_id;
+  return v_boundary;
+end
+$$;
+
+comment on function memory.answer_retention_boundary(text, text) is
+  'The latest time until which the backend may keep the answer of a request: the earliest '
+  'retention end among every message the records it was shown depend on (by recall and by '
+  'query_memories, not only the sources shown); now if one is already gone; NULL when none of '
+  'them has a retention end (T2).';
 
 create or replace function memory_private.member_messages(p_workspace_id text, p_user_id text)
   returns table (message_id text)
@@ -5165,27 +5237,29 @@ comment on function memory_private.next_maintenance_at(text) is
   'erased text awaits the sweep, else the earliest of the next retention end and the next '
   'record pruning horizon; NULL when nothing is foreseen.';
 
-create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
+create or replace function memory_private.due_workspaces(
+  p_after_workspace_id text, p_limit integer, p_now timestamptz
+) returns setof text
   language sql stable
   as $$
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
+  -- From the indexes alone: the rows due at p_now, and the running jobs (one per workspace at
+  -- most) whose lease has expired. (The caller reads the clock: on Citus this statement runs
+  -- on every node, each with its own.)
   select d.workspace_id
     from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
+           where due_at <= p_now
           union
           select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+           where status = 'running' and lease_expires_at <= p_now) d
    where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
    order by d.workspace_id
    limit p_limit
 $$;
 
-comment on function memory_private.due_workspaces(text, integer) is
-  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
-  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
-  'whose lease expired.';
+comment on function memory_private.due_workspaces(text, integer, timestamptz) is
+  'The workspaces due for maintenance at p_now after p_after_workspace_id in id order (all '
+  'when NULL), at most p_limit (all when NULL): a maintenance_due row at or before p_now, or a '
+  'running job whose lease expired by then.';
 
 create or replace function memory_private.waiting_conversations(p_workspace_id text, p_now timestamptz)
   returns table (
@@ -5200,7 +5274,7 @@ create or replace function memory_private.waiting_conversations(p_workspace_id t
 #variable_conflict use_column
 begin
   -- One query over the workspace's own rows, every table joined on workspace_id (on Citus: a
-  -- query of the node holding the workspace); the verdict is waiting_status_of's.
+  -- query of the node holding the workspace); the verdict is memory.waiting_status's.
   return query
   select r.request_id, r.status, s.recall_enabled, b.active, w.paused,
          u.users, u.assistants, u.messages, a.last_activity,
@@ -5275,7 +5349,7 @@ $$;
 comment on function memory_private.waiting_conversations(text, timestamptz) is
   'The interactive conversations (requests) of a workspace with something not yet handled (a '
   'retained message its scope may use, not tombstoned there, not yet extracted or skipped at '
-  'its content), with the facts memory_private.waiting_status_of decides on: the scope, bot and '
+  'its content), with the facts memory.waiting_status decides on: the scope, bot and '
   'workspace switches, the request''s status, its user and assistant messages, its last '
   'activity and the idle window''s end, the scope''s open extraction job (whether it holds the '
   'conversation, its next attempt and last error), the budget left (the workspace''s or the '
@@ -5405,7 +5479,8 @@ begin
   -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
-                                 array(select memory_private.due_workspaces(null, null)))
+                                 array(select memory_private.due_workspaces(null, null,
+                                                                   memory_private.clock_now())))
   loop
     v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
@@ -5448,13 +5523,14 @@ declare
   v_ws text;
   v_result jsonb;
   v_after text := p_after_workspace_id;
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
   -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
   -- its own lock, on its own node, and one that is busy is passed over.
   loop
     v_ws := null;
-    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
+    for v_ws in select memory_private.due_workspaces(v_after, 16, v_now) loop
       select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
       if v_result is not null then
         return v_result;
@@ -5474,90 +5550,39 @@ comment on function memory.maintain_next_workspace(text) is
   'it, one short transaction each, so no lock is held across workspaces (P16); an idle '
   'workspace is not read.';
 
-create or replace function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
-  returns text
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_stale_reason(text, bigint) is
-  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
-  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
-
-create or replace function memory_private.record_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
+create or replace function memory_private.operator_workspaces(p_workspace_id text) returns text[]
   language plpgsql stable
   as $$
-#variable_conflict use_column
 begin
-  return query
-  select * from (
-    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-           (select count(*) from memory_private.record_sources rs
-             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-           (select count(*) from memory_private.record_dependencies d
-             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(s.index_record_ids), false) as in_index,
-           v.reason is null as valid,
-           v.reason as invalid_reason
-      from memory_private.scopes s
-     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-      left join memory_private.record_usage u
-        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
+  -- NULL: every workspace, in id order (read first, so that no cursor over every shard stays
+  -- open while each workspace's rows are read). A workspace: that one, which must exist.
+  if p_workspace_id is null then
+    return array(select w.workspace_id from memory_private.workspaces w order by 1);
+  end if;
+  perform memory_private.require_workspace(p_workspace_id);
+  return array[p_workspace_id];
 end
 $$;
 
-comment on function memory_private.record_status_of(text) is
-  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
+comment on function memory_private.operator_workspaces(text) is
+  'The workspaces a status function reads, one at a time: the given one (MB001/MB002 unless it '
+  'is valid and known), or every workspace in id order when NULL.';
 
-create or replace function memory_private.operator_record_status()
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
+create or replace function memory_private.scope_validity(p_workspace_id text, p_scope_id bigint)
+  returns table (record_id bigint, reason text)
+  language sql stable
   as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.record_status_of(v_ws);
-  end loop;
-end
+  -- The validity rule without a requester for every record of one scope, in one set.
+  select v.record_id, v.reason
+    from memory_private.invalid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id), null) v
 $$;
 
-comment on function memory_private.operator_record_status() is
-  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create or replace view memory.record_status as select * from memory_private.operator_record_status();
-
-comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
-  '(messages it cites) and dependencies (messages it was made from), '
-  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
-  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
-  'memory.explain_record(workspace, record) says why.';
+comment on function memory_private.scope_validity(text, bigint) is
+  'memory_private.invalid_records, without a requester, for every record of one scope: each '
+  'record with why it may not be recalled now (NULL when it may).';
 
 create or replace function memory_private.scope_validity_counts(p_workspace_id text)
   returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
@@ -5579,7 +5604,7 @@ begin
              coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
                       '{}'::jsonb)
         from (select v.reason, count(*) as n
-                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
+                from memory_private.scope_validity(p_workspace_id, v_scope) v
                group by 1) g;
   end loop;
 end
@@ -5587,10 +5612,67 @@ $$;
 
 comment on function memory_private.scope_validity_counts(text) is
   'For each scope of the workspace: how many of its records are valid and invalid now (the '
-  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
-  'ones by reason. What scope_status and workspace_status show.';
+  'validity rule without a requester, memory_private.scope_validity) and the invalid ones by '
+  'reason. What scope_status shows, and workspace_status sums.';
 
-create or replace function memory_private.scope_status_of(p_workspace_id text)
+create or replace function memory.record_status(p_workspace_id text default null)
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+#variable_conflict use_column
+declare
+  v_ws text;
+  v_scope bigint;
+begin
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- A scope at a time, the rule called once for the scope (joined laterally, a plan may
+    -- call it again for every record).
+    foreach v_scope in array array(select s.scope_id from memory_private.scopes s
+                                    where s.workspace_id = v_ws order by 1)
+    loop
+      return query
+      select r.workspace_id, r.record_id, r.scope_id, s.kind, r.kind, r.created_at,
+             u.last_used_at, coalesce(u.usage_count, 0),
+             (select count(*) from memory_private.record_sources rs
+               where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id),
+             (select count(*) from memory_private.record_dependencies d
+               where d.workspace_id = r.workspace_id and d.record_id = r.record_id),
+             octet_length(r.title), octet_length(r.summary),
+             coalesce(r.record_id = any(s.index_record_ids), false),
+             v.reason is null, v.reason
+        from memory_private.scope_validity(v_ws, v_scope) v
+        join memory_private.records r on r.workspace_id = v_ws and r.record_id = v.record_id
+        join memory_private.scopes s on s.workspace_id = v_ws and s.scope_id = v_scope
+        left join memory_private.record_usage u
+          on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+       where r.workspace_id = v_ws
+       order by r.record_id;
+    end loop;
+  end loop;
+end
+$$;
+
+comment on function memory.record_status(text) is
+  'One row per memory record of the workspace (NULL: of every workspace), without its text: '
+  'scope, kind, dates, usage, number of sources (messages it cites) and dependencies (messages '
+  'it was made from), title/summary sizes, whether the scope index names it, and whether it '
+  'may be recalled now (invalid_reason as recall decides it, for the scope''s own user; NULL '
+  'when valid). memory.explain_record(workspace, record) says why. MB001/MB002 for a malformed '
+  'or unknown workspace.';
+
+create or replace view memory.record_status as select * from memory.record_status(null);
+
+comment on view memory.record_status is
+  'memory.record_status(NULL): one row per memory record of every workspace, without its text '
+  '(the function says what each column is; it reads one workspace when given one).';
+
+create or replace function memory.scope_status(p_workspace_id text default null)
   returns table (
     workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
     topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
@@ -5600,35 +5682,31 @@ create or replace function memory_private.scope_status_of(p_workspace_id text)
     extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
     consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
-  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
-                                from memory_private.scope_validity_counts(p_workspace_id) c),
-                             '{}'::jsonb);
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
+  v_counts jsonb;
 begin
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    v_counts := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
+                            from memory_private.scope_validity_counts(v_ws) c), '{}');
+    return query
     select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
            s.recall_enabled,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
-             as records_valid,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
-             as records_invalid,
-           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
-             as invalid_by_reason,
-           coalesce(cardinality(s.index_record_ids), 0) as index_records,
-           coalesce(cardinality(s.index_candidate_ids), 0) as index_candidates,
-           octet_length(s.index_text) as index_bytes,
-           s.index_built_at,
-           memory_private.operator_now() - s.index_built_at as index_age,
-           s.consolidation_due_at is not null as consolidation_pending,
-           s.consolidation_due_at,
-           ej.job_id as extract_job_id, ej.status as extract_job_status,
-           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0),
+           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0),
+           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'),
+           coalesce(cardinality(s.index_record_ids), 0),
+           coalesce(cardinality(s.index_candidate_ids), 0),
+           octet_length(s.index_text), s.index_built_at, v_now - s.index_built_at,
+           s.consolidation_due_at is not null, s.consolidation_due_at,
+           ej.job_id, ej.status, cj.job_id, cj.status,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id),
            s.created_at
       from memory_private.scopes s
       left join memory_private.jobs ej
@@ -5637,51 +5715,28 @@ begin
       left join memory_private.jobs cj
         on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
        and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.scope_status_of(text) is
-  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_scope_status()
-  returns table (
-    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
-    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
-    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
-    integer, index_built_at timestamp with time zone, index_age interval,
-    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
-    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
-    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.scope_status_of(v_ws);
+     where s.workspace_id = v_ws
+     order by s.scope_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_scope_status() is
-  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.scope_status(text) is
+  'One row per memory scope of the workspace (NULL: of every workspace): kind and key, recall '
+  'on/off, records valid and invalid (by reason; the rule once per scope), the index (how many '
+  'records it names, how many candidates it was built from and depends on, bytes, when built, '
+  'age), whether a consolidation is pending, the open extraction and consolidation jobs, and '
+  'the tombstone count. No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.scope_status as select * from memory_private.operator_scope_status();
+create or replace view memory.scope_status as select * from memory.scope_status(null);
 
 comment on view memory.scope_status is
-  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (how many records it names, how many candidates it was built from and depends on, '
-  'bytes, when built, age), whether a consolidation is pending, the '
-  'open extraction and consolidation jobs, and the tombstone count. No text.';
+  'memory.scope_status(NULL): one row per memory scope of every workspace (the function says '
+  'what each column is; it reads one workspace when given one). No text.';
 
-create or replace function memory_private.workspace_status_of(p_workspace_id text)
-  returns table (
+create or replace function memory.workspace_status(
+  p_workspace_id text default null, p_count_records boolean default true
+) returns table (
     workspace_id text, paused boolean, config_version integer, idle_window interval,
     maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
     memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
@@ -5689,103 +5744,79 @@ create or replace function memory_private.workspace_status_of(p_workspace_id tex
     consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
     jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
   v_valid bigint;
   v_invalid bigint;
-  v_scopes jsonb;
   v_by_reason jsonb;
 begin
-  -- The rule once per scope (scope_validity_counts), summed over the scopes.
-  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
-         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
-    into v_valid, v_invalid, v_scopes
-    from memory_private.scope_validity_counts(p_workspace_id) c;
-  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
-    from (select e.key as reason, sum(e.value::bigint) as n
-            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
-           group by 1) x;
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- The scopes' counts summed (memory.scope_status shows the same counts per scope: a
+    -- caller that reads both asks for them once, there, with p_count_records false).
+    if coalesce(p_count_records, true) then
+      select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
+             coalesce(jsonb_agg(c.invalid_by_reason), '[]')
+        into v_valid, v_invalid, v_by_reason
+        from memory_private.scope_validity_counts(v_ws) c;
+      select coalesce(jsonb_object_agg(x.reason, x.n), '{}') into v_by_reason
+        from (select e.key as reason, sum(e.value::bigint) as n
+                from jsonb_array_elements(v_by_reason) s, jsonb_each_text(s) e
+               group by 1) x;
+    end if;
+    return query
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
            w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           w.budget_usd - w.spent_usd - wm.memory_spent_usd as budget_left_usd,
+           w.budget_usd - w.spent_usd - wm.memory_spent_usd,
+           (select count(*) from memory_private.scopes s where s.workspace_id = w.workspace_id),
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id) as scopes,
+             where s.workspace_id = w.workspace_id and not s.recall_enabled),
+           v_valid, v_invalid, v_by_reason,
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-           v_valid as records_valid, v_invalid as records_invalid,
-           v_by_reason as invalid_by_reason,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
-             as consolidations_pending,
-           coalesce(jc.pending, 0) as jobs_pending,
-           coalesce(jc.due, 0) as jobs_due,
-           coalesce(jc.running, 0) as jobs_running,
-           coalesce(jc.stopped, 0) as jobs_stopped,
-           coalesce(jc.succeeded, 0) as jobs_succeeded,
-           jc.oldest_pending_age,
+             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null),
+           coalesce(jc.pending, 0), coalesce(jc.due, 0), coalesce(jc.running, 0),
+           coalesce(jc.stopped, 0), coalesce(jc.succeeded, 0), jc.oldest_pending_age,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = w.workspace_id) as tombstones
+             where t.workspace_id = w.workspace_id)
       from memory_private.workspaces w
       join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
       left join lateral (
         select count(*) filter (where j.status = 'pending') as pending,
-               count(*) filter (where j.status = 'pending'
-                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
+               count(*) filter (where j.status = 'pending' and j.next_attempt_at <= v_now)
+                 as due,
                count(*) filter (where j.status = 'running') as running,
                count(*) filter (where j.status = 'stopped'
-                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+                                  and not coalesce(j.result ? 'retried_as_job_id', false))
+                 as stopped,
                count(*) filter (where j.status = 'succeeded') as succeeded,
-               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+               v_now - min(j.created_at) filter (where j.status = 'pending')
                  as oldest_pending_age
           from memory_private.jobs j
          where j.workspace_id = w.workspace_id
       ) jc on true
-     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.workspace_status_of(text) is
-  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_workspace_status()
-  returns table (
-    workspace_id text, paused boolean, config_version integer, idle_window interval,
-    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
-    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
-    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
-    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
-    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.workspace_status_of(v_ws);
+     where w.workspace_id = v_ws;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_workspace_status() is
-  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.workspace_status(text, boolean) is
+  'One row per workspace (NULL: every workspace): paused or not, config version, idle window, '
+  'when maintenance last ran for it, budget and spend (backend and memory), scopes (and how '
+  'many have recall off), records valid and invalid (by reason: memory.scope_status''s counts '
+  'summed; NULL with p_count_records false, for a caller that reads those), pending '
+  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
+  'succeeded, the age of the oldest pending job, and the tombstone count. No text. '
+  'MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.workspace_status as select * from memory_private.operator_workspace_status();
+create or replace view memory.workspace_status as select * from memory.workspace_status(null);
 
 comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
-  'budget and spend (backend and memory), '
-  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
-  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
-  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
+  'memory.workspace_status(NULL): one row per workspace (the function says what each column '
+  'is; it reads one workspace when given one). No text.';
 
 create or replace function memory_private.waiting_reasons()
   returns table (rank integer, reason text, explanation text)
@@ -5820,65 +5851,7 @@ comment on function memory_private.waiting_reasons() is
   'The reasons memory.waiting_status counts a conversation under, in the order they are tried, '
   'each with what it means.';
 
-create or replace function memory_private.waiting_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, reason text, conversations bigint, messages bigint,
-    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
-    explanation text
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-declare
-  v_now timestamptz := memory_private.operator_now();
-begin
-  return query
-  with classified as (
-    select cv.messages, cv.last_activity,
-           case
-             when cv.workspace_paused then 'workspace_paused'
-             when not cv.recall_enabled then 'recall_off'
-             when not cv.bot_active then 'bot_inactive'
-             when cv.status = 'failed' then 'request_failed'
-             when cv.status <> 'succeeded' then 'request_not_finished'
-             when cv.users = 0 then 'no_user_message'
-             when cv.assistants = 0 then 'no_assistant_message'
-             when cv.idle_until > v_now then 'idle_window'
-             when cv.job_status is not null and not cv.job_holds then 'next_batch'
-             when cv.job_status = 'running' then 'job_running'
-             when cv.job_status = 'pending'
-                  and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
-               then 'no_budget'
-             when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
-               then 'not_priced'
-             when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
-               then 'job_backoff'
-             when cv.job_status = 'pending' then 'job_due'
-             when cv.stopped_holds then 'job_stopped'
-             else 'awaiting_maintenance'
-           end as reason,
-           cv.idle_until, cv.job_next_attempt_at
-      from memory_private.waiting_conversations(p_workspace_id, v_now) cv
-  )
-  select p_workspace_id, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
-         -- when the earliest of them moves on by itself: the idle window's end, the job's
-         -- next attempt
-         min(case k.reason when 'idle_window' then k.idle_until
-                           when 'no_budget' then k.job_next_attempt_at
-                           when 'not_priced' then k.job_next_attempt_at
-                           when 'job_backoff' then k.job_next_attempt_at end),
-         rs.explanation
-    from classified k
-    join memory_private.waiting_reasons() rs on rs.reason = k.reason
-   group by k.reason, rs.rank, rs.explanation
-   order by rs.rank;
-end
-$$;
-
-comment on function memory_private.waiting_status_of(text) is
-  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_waiting_status()
+create or replace function memory.waiting_status(p_workspace_id text default null)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
     oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
@@ -5887,49 +5860,75 @@ create or replace function memory_private.operator_waiting_status()
   language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
   as $$
+#variable_conflict use_column
 declare
   v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.waiting_status_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    with classified as (
+      select cv.messages, cv.last_activity,
+             case
+               when cv.workspace_paused then 'workspace_paused'
+               when not cv.recall_enabled then 'recall_off'
+               when not cv.bot_active then 'bot_inactive'
+               when cv.status = 'failed' then 'request_failed'
+               when cv.status <> 'succeeded' then 'request_not_finished'
+               when cv.users = 0 then 'no_user_message'
+               when cv.assistants = 0 then 'no_assistant_message'
+               when cv.idle_until > v_now then 'idle_window'
+               when cv.job_status is not null and not cv.job_holds then 'next_batch'
+               when cv.job_status = 'running' then 'job_running'
+               when cv.job_status = 'pending'
+                    and (cv.job_last_error = 'budget_exceeded' or cv.budget_left <= 0)
+                 then 'no_budget'
+               when cv.job_status = 'pending' and cv.job_last_error = 'not_priced'
+                 then 'not_priced'
+               when cv.job_status = 'pending' and cv.job_next_attempt_at > v_now
+                 then 'job_backoff'
+               when cv.job_status = 'pending' then 'job_due'
+               when cv.stopped_holds then 'job_stopped'
+               else 'awaiting_maintenance'
+             end as reason,
+             cv.idle_until, cv.job_next_attempt_at
+        from memory_private.waiting_conversations(v_ws, v_now) cv
+    )
+    select v_ws, k.reason, count(*), sum(k.messages)::bigint, min(k.last_activity),
+           -- when the earliest of them moves on by itself: the idle window's end, the job's
+           -- next attempt
+           min(case k.reason when 'idle_window' then k.idle_until
+                             when 'no_budget' then k.job_next_attempt_at
+                             when 'not_priced' then k.job_next_attempt_at
+                             when 'job_backoff' then k.job_next_attempt_at end),
+           rs.explanation
+      from classified k
+      join memory_private.waiting_reasons() rs on rs.reason = k.reason
+     group by k.reason, rs.rank, rs.explanation
+     order by rs.rank;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_waiting_status() is
-  'memory.waiting_status: every workspace''s rows, one workspace at a time, each on the node '
-  'holding it (security definer).';
+comment on function memory.waiting_status(text) is
+  'What waits to become a memory in the workspace (NULL: in every workspace), and why: per '
+  'workspace and reason, the conversations (interactive requests) with messages not yet '
+  'extracted, counted by the first reason that holds them back (workspace_paused, recall_off, '
+  'bot_inactive, request_not_finished, request_failed, no_user_message, no_assistant_message, '
+  'idle_window, awaiting_maintenance, next_batch, job_stopped, no_budget, not_priced, '
+  'job_backoff, job_due, job_running), their messages, the oldest last activity, when the '
+  'earliest of them moves on by itself (next_change_at: the idle window''s end, the job''s '
+  'next attempt) and what the reason means. No text. For memory_operator and memory_worker '
+  '(the worker logs it when idle). MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.waiting_status as select * from memory_private.operator_waiting_status();
+create or replace view memory.waiting_status as select * from memory.waiting_status(null);
 
 comment on view memory.waiting_status is
-  'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the first reason that '
-  'holds them back (workspace_paused, recall_off, bot_inactive, request_not_finished, '
-  'request_failed, no_user_message, no_assistant_message, idle_window, awaiting_maintenance, '
-  'next_batch, job_stopped, no_budget, not_priced, job_backoff, job_due, job_running), their '
-  'messages, the oldest last activity, when the earliest of them moves on by itself '
-  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
-  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
-  'idle).';
+  'memory.waiting_status(NULL): what waits to become a memory in every workspace, and why (the '
+  'function says what each column is; it reads one workspace when given one). No text. '
+  'Readable by memory_operator and memory_worker.';
 
-create or replace function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
-  returns jsonb
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_retry_refusal(text, bigint) is
-  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
-  'ids, as operator_job_stale_reason).';
-
-create or replace function memory_private.job_status_of(p_workspace_id text)
+create or replace function memory.job_status(p_workspace_id text default null)
   returns table (
     workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
     claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
@@ -5941,35 +5940,34 @@ create or replace function memory_private.job_status_of(p_workspace_id text)
     created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
     timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
+declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  return query
-  select * from (
-    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
-           memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.policy_limit('max_claims') - j.claims as claims_left,
-           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
-           j.worker_id, j.lease_expires_at,
-           j.checkpoint is not null as has_checkpoint,
-           j.last_error,
-           a.attempt_no as last_attempt_no,
-           a.outcome as last_attempt_outcome,
-           a.error as last_attempt_error,
-           a.started_at as last_attempt_at,
-           coalesce(c.cost_usd, 0) as cost_usd,
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status, v_now - j.created_at,
+           j.claims, memory_private.policy_limit('max_claims') - j.claims,
+           case when j.status = 'pending' then j.next_attempt_at end,
+           j.worker_id, j.lease_expires_at, j.checkpoint is not null, j.last_error,
+           a.attempt_no, a.outcome, a.error, a.started_at,
+           coalesce(c.cost_usd, 0),
            j.origin_request_id, j.model_provider, j.model_id, j.config_version,
-           j.config_version = w.config_version as config_current,
+           j.config_version = w.config_version,
            case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
-                else jsonb_array_length(j.input -> 'candidates') end as input_items,
+                else jsonb_array_length(j.input -> 'candidates') end,
+           -- the job's row built as the table's type: on Citus a shard's row is of the
+           -- shard's own type, which no function takes
            case when j.status in ('pending', 'running', 'stopped')
-                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
-                  as stale_reason,
+                then memory_private.job_stale_reason(row(j.*)::memory_private.jobs) end,
            case when j.status = 'stopped'
-                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
-                  as retry_refusal,
-           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+                then memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+                       ->> 'reason' end,
+           (j.result ->> 'retried_as_job_id')::bigint,
            j.created_at, j.updated_at, j.finished_at
       from memory_private.jobs j
       join memory_private.workspaces w on w.workspace_id = j.workspace_id
@@ -5984,93 +5982,28 @@ begin
         select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
          where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
       ) c on true
-     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.job_status_of(text) is
-  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_job_status()
-  returns table (
-    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
-    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
-    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
-    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
-    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
-    model_provider text, model_id text, config_version integer, config_current boolean,
-    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
-    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
-    timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.job_status_of(v_ws);
+     where j.workspace_id = v_ws
+     order by j.job_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_job_status() is
-  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.job_status(text) is
+  'One row per memory job of the workspace (NULL: of every workspace): phase, status, age, '
+  'claims used and left (of 3), next attempt (pending only), the worker and lease of a running '
+  'job, whether a checkpoint waits to be committed, the last error, the last attempt''s '
+  'number, outcome (open | ok | failed | unknown) and error, the dollars charged, the pinned '
+  'model and config version (and whether it is still current), the input size, why the input '
+  'is stale (if it is), and for a stopped job why it cannot be retried (NULL: '
+  'memory.retry_job will take it). No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.job_status as select * from memory_private.operator_job_status();
+create or replace view memory.job_status as select * from memory.job_status(null);
 
 comment on view memory.job_status is
-  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
-  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
-  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
-  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
-  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
-  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
+  'memory.job_status(NULL): one row per memory job of every workspace (the function says what '
+  'each column is; it reads one workspace when given one). No text.';
 
-create or replace function memory_private.request_memory_charges_of(p_workspace_id text)
-  returns table (
-    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
-    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
-    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
-    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
-    output_tokens bigint, last_charge_at timestamp with time zone
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select q.workspace_id, q.request_id, q.status as request_status,
-         q.model_provider, q.model_id,
-         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         q.budget_usd - q.spent_usd - sum(c.cost_usd) as budget_left_usd,
-         count(*) as attempts,
-         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
-         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
-           as consolidate_usd,
-         count(*) filter (where c.outcome = 'failed') as failed_attempts,
-         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
-         coalesce(sum(c.input_tokens), 0) as input_tokens,
-         coalesce(sum(c.output_tokens), 0) as output_tokens,
-         max(c.created_at) as last_charge_at
-    from memory_private.request_charges c
-    join memory_private.requests q
-      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-   where c.workspace_id = p_workspace_id
-   group by q.workspace_id, q.request_id;
-end
-$$;
-
-comment on function memory_private.request_memory_charges_of(text) is
-  'The rows of memory.request_memory_charges of one workspace.';
-
-create or replace function memory_private.operator_request_memory_charges()
+create or replace function memory.request_memory_charges(p_workspace_id text default null)
   returns table (
     workspace_id text, request_id text, request_status text, model_provider text, model_id text,
     budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
@@ -6081,34 +6014,48 @@ create or replace function memory_private.operator_request_memory_charges()
   language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
   as $$
+#variable_conflict use_column
 declare
   v_ws text;
 begin
-  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
-  -- would read the workers' shards as the operator, who may not read them.
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.request_memory_charges_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select q.workspace_id, q.request_id, q.status, q.model_provider, q.model_id,
+           q.budget_usd, q.spent_usd, sum(c.cost_usd),
+           q.budget_usd - q.spent_usd - sum(c.cost_usd),
+           count(*),
+           count(*) filter (where c.kind = 'memory_extract'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0),
+           count(*) filter (where c.kind = 'memory_consolidate'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0),
+           count(*) filter (where c.outcome = 'failed'),
+           count(*) filter (where c.outcome = 'unknown'),
+           coalesce(sum(c.input_tokens), 0), coalesce(sum(c.output_tokens), 0),
+           max(c.created_at)
+      from memory_private.request_charges c
+      join memory_private.requests q
+        on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+     where c.workspace_id = v_ws
+     group by q.workspace_id, q.request_id
+     order by q.request_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_request_memory_charges() is
-  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
-  '(security definer).';
+comment on function memory.request_memory_charges(text) is
+  'One row per request of the workspace (NULL: of every workspace) that memory work charged '
+  '(P18): its budget, the spend the backend reported, the memory spend, what is left, and the '
+  'memory attempts by kind (memory_extract, memory_consolidate) and outcome with their tokens '
+  'and dollars. An unknown outcome is charged at its reserve. MB001/MB002 for a malformed or '
+  'unknown workspace.';
 
 create or replace view memory.request_memory_charges as
-select workspace_id, request_id, request_status, model_provider, model_id,
-       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
-       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
-       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
-       output_tokens, last_charge_at
-  from memory_private.operator_request_memory_charges();
+  select * from memory.request_memory_charges(null);
 
 comment on view memory.request_memory_charges is
-  'One row per request that memory work charged (P18): its budget, the spend the backend '
-  'reported, the memory spend, what is left, and the memory attempts by kind '
-  '(memory_extract, memory_consolidate) and outcome with their tokens and dollars. An unknown '
-  'outcome is charged at its reserve.';
+  'memory.request_memory_charges(NULL): one row per request of every workspace that memory '
+  'work charged (the function says what each column is; it reads one workspace when given '
+  'one).';
 
 create or replace function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
   language plpgsql volatile security definer
@@ -6393,22 +6340,6 @@ comment on function memory.explain_record(text, bigint, text) is
   'by which user, in which request and tool call, with which other records (ids only). MB001, '
   'MB002 when the record is unknown (never made, pruned, swept or purged).';
 
-create or replace function memory_private.is_distributed() returns boolean
-  language plpgsql stable
-  as $$
-begin
-  if not exists (select 1 from pg_extension where extname = 'citus') then
-    return false;
-  end if;
-  return exists (select 1 from pg_dist_partition
-                  where logicalrelid = 'memory_private.workspaces'::regclass);
-end
-$$;
-
-comment on function memory_private.is_distributed() is
-  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
-  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
-
 create or replace function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
   as $$
@@ -6507,6 +6438,11 @@ begin
      order by 1::text
   loop
     perform create_distributed_function(v_function);
+    -- Citus makes the function on the workers with its grants, not with its revokes: PUBLIC's
+    -- EXECUTE, revoked here, would be back there (a role reaching a worker could call it).
+    if not has_function_privilege('public', v_function, 'execute') then
+      execute format('revoke execute on function %s from public', v_function);
+    end if;
     v_count := v_count + 1;
   end loop;
   return v_count;
@@ -6515,71 +6451,9 @@ $$;
 
 comment on function memory_private.distribute_functions(boolean) is
   'Puts every function of memory and memory_private not yet on the cluster on every node (none '
-  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
-  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
-
-create or replace function memory_private.distribute_sql_functions() returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_function record;
-  v_body text;
-  v_header text;
-  v_count integer := 0;
-begin
-  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
-  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
-  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
-  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
-  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
-  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
-  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body: called, never inlined, each of its statements planned by Citus with the
-  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
-  -- SQL function.
-  for v_function in
-    select p.oid, p.prosrc, p.proretset,
-           pg_get_function_arguments(p.oid) as arguments,
-           pg_get_function_result(p.oid) as result,
-           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
-           p.prosecdef, p.proconfig
-      from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and p.prolang = (select oid from pg_language where lanname = 'sql')
-       and p.provolatile <> 'i'
-       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
-                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
-                    where c.relkind in ('r', 'v', 'p'))
-     order by 1
-  loop
-    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
-    v_body := case
-      when v_function.proretset then
-        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
-      else
-        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
-    end;
-    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
-                       v_function.oid::regproc, v_function.arguments, v_function.result,
-                       v_function.volatility,
-                       case when v_function.prosecdef then ' security definer' else '' end);
-    if v_function.proconfig is not null then
-      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
-                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
-        into v_header from unnest(v_function.proconfig) c;
-    end if;
-    execute format('%s as %L', v_header, v_body);
-    v_count := v_count + 1;
-  end loop;
-  return v_count;
-end
-$$;
-
-comment on function memory_private.distribute_sql_functions() is
-  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
-  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
-  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
-  'over empty table shells. Answers how many.';
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md), with '
+  'the same privileges (PUBLIC''s EXECUTE revoked there too when it is here). With p_all '
+  'false, only those that use no table''s or view''s row type. Answers how many.';
 
 create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
@@ -6588,16 +6462,27 @@ declare
   v_result jsonb;
   v_view regclass;
   v_views integer := 0;
-  v_types integer := 0;
-  v_type regtype;
-  v_function regprocedure;
-  v_sql_functions integer;
+  v_missing text;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
     raise exception 'this database has no Citus extension: nothing to distribute'
       using errcode = 'MB025';
   end if;
-  v_sql_functions := memory_private.distribute_sql_functions();
+  -- A SQL function that is not immutable is inlined into its callers and reads the tables'
+  -- empty shells on a shard: on the cluster each is the PL/pgSQL form of
+  -- sql/cluster/functions.sql, which pimem migrate applies before it calls this.
+  select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
+    into v_missing
+    from pg_proc p
+   where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+     and p.prolang = (select l.oid from pg_language l where l.lanname = 'sql')
+     and p.provolatile <> 'i';
+  if v_missing is not null then
+    raise exception 'the cluster''s form of these SQL functions is not applied: %', v_missing
+      using errcode = 'MB025',
+            hint = 'Apply sql/cluster/functions.sql first (pimem migrate does, in the '
+                   'migrations'' transaction; docs/scaling.md).';
+  end if;
   -- Function bodies refer to one another in any order: do not check them while the workers
   -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
   set local citus.propagate_set_commands = 'local';
@@ -6605,24 +6490,9 @@ begin
   set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
-  -- A composite type that only function bodies use (no signature names it) is not among any
-  -- object's dependencies: a throwaway function taking it carries it to the workers.
-  for v_type in
-    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
-     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
-  loop
-    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
-                   'language sql as %L', v_type, 'select');
-    perform create_distributed_function(
-      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
-    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
-    v_types := v_types + 1;
-  end loop;
-  -- The views of memory_private (what the functions read on the workers): created again with DDL
-  -- propagation on, which creates them on the workers. The public views stay on the
-  -- coordinator, where operators query them.
+  -- The views of memory_private (what the functions read on the workers): created again, as
+  -- they are, with DDL propagation on, which creates them on the workers. The public views
+  -- stay on the coordinator, where operators query them.
   for v_view in
     select c.oid::regclass from pg_class c
      where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
@@ -6633,20 +6503,20 @@ begin
     execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
     v_views := v_views + 1;
   end loop;
-  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
-                                             'sql_functions_made_plpgsql', v_sql_functions,
-                                             'functions',
+  v_result := v_result || jsonb_build_object('views', v_views, 'functions',
                                              memory_private.distribute_functions(true));
-  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
-  -- the default again: Citus routes a statement by its parameters' values, which a generic
-  -- plan does not have. ALTER FUNCTION reaches the workers.
-  for v_function in
-    select p.oid::regprocedure from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
-  loop
-    execute format('alter function %s reset plan_cache_mode', v_function);
-  end loop;
+  -- A composite type reaches the workers as a dependency of a function whose signature names
+  -- it; one that only bodies use would be missing there.
+  select string_agg(t.oid::regtype::text, ', ' order by t.oid::regtype::text) into v_missing
+    from pg_type t join pg_class c on c.oid = t.typrelid
+   where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+     and not exists (select 1 from pg_dist_object o
+                      where o.classid = 'pg_type'::regclass and o.objid = t.oid);
+  if v_missing is not null then
+    raise exception 'the composite types % are not on the workers: no function signature '
+      'names them', v_missing using errcode = 'MB003',
+      hint = 'Give each a function that takes or returns it (docs/scaling.md).';
+  end if;
   -- The functions call one another inside queries (a validity rule inside a search), which
   -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
   -- Every such nested query here reads the same workspace as the query around it, so the
@@ -6660,9 +6530,10 @@ $$;
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
-  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
-  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
-  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+  'every node, nested distributed execution allowed for the database. Idempotent: only what '
+  'is not yet on the cluster is done. MB025 without Citus, or while a SQL function that is not '
+  'immutable is left (sql/cluster/functions.sql is applied first); MB003 when a composite type '
+  'could not reach the workers. Answers the counts.';
 
 revoke all on function memory.schema_version() from public;
 
@@ -6735,6 +6606,10 @@ revoke all on function memory.tool_definitions() from public;
 
 grant execute on function memory.tool_definitions() to memory_backend;
 
+revoke all on function memory.answer_retention_boundary(text, text) from public;
+
+grant execute on function memory.answer_retention_boundary(text, text) to memory_backend;
+
 revoke all on function memory.member_memories(text, text), memory.erase_member(text, text)
   from public;
 
@@ -6748,47 +6623,25 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
   to memory_worker, memory_operator;
 
 revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
-              memory.job_status, memory.request_memory_charges from public;
+              memory.job_status, memory.request_memory_charges, memory.waiting_status
+from public;
 
 grant select on memory.record_status, memory.scope_status, memory.workspace_status,
                 memory.job_status, memory.request_memory_charges to memory_operator;
 
 revoke all on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 from public;
 
 grant execute on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 to memory_operator;
-
-revoke all on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-from public;
-
-grant execute on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-to memory_operator;
-
-grant execute on function memory_private.policy() to memory_operator;
-
-revoke all on memory.waiting_status from public;
 
 grant select on memory.waiting_status to memory_operator, memory_worker;
 
-revoke all on function memory_private.operator_waiting_status() from public;
-
-grant execute on function memory_private.operator_waiting_status()
-  to memory_operator, memory_worker;
+grant execute on function memory.waiting_status(text) to memory_worker;
 
 revoke all on function
   memory.retry_job(text, bigint),

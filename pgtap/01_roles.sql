@@ -22,13 +22,16 @@ select set_eq(
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_worker' $$,
   array['claim_job', 'extend_lease', 'start_attempt', 'save_checkpoint', 'commit_job',
-        'fail_job', 'run_maintenance', 'maintain_next_workspace', 'schema_version'],
+        'fail_job', 'run_maintenance', 'maintain_next_workspace', 'schema_version',
+        'waiting_status'],
   'memory_worker executes only the job functions');
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
   array['resolve_scope', 'delete_workspace', 'run_maintenance', 'maintain_next_workspace',
         'retry_job', 'set_workspace_paused', 'explain_record', 'schema_version',
+        'workspace_status', 'scope_status', 'record_status', 'job_status',
+        'request_memory_charges', 'waiting_status',
         'member_memories', 'erase_member'],
   'memory_operator executes the operator functions');
 

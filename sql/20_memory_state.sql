@@ -931,6 +931,7 @@ create function memory_private.record_invalid_reason(
   select v.reason
     from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
                                         array[p_record.record_id], p_requester) v
+   limit 1  -- one row at most (one id); the cluster's form depends on it (cluster_code.py)
 $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
   'memory_private.invalid_records for one record: why it may not be recalled now for the '

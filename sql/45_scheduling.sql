@@ -56,13 +56,16 @@ create function memory_private.input_carryover(
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+declare
+  -- The clock read here, not in the statement: on Citus a statement goes to the workspace's
+  -- node, whose transaction (and so its now()) began later than this one's.
+  v_now timestamptz := memory_private.clock_now();
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and j.claims >= (memory_private.policy()).max_claims)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+         greatest(v_now, max(j.next_attempt_at) filter (where j.status = 'superseded'))
     into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id

@@ -276,6 +276,21 @@ comment on type memory_private.query_answer is
   'A query_memories answer (mode, label, scope, records, count, replayed), made into JSON '
   'with to_jsonb once.';
 
+create function memory_private.query_answer_row(
+  p_mode text, p_scope_kind text, p_records memory_private.record_answer[], p_count integer,
+  p_replayed boolean
+) returns memory_private.query_answer
+  language sql immutable
+  as $$
+  select row(p_mode, memory_private.recall_label(p_scope_kind), p_scope_kind, p_records, p_count,
+             p_replayed)::memory_private.query_answer
+$$;
+comment on function memory_private.query_answer_row(text, text, memory_private.record_answer[],
+                                                    integer, boolean) is
+  'A query_memories answer: its mode (search, id, browse), the label of the scope''s kind, the '
+  'scope kind, the records, their count and whether the call was a replay. (Its result names '
+  'the type, so that Citus puts the type on every node with the function.)';
+
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
   p_last_used_at timestamptz, p_match text, p_rank integer
@@ -662,10 +677,10 @@ begin
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
-  return to_jsonb(row(case when v_query is not null then 'search'
-                          when v_id is not null then 'id' else 'browse' end,
-                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
-                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+  return to_jsonb(memory_private.query_answer_row(
+           case when v_query is not null then 'search'
+                when v_id is not null then 'id' else 'browse' end,
+           v_scope.kind, v_records, cardinality(v_ids), not v_first));
 end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is

@@ -25,13 +25,14 @@ declare
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
   v_batch constant integer := 50;
   v_ids text[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
     from (select message_id, request_id from memory_private.messages
            where workspace_id = p_workspace_id and body is not null
-             and retain_until <= memory_private.clock_now()
+             and retain_until <= v_now
            order by retain_until
            limit v_batch) e;
   update memory_private.messages
@@ -251,6 +252,7 @@ create function memory_private.prune_records(p_workspace_id text) returns intege
   as $$
 declare
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
@@ -261,7 +263,7 @@ begin
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.used < memory_private.clock_now() - make_interval(days => (memory_private.policy()).unused_days)
+   where r.used < v_now - make_interval(days => (memory_private.policy()).unused_days)
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -335,6 +337,7 @@ create function memory.answer_retention_boundary(p_workspace_id text, p_request_
   as $$
 declare
   v_boundary timestamptz;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('request_id', p_request_id);
@@ -343,7 +346,7 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when m.body is null then memory_private.clock_now() else m.retain_until end)
+  select min(case when m.body is null then v_now else m.retain_until end)
     into v_boundary
     from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m

@@ -142,6 +142,9 @@ def test_quick_bench_writes_json_markdown_and_every_section(db_dsn: str, tmp_pat
                             (takeout.SCHEMA,)).fetchone() == (0,)
 
 
+@pytest.mark.no_citus("bench --scale loads its world set-based (INSERT ... SELECT over generate_series "
+                      "with correlated subqueries), which Citus does not plan; the cluster is "
+                      "measured by `pimem bench --server citus`")
 def test_the_scale_profile_reports_both_sizes_of_a_valid_world(db_dsn: str,
                                                                 tmp_path: Path) -> None:
     """``bench --scale`` at 4 and 12 workspaces: the same code as at 1,000 and 10,000."""

@@ -9,6 +9,7 @@ the tests that add a worker and move shards start one each.
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 from pyworker import schema
 from pyworker.adapters import make_adapter
 from pyworker.cli import app
-from pyworker.lab import releases
+from pyworker.lab import cluster_code, releases, sqlcode
 from pyworker.lab.servers import CitusCluster, LocalCluster
 from pyworker.worker import Worker, WorkerConfig
 from tests.conftest import start_citus_cluster
@@ -107,14 +108,13 @@ def test_migrate_on_the_coordinator_distributes_every_table_and_workspace_functi
              where o.classid = 'pg_proc'::regclass
                and o.distribution_argument_index is not null""").fetchall()
         assert delegated == []
-        # SQL functions that read tables are PL/pgSQL on the cluster, never inlined on a shard
-        sql_readers = conn.execute("""
+        # no SQL function that could be inlined on a shard: the cluster file's forms instead
+        inlined = conn.execute("""
             select p.oid::regprocedure::text from pg_proc p
              where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
                and p.prolang = (select oid from pg_language where lanname = 'sql')
-               and p.provolatile <> 'i'
-               and p.prosrc ~ 'memory_private\\.(records|messages|scopes)\\M'""").fetchall()
-        assert sql_readers == []
+               and p.provolatile <> 'i'""").fetchall()
+        assert inlined == []
         # every table has a primary key and logs it as its replica identity: Citus's default
         # shard transfer mode (auto) then moves shards by logical replication, updates and
         # deletes included, while writes go on (docs/scaling.md, Operating it)
@@ -137,6 +137,57 @@ def test_migrate_on_the_coordinator_distributes_every_table_and_workspace_functi
                 assert here.fetchone() == there.fetchone()
 
 
+# What a function is, but for its language and body, and what runs it.
+FUNCTION_FACTS = """
+    select p.oid::regprocedure::text, l.lanname, p.provolatile, p.prosecdef, p.proisstrict,
+           p.proparallel, p.procost, p.prorows, p.proleakproof,
+           array(select c from unnest(p.proconfig) c
+                  where c <> 'plan_cache_mode=force_generic_plan' order by c),
+           obj_description(p.oid, 'pg_proc'), p.proacl::text, p.prosrc
+      from pg_proc p join pg_language l on l.oid = p.prolang
+     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+       and p.proname = any(%s)
+     order by 1"""
+
+
+def test_every_node_runs_the_cluster_file_with_the_attributes_sql_gives(
+    cluster: Cluster, conn: psycopg.Connection,
+) -> None:
+    # conn: one PostgreSQL server with the schema of sql/ (the main suite's database)
+    text = schema.cluster_code_file().read_text()
+    names = re.findall(r"^create or replace function [a-z_]+\.([a-z_]+)\(", text, re.MULTILINE)
+    generic = re.findall(r"^alter function [a-z_]+\.([a-z_]+) reset plan_cache_mode;", text,
+                         re.MULTILINE)
+    assert len(names) >= 15 and "recall" in generic
+    one_server = {r[0]: r for r in conn.execute(FUNCTION_FACTS, (names + generic,))}
+    assert {r[1] for n, r in one_server.items() if n.split("(")[0].split(".")[1] in names} == {
+        "sql"}
+    bodies = dict(re.findall(r"^create or replace function ([a-z_.]+)\(.*?as \$\$(.*?)\$\$;",
+                             text, re.MULTILINE | re.DOTALL))
+    nodes = [cluster.dsn] + [w.dsn("pimem_citus") for w in cluster.citus.workers]
+    for dsn in nodes:
+        with psycopg.connect(dsn) as node:
+            here = {r[0]: r for r in node.execute(FUNCTION_FACTS, (names + generic,))}
+            assert set(here) == set(one_server), dsn
+            for name, facts in here.items():
+                base = one_server[name]
+                # every attribute sql/ gives and its grants: the same on every node (and its
+                # comment on the coordinator, which Citus does not copy to the workers)
+                assert facts[2:10] + facts[11:12] == base[2:10] + base[11:12], (dsn, name)
+                if dsn == cluster.dsn:
+                    assert facts[10] == base[10], name
+                short = name.split("(")[0]
+                if short.split(".")[1] in names:
+                    assert facts[1] == "plpgsql", (dsn, name)
+                    assert facts[12] == bodies[short], (dsn, name)  # the file's body
+                else:
+                    assert facts[12] == base[12], (dsn, name)  # only its generic plans reset
+                    config = node.execute("select proconfig from pg_proc where oid = %s::regprocedure",
+                                          (name,)).fetchone()
+                    assert config is not None
+                    assert not any(c.startswith("plan_cache_mode") for c in config[0] or []), name
+
+
 def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
     cluster: Cluster,
 ) -> None:
@@ -153,8 +204,7 @@ def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
     with psycopg.connect(cluster.dsn) as conn:
         assert conn.execute("select count(*) from pg_dist_object").fetchone() == before
         assert conn.execute("select memory_private.distribute()").fetchone() == (
-            {"views": 0, "types": 0, "functions": 0, "reference_tables": 0,
-             "distributed_tables": 0, "sql_functions_made_plpgsql": 0},)
+            {"views": 0, "functions": 0, "reference_tables": 0, "distributed_tables": 0},)
 
 
 def test_migrate_on_a_worker_node_refuses_and_names_the_coordinator(cluster: Cluster) -> None:
@@ -303,6 +353,18 @@ create or replace function memory_private.clip_label(p_text text) returns text
   language sql stable
   as $$ select left(p_text, 3) || (select count(*)::text from memory_private.invalid_reasons) $$;
 
+create function memory_private.later_count(p_workspace_id text) returns bigint
+  language sql stable security definer strict parallel safe cost 7
+  set search_path = pg_catalog, pg_temp
+  as $$
+  select (select count(*) from memory_private.messages m where m.workspace_id = p_workspace_id)
+$$;
+
+-- a release replacing one of sql/'s SQL functions (its one-server form)
+create or replace function memory_private.clock_now() returns timestamptz
+  language sql stable
+  as $$ select now() + (select time_offset from memory_private.clock) $$;
+
 create or replace function memory.schema_version() returns integer
   language sql immutable security definer
   set search_path = pg_catalog, pg_temp
@@ -321,8 +383,39 @@ def test_a_later_migration_reaches_every_node_of_a_distributed_database(
     shutil.copytree(schema.MIGRATIONS_DIR, head)
     number = schema.expected_version() + 1
     name = f"{number:04d}_synthetic"
-    (head / f"{name}.sql").write_text(LATER.format(name=name, number=number))
-    assert schema.migrate(dsn, directory=head) == [name]
+    later = LATER.format(name=name, number=number)
+    (head / f"{name}.sql").write_text(later)
+    # The release's cluster file: the package's, and the cluster form of the new SQL functions.
+    new_code = [cluster_code.convert(s) for s in sqlcode.statements(later)
+                if re.match(r"create (or replace )?function memory_private\.(clip_label|later_)",
+                            s.head)]
+    cluster_file = tmp_path / "cluster.sql"
+    cluster_file.write_text(schema.cluster_code_file().read_text() + "\n".join(new_code))
+    # Meanwhile the catalog of the coordinator and of a worker is read again and again: the
+    # replaced function is never seen in its one-server form (it commits with its cluster form).
+    seen: set[tuple[str, str]] = set()
+    done = threading.Event()
+
+    def watch(node_dsn: str) -> None:
+        with psycopg.connect(node_dsn, autocommit=True) as watcher:
+            while not done.is_set():
+                row = watcher.execute("""select l.lanname from pg_proc p
+                                           join pg_language l on l.oid = p.prolang
+                                          where p.oid = 'memory_private.clock_now()'::regprocedure
+                                       """).fetchone()
+                seen.add((node_dsn, row[0] if row else "missing"))
+
+    watchers = [threading.Thread(target=watch, args=(d,))
+                for d in (dsn, cluster.citus.workers[0].dsn("later"))]
+    for t in watchers:
+        t.start()
+    try:
+        assert schema.migrate(dsn, directory=head, cluster_code=cluster_file) == [name]
+    finally:
+        done.set()
+        for t in watchers:
+            t.join()
+    assert {lang for _, lang in seen} == {"plpgsql"}, seen
     with psycopg.connect(dsn, autocommit=True) as conn:
         # a new table of a workspace: distributed by it, with the workspaces
         colocated = conn.execute("""
@@ -350,6 +443,20 @@ def test_a_later_migration_reaches_every_node_of_a_distributed_database(
                                     on l.oid = p.prolang
                                  where p.oid = 'memory_private.clip_label(text)'::regprocedure
                              """).fetchone() == ("plpgsql",)
+            # the cluster form keeps every attribute: the security definer's search path is the
+            # two schemas sql/ names, not one schema of that name
+            assert w.execute("""select l.lanname, p.prosecdef, p.proisstrict, p.proparallel,
+                                       p.procost, p.proconfig
+                                  from pg_proc p join pg_language l on l.oid = p.prolang
+                                 where p.oid = 'memory_private.later_count(text)'::regprocedure
+                             """).fetchone() == ("plpgsql", True, True, "s", 7,
+                                                 ["search_path=pg_catalog, pg_temp"])
+            assert w.execute("select memory_private.later_count('later-1')").fetchone() == (3,)
+            # the new private functions are no more executable by PUBLIC there than here
+            assert w.execute("""select count(*) from pg_proc p
+                                 where p.pronamespace = 'memory_private'::regnamespace
+                                   and has_function_privilege('public', p.oid, 'execute')
+                             """).fetchone() == (0,)
 
 
 def test_the_demo_runs_on_the_cluster(cluster: Cluster) -> None:

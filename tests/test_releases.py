@@ -382,6 +382,8 @@ def test_a_database_at_the_synthetic_release_upgrades_to_equal_a_fresh_build(
     smoke(dsn)
 
 
+@pytest.mark.no_citus("compares with the one-server build of sql/; the Citus profile's database has the "
+                      "cluster's form (tests/test_citus.py checks that one)")
 @pytest.mark.parametrize("release", real_releases())
 def test_a_database_at_a_release_upgrades_to_the_head_and_equals_the_canonical_build(
         release: releases.Release, pg_server: Server, db_dsn: str, tmp_path: Path) -> None:

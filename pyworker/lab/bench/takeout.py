@@ -50,9 +50,9 @@ PROVENANCE = [("insert into memory_private.tool_calls", "perform 1; /*"),
               ("updated_at = v_now;", "updated_at = v_now; */")]
 LINES = [("where p_lines[f.pos] is not null", "where false"),
          ("where p_lines[f.pos] is null and v_folded is not null", "where false")]
-JSON = ("return to_jsonb(row(case when v_query is not null then 'search'",
-        ("return jsonb_build_object('count', cardinality(v_records)); return to_jsonb(row("
-         "case when v_query is not null then 'search'"))
+JSON = ("return to_jsonb(memory_private.query_answer_row(",
+        ("return jsonb_build_object('count', cardinality(v_records)); "
+         "return to_jsonb(memory_private.query_answer_row("))
 BROWSE = ("v_first := (v_start.previous).tool_call_id is null;",
           "v_first := (v_start.previous).tool_call_id is null; v_query := null;")
 VALIDATION = [("and not exists (select 1 from memory_private.record_failures(",
