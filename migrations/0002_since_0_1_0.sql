@@ -7,9 +7,14 @@
 -- `pimem schema-bundle` writes and tests/test_migrations.py checks.
 
 -- The operator views of 0.1.0 read columns and functions that change below; the generated part
--- makes them again (memory_private.*_of and the views over them).
+-- makes them again, each over its function of the workspace (memory.<view>(workspace)), which
+-- runs as its owner: the wrappers 0.1.0 granted the operator go, and so does the operator's
+-- grant of policy(), which nothing it calls needs any more.
 drop view memory.record_status, memory.scope_status, memory.workspace_status, memory.job_status,
   memory.request_memory_charges;
+drop function memory_private.operator_now(),
+  memory_private.operator_invalid_records(text, bigint);
+revoke execute on function memory_private.policy() from memory_operator;
 
 -- Released functions that go, or whose arguments or result change (made again from sql/).
 drop function memory_private.matching_lines(text, bigint, text, text, tsquery[]),
@@ -24,13 +29,16 @@ drop function memory_private.matching_lines(text, bigint, text, text, tsquery[])
   memory_private.query_records(text, bigint, integer, text, text, bigint),
   memory_private.erase_expired_messages(text),
   memory_private.operator_job_stale_reason(memory_private.jobs),
-  memory_private.operator_job_retry_refusal(memory_private.jobs);
+  memory_private.operator_job_retry_refusal(memory_private.jobs),
+  memory_private.search_document(text, text),
+  memory_private.search_terms(text, text);
 
 -- The policy's new numbers (memory_private.policy() gives their values).
 alter type memory_private.policy_values
   add attribute query_terms integer,
   add attribute fuzzy_words integer,
   add attribute fuzzy_neighbours integer,
+  add attribute shown_ids integer,
   add attribute batch_messages integer,
   add attribute analyze_after integer;
 
@@ -77,6 +85,7 @@ create or replace function memory_private.policy() returns memory_private.policy
     32,                     -- query_terms
     8,                      -- fuzzy_words
     16,                     -- fuzzy_neighbours
+    20,                     -- shown_ids
     200,                    -- batch_messages
     1000                    -- analyze_after
   )::memory_private.policy_values
@@ -88,8 +97,9 @@ comment on function memory_private.policy() is
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; a batch of at most 24,000 bytes and 200 messages, shown with no earlier '
   'memory (docs/retention.md: what that choice measured); the bounds of one search (32 query '
-  'terms, 8 fuzzy words, 16 neighbours a side); the statistics a tick refreshes after 1,000 '
-  'changed conversations. Immutable: changing one is a migration.';
+  'terms, 8 fuzzy words, 16 neighbours a side) and of the id lists of its answer (20 source, '
+  'thread and speaker ids a record); the statistics a tick refreshes after 1,000 changed '
+  'conversations. Immutable: changing one is a migration.';
 
 create or replace function memory_private.policy_limit(p_name text) returns integer
   language plpgsql immutable parallel safe
@@ -121,7 +131,8 @@ create type memory_private.record_answer as (
   -- token, at each step (docs/benchmarks.md).
   id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
   source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text, rank integer
+  last_used_at timestamptz, match text, rank integer, speaker_count integer,
+  speakers_overflow integer, thread_count integer, threads_overflow integer
 );
 comment on type memory_private.record_answer is
   'The fields of one query_memories result, in the order they are named (R5): '
@@ -330,25 +341,23 @@ create statistics memory_private.record_texts_scope_stats (dependencies, ndistin
 comment on statistics memory_private.record_texts_scope_stats is
   'scope_id depends on workspace_id (as memory_private.records_scope_stats).';
 
-create table memory_private.record_words (
+create table memory_private.scope_words (
   workspace_id text not null,
   scope_id bigint not null,
   word text collate "C" not null,
-  record_id bigint not null,
-  primary key (workspace_id, scope_id, word, record_id),
-  foreign key (workspace_id, record_id) references memory_private.records on delete cascade
+  records integer not null check (records > 0),
+  primary key (workspace_id, scope_id, word),
+  foreign key (workspace_id, scope_id) references memory_private.scopes on delete cascade
 );
-comment on table memory_private.record_words is
-  'The words of each record''s document of three characters or more (its lexemes, as written '
-  'and English-stemmed), with its scope, written by the same trigger as record_documents: what '
-  'the fuzzy search reads, a bounded number of a scope''s words nearest to a query word in '
-  'spelling order (the primary key, in byte order: collate "C"), so a search does bounded work '
-  'however many words the scope holds (memory_private.fuzzy_candidates).';
-comment on column memory_private.record_words.word is
-  'A lexeme of the record''s document (record_documents.document), three characters or more.';
-create index record_words_record_idx on memory_private.record_words (workspace_id, record_id);
-comment on index memory_private.record_words_record_idx is
-  'A record''s words, for rewriting them and for the cascade when the record is deleted.';
+comment on table memory_private.scope_words is
+  'The vocabulary of each scope: every word of three characters or more its records'' '
+  'documents hold (record_documents), once, with how many documents hold it; kept by '
+  'memory_private.index_records and, when documents are deleted, by a trigger. What the fuzzy '
+  'search reads, a bounded number of a scope''s words nearest to a query word in spelling '
+  'order (the primary key, in byte order: collate "C"), so a search does bounded work however '
+  'many words the scope holds (memory_private.fuzzy_candidates).';
+comment on column memory_private.scope_words.records is
+  'How many of the scope''s documents hold the word; the row goes when none does.';
 
 -- A member's erasure (memory.erase_member) says so in the rows it leaves.
 alter table memory_private.messages
@@ -529,7 +538,8 @@ $$;
 
 comment on function memory_private.summary_lines(text) is
   'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
-  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+  'the lines of the search documents (record_documents'' positions) and the lines a search '
+  'finds share.';
 
 create or replace function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
@@ -1803,6 +1813,21 @@ comment on function memory_private.index_holds(text, bigint, text) is
   'is valid for them (the scope''s checks, the bot identity, the repository grants, and every '
   'dependency current and not forgotten), checked from what the index kept when it was built.';
 
+create or replace function memory_private.record_invalid_reason(
+  p_record memory_private.records, p_requester text
+) returns text
+  language sql stable
+  as $$
+  select v.reason
+    from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
+                                        array[p_record.record_id], p_requester) v
+   limit 1  -- one row at most (one id); the cluster's form depends on it (cluster_code.py)
+$$;
+
+comment on function memory_private.record_invalid_reason(memory_private.records, text) is
+  'memory_private.invalid_records for one record: why it may not be recalled now for the '
+  'requester, or NULL when it may.';
+
 create or replace function memory_private.record_checks(
   p_workspace_id text, p_record_id bigint, p_requester text
 ) returns table (rank integer, check_name text, reason text, ok boolean, detail text)
@@ -2436,11 +2461,12 @@ declare
   v_expired integer := 0;
   v_unknown integer := 0;
   v_lost integer := 0;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   for v_job in
     select * from memory_private.jobs
      where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
+       and lease_expires_at <= v_now
      order by job_id
        for update
   loop
@@ -2453,8 +2479,7 @@ begin
       -- A valid answer was paid for: the next claim commits it without a model call, whatever
       -- the number of calls the input has made.
       perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
+        'the lease expired after the checkpoint; the next claim commits it', v_now);
     elsif memory_private.calls_left(v_job.claims + 1) <= 0 then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
@@ -2472,8 +2497,7 @@ begin
       returning * into v_job;
       perform memory_private.release_job(v_job, 'pending', format(
         'the lease expired without a report on claim %s of %s (the claim counts)',
-        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)),
-        memory_private.clock_now());
+        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)), v_now);
     end if;
   end loop;
   return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,
@@ -3212,13 +3236,16 @@ create or replace function memory_private.input_carryover(
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+declare
+  -- The clock read here, not in the statement: on Citus a statement goes to the workspace's
+  -- node, whose transaction (and so its now()) began later than this one's.
+  v_now timestamptz := memory_private.clock_now();
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and memory_private.calls_left(j.claims) <= 0)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+         greatest(v_now, max(j.next_attempt_at) filter (where j.status = 'superseded'))
     into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
@@ -3394,16 +3421,18 @@ comment on function memory_private.extraction_candidates(text, bigint[], timesta
 create or replace function memory_private.extraction_input(
   p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb
 ) returns jsonb
-  language sql stable
+  language plpgsql stable
   as $$
+begin
   -- The batch's sources in id order, and the memories that accompany it (P5).
-  select jsonb_build_object(
+  return jsonb_build_object(
            'bot_identity', p_bot_identity,
            'sources', (select jsonb_agg(e order by e ->> 'id')
                          from jsonb_array_elements(p_batch) as e),
            'existing', to_jsonb(memory_private.batch_memories(
                          p_workspace_id, p_scope_id, p_batch,
-                         (memory_private.policy()).existing_with_batch)))
+                         (memory_private.policy()).existing_with_batch)));
+end
 $$;
 
 comment on function memory_private.extraction_input(text, bigint, text, jsonb) is
@@ -3618,13 +3647,13 @@ declare
   v_skip_reason text;
   v_blocked bigint[] := '{}';
   v_result jsonb := '{}';
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   -- The verdict's rows without a reason, scope by scope (newest first): the batch, and those
   -- too large for any; a conversation whose idle window has yet to pass gets its idle end
   -- planned, so that the tick of that moment derives it again.
   for v_row in
-    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids,
-                                                    memory_private.clock_now()) v
+    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids, v_now) v
      where v.reason is null or v.reason in ('idle_window', 'job_stopped')
      order by v.scope_id, v.place
   loop
@@ -3806,24 +3835,260 @@ comment on function memory_private.schedule_jobs(text, text[], bigint[]) is
   'the scopes of those requests and those scopes: what changed since the last tick; every '
   'scope when NULL. Returns counts.';
 
-create or replace function memory_private.index_records(
-  p_workspace_id text, p_record_ids bigint[], p_lines boolean
+create or replace function memory_private.text_document(p_text text) returns tsvector
+  language sql immutable parallel safe
+  as $$
+  -- A text's words as written, lower-cased ('simple': language-neutral), plus its CJK bigrams
+  -- when it has CJK text. One expression and no SET clause, so that it is inlined; every name
+  -- is schema-qualified.
+  select pg_catalog.to_tsvector('pg_catalog.simple', coalesce(p_text, ''))
+      || case when memory_private.has_cjk(p_text)
+              then pg_catalog.to_tsvector('pg_catalog.simple', memory_private.cjk_bigrams(p_text))
+              else ''::pg_catalog.tsvector end
+$$;
+
+comment on function memory_private.text_document(text) is
+  'The words of a text as the search reads them, before stemming: as written and lower-cased '
+  '(simple), plus its CJK bigrams.';
+
+create or replace function memory_private.word_stem(p_word text) returns text
+  language plpgsql immutable strict parallel safe
+  as $$
+declare
+  w text := p_word;
+  cut boolean := false;
+begin
+  -- A light English stemmer for a lower-case word of four letters a-z or more (any other word
+  -- is itself): the inflections only, so that "paints", "painted" and "painting" meet in
+  -- "paint" while "painter", "organization" and "organized" stay apart (Porter's stemmer, as
+  -- PostgreSQL's english configuration has it, makes "organ" of the last two). In order: a
+  -- plural (-sses -> -ss, -ies -> -i, -s after a letter other than s, i, u); -eed -> -ee, or
+  -- -ed / -ing after three letters or more with a vowel before the last, then a doubled final
+  -- b, g, m, n, p, r or t single ("running" -> "run"); a final e; a final y -> i. PL/pgSQL:
+  -- simple expressions, evaluated without a plan per call.
+  if w !~ '^[a-z]{4,}$' then
+    return w;
+  end if;
+  if right(w, 1) = 's' then
+    if right(w, 4) = 'sses' or right(w, 3) = 'ies' then
+      w := left(w, -2);
+    elsif right(w, 2) not in ('ss', 'is', 'us') then
+      w := left(w, -1);
+    end if;
+  end if;
+  if right(w, 3) = 'eed' then
+    w := left(w, -1);
+  elsif right(w, 2) = 'ed' and char_length(w) >= 5 and left(w, -3) ~ '[aeiouy]' then
+    w := left(w, -2);
+    cut := true;
+  elsif right(w, 3) = 'ing' and char_length(w) >= 6 and left(w, -4) ~ '[aeiouy]' then
+    w := left(w, -3);
+    cut := true;
+  end if;
+  if cut and right(w, 1) = substr(w, char_length(w) - 1, 1)
+     and right(w, 1) in ('b', 'g', 'm', 'n', 'p', 'r', 't') then
+    w := left(w, -1);
+  end if;
+  if right(w, 1) = 'e' and char_length(w) >= 4 then
+    w := left(w, -1);
+  end if;
+  if right(w, 1) = 'y' and char_length(w) >= 4 then
+    w := left(w, -1) || 'i';
+  end if;
+  return w;
+end
+$$;
+
+comment on function memory_private.word_stem(text) is
+  'The stem the search indexes and looks for: a lower-case English word without its '
+  'inflections (plural, -ed, -ing, a final e or y), derived words kept apart; any other word as '
+  'it is.';
+
+create or replace function memory_private.stop_word(p_word text) returns boolean
+  language sql immutable strict parallel safe
+  as $$
+  -- PostgreSQL's English stop words (the english_stem dictionary answers none for them).
+  select pg_catalog.ts_lexize('pg_catalog.english_stem', p_word) = '{}'::text[]
+$$;
+
+comment on function memory_private.stop_word(text) is
+  'Whether a lower-case word is one of PostgreSQL''s English stop words ("the", "what", "did").';
+
+create or replace function memory_private.question_word(p_word text) returns boolean
+  language sql immutable strict parallel safe
+  as $$
+  -- The words that frame an English question beyond the stop words: "how many", "how long",
+  -- "how often", "what kind / type / sort of", "would ... likely", "might", "could", "ever".
+  select p_word = any('{many,much,long,often,kind,kinds,type,types,sort,sorts,likely,would,might,could,ever}'::text[])
+$$;
+
+comment on function memory_private.question_word(text) is
+  'Whether a lower-case word frames a question ("how many", "what kind of", "would ... '
+  'likely") rather than saying what it is about: such a word weighs nothing in a search.';
+
+create or replace function memory_private.line_content(p_line text) returns text
+  language sql immutable strict parallel safe
+  as $$
+  -- What a line of a summary says, without what the summary wraps it in: a line that is a note
+  -- in parentheses citing nothing is none; otherwise the leading bullet and up to two labels (one
+  -- to three words before a colon and a blank: "- fact: alice: ", "- open item: ") go, and so
+  -- does every bracketed list of tokens without blanks (the citations "[m1]", "[m1, m2]").
+  select case when p_line ~ '^\s*\(.*\)\s*$' then ''
+              else regexp_replace(
+                     regexp_replace(p_line,
+                       '^\s*(?:[-*•·]\s*)?(?:[^\s:：()\[\]]+(?: [^\s:：()\[\]]+){0,2}[:：]\s+){1,2}',
+                       ''),
+                     '\[[^\s,\[\]]+(?:,\s*[^\s,\[\]]+)*\]', ' ', 'g') end
+$$;
+
+comment on function memory_private.line_content(text) is
+  'A summary line without its scaffolding (bullet, labels, citations; a parenthesised note that '
+  'cites nothing is nothing): the text the search indexes.';
+
+create or replace function memory_private.line_speaker(p_line text, p_speakers text[]) returns text
+  language sql immutable parallel safe
+  as $$
+  -- The first of the speaker ids (case-folded) the line names as a word: who a summary says
+  -- the line is about or said by ("- fact: alice: ...", "- alice prefers ...", "Alice went").
+  select s.id
+    from unnest(pg_catalog.to_tsvector('pg_catalog.simple', p_line)) u
+    join (select lower(x) as id from unnest(p_speakers) x) s on s.id = u.lexeme
+   order by u.positions[1]
+   limit 1
+$$;
+
+comment on function memory_private.line_speaker(text, text[]) is
+  'The speaker a summary line is attributed to: the first of the record''s speaker ids '
+  '(case-folded) the line names as a word, or NULL.';
+
+create or replace function memory_private.search_document(p_title text, p_summary text, p_speakers text[])
+  returns tsvector
+  language plpgsql immutable parallel safe
+  as $$
+begin
+  -- Each stemmed word of the title (position 1) and of the content of each summary line
+  -- (position n + 1 for line n), English stop words left out, once, with the lines it is on;
+  -- and '@' || the speaker of each summary line that names one, with its lines. At most 256
+  -- lines a word (a tsvector's limit). Each distinct word is stemmed once. PL/pgSQL, so that
+  -- its plan is kept for the session: it runs whenever a record is written.
+  return (
+    with l as materialized (
+      select 1 as pos, p_title as line, p_title as content
+      union all
+      select s.line_no + 1, s.line, memory_private.line_content(s.line)
+        from memory_private.summary_lines(p_summary) s
+    ), t as materialized (
+      select l.pos, w.word
+        from l cross join lateral unnest(tsvector_to_array(
+                                           memory_private.text_document(l.content))) w(word)
+    ), v as materialized (
+      select u.word, memory_private.word_stem(u.word) as stem
+        from (select distinct t.word from t) u
+       where not memory_private.stop_word(u.word)
+    ), x as (
+      select v.stem as word, t.pos from t join v on v.word = t.word
+      union all
+      select '@' || sp.id, l.pos
+        from l cross join lateral memory_private.line_speaker(l.line, p_speakers) sp(id)
+       where l.pos > 1 and sp.id is not null
+    )
+    select coalesce(string_agg('''' || replace(replace(y.word, '\', '\\'), '''', '''''')
+                               || ''':' || y.lines, ' '), '')::tsvector
+      from (select x.word,
+                   array_to_string((array_agg(distinct x.pos order by x.pos))[1:256], ',')
+                     as lines
+              from x group by x.word) y);
+end
+$$;
+
+comment on function memory_private.search_document(text, text, text[]) is
+  'The search document of a record: each stemmed word of its title and of its summary''s lines '
+  '(memory_private.line_content, memory_private.word_stem; English stop words out) once, with '
+  'the lines it is on as positions (1 the title, n + 1 summary line n), and each speaker''s '
+  'lines as ''@'' || speaker id (memory_private.line_speaker).';
+
+create or replace function memory_private.count_scope_words(
+  p_workspace_id text, p_scope_ids bigint[], p_documents tsvector[], p_sign integer
 ) returns void
   language plpgsql volatile
   as $$
+declare
+  v_scopes bigint[];
+  v_words text[];
+  v_counts integer[];
 begin
-  -- What the searches read of the given records, derived from their title and summary: the
-  -- word search's document, the fuzzy search's words, the literal search's folded text and,
-  -- with p_lines, the documents of the summary's lines.
+  -- The words of three characters or more (not a speaker's '@id') of the given documents, each
+  -- counted once a document, added to (p_sign 1) or taken from (-1) their scope's vocabulary;
+  -- a word no document holds any more goes. In word order, so concurrent writers lock rows in
+  -- one order (the workspace's memory lock keeps them apart anyway).
+  select coalesce(array_agg(x.scope_id order by x.scope_id, x.word), '{}'),
+         coalesce(array_agg(x.word order by x.scope_id, x.word), '{}'),
+         coalesce(array_agg(x.n order by x.scope_id, x.word), '{}')
+    into v_scopes, v_words, v_counts
+    from (select d.scope_id, w.word collate "C" as word, count(*)::integer as n
+            from unnest(p_scope_ids, p_documents) d(scope_id, document)
+           cross join lateral unnest(tsvector_to_array(d.document)) w(word)
+           where char_length(w.word) >= 3 and left(w.word, 1) <> '@'
+           group by 1, 2) x;
+  if cardinality(v_words) = 0 then
+    return;
+  end if;
+  if p_sign > 0 then
+    insert into memory_private.scope_words as s (workspace_id, scope_id, word, records)
+    select p_workspace_id, x.scope_id, x.word, x.n
+      from unnest(v_scopes, v_words, v_counts) x(scope_id, word, n)
+    on conflict (workspace_id, scope_id, word) do update set records = s.records + excluded.records;
+  else
+    delete from memory_private.scope_words s
+     using unnest(v_scopes, v_words, v_counts) x(scope_id, word, n)
+     where s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+       and s.word = x.word collate "C" and s.records <= x.n;
+    update memory_private.scope_words s set records = s.records - x.n
+      from unnest(v_scopes, v_words, v_counts) x(scope_id, word, n)
+     where s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+       and s.word = x.word collate "C";
+  end if;
+end
+$$;
+
+comment on function memory_private.count_scope_words(text, bigint[], tsvector[], integer) is
+  'Adds the words of the given documents (each with its scope) to their scopes'' vocabulary '
+  '(scope_words), or with p_sign -1 takes them out (a word held by no document goes).';
+
+create or replace function memory_private.index_records(p_workspace_id text, p_record_ids bigint[])
+  returns void
+  language plpgsql volatile
+  as $$
+declare
+  v_old record;
+begin
+  -- What the searches read of the given records, derived from their title, summary and
+  -- speakers: the word search's document, the scope's vocabulary, the literal search's folded
+  -- text. The words of a document being replaced leave the vocabulary first.
+  select array_agg(d.scope_id) as scopes, array_agg(d.document) as documents into v_old
+    from memory_private.record_documents d
+   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids);
+  if v_old.scopes is not null then
+    perform memory_private.count_scope_words(p_workspace_id, v_old.scopes, v_old.documents, -1);
+  end if;
   insert into memory_private.record_documents
     (workspace_id, record_id, scope_id, created_at, document)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
-         memory_private.search_document(r.title, r.summary)
+         memory_private.search_document(r.title, r.summary, r.speaker_ids)
     from memory_private.records r
    where r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids)
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         document = excluded.document;
+  perform memory_private.count_scope_words(
+            p_workspace_id,
+            array(select d.scope_id from memory_private.record_documents d
+                   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+                   order by d.record_id),
+            array(select d.document from memory_private.record_documents d
+                   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
+                   order by d.record_id),
+            1);
   insert into memory_private.record_texts
     (workspace_id, record_id, scope_id, created_at, search_text, grams)
   select r.workspace_id, r.record_id, r.scope_id, r.created_at,
@@ -3836,96 +4101,123 @@ begin
   on conflict (workspace_id, record_id) do update
     set scope_id = excluded.scope_id, created_at = excluded.created_at,
         search_text = excluded.search_text, grams = excluded.grams;
-  delete from memory_private.record_words
-   where workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_words (workspace_id, scope_id, word, record_id)
-  select d.workspace_id, d.scope_id, l.word, d.record_id
-    from memory_private.record_documents d
-   cross join lateral unnest(tsvector_to_array(d.document)) l(word)
-   where d.workspace_id = p_workspace_id and d.record_id = any(p_record_ids)
-     and char_length(l.word) >= 3;
-  delete from memory_private.record_lines
-   where p_lines and workspace_id = p_workspace_id and record_id = any(p_record_ids);
-  insert into memory_private.record_lines (workspace_id, record_id, line_no, document)
-  select r.workspace_id, r.record_id, l.line_no, memory_private.text_document(l.line)
-    from memory_private.records r
-   cross join lateral memory_private.summary_lines(r.summary) l
-   where p_lines and r.workspace_id = p_workspace_id and r.record_id = any(p_record_ids);
 end
 $$;
 
-comment on function memory_private.index_records(text, bigint[], boolean) is
-  'Writes what the searches read of the given records: their documents (record_documents) and '
-  'words (record_words), their folded texts and three-character runs (record_texts) and, with p_lines, their lines'' '
-  'documents (record_lines). The records trigger calls it for one record; a bulk load with '
-  'triggers off calls it for all it loaded.';
+comment on function memory_private.index_records(text, bigint[]) is
+  'Writes what the searches read of the given records: their documents (record_documents), '
+  'the scopes'' vocabulary (scope_words), their folded texts and three-character runs '
+  '(record_texts). The records trigger calls it for one record; a bulk load with triggers off '
+  'calls it for all it loaded.';
 
 create or replace function memory_private.index_record() returns trigger
   language plpgsql volatile
   as $$
 begin
-  perform memory_private.index_records(
-            new.workspace_id, array[new.record_id],
-            tg_op = 'INSERT' or new.summary is distinct from old.summary);
+  perform memory_private.index_records(new.workspace_id, array[new.record_id]);
   return null;
 end
 $$;
 
 comment on function memory_private.index_record() is
   'Trigger: memory_private.index_records for a record that was inserted or whose title, '
-  'summary, scope or date changed; its lines only when the summary is new.';
+  'summary, speakers, scope or date changed.';
 
-create or replace function memory_private.search_terms(p_query text, p_weight text default '')
-  returns tsquery[]
-  language sql immutable strict parallel safe
+create or replace trigger records_index_record
+  after insert or update of title, summary, speaker_ids, scope_id, created_at
+  on memory_private.records
+  for each row execute function memory_private.index_record();
+
+create or replace function memory_private.forget_document_words() returns trigger
+  language plpgsql volatile
   as $$
-  -- One term per distinct word of the query, English stop words left out: the word as written
-  -- or English-stemmed ('painting' | 'paint'), so that it meets either form in a document;
-  -- then one term per CJK bigram. The first (policy query_terms, 32) in the query's order: a
-  -- long query costs no more than that.
-  select coalesce(array_agg(x.q order by x.n, x.pos), '{}')
-    from (select y.n, y.pos, y.q from (
-            select 1 as n, w.pos,
-                   (select string_agg(memory_private.lexeme_query(f, p_weight)::text, ' | ')
-                      from (select w.lexeme as f
-                            union
-                            select unnest(tsvector_to_array(
-                                     to_tsvector('pg_catalog.english', w.lexeme)))) forms
-                   )::tsquery as q
-              from (select u.lexeme, u.positions[1] as pos
-                      from unnest(to_tsvector('pg_catalog.simple', p_query)) u) w
-             where to_tsvector('pg_catalog.english', w.lexeme) <> ''::tsvector
-            union all
-            select 2, b.positions[1], memory_private.lexeme_query(b.lexeme, p_weight)
-              from unnest(to_tsvector('pg_catalog.simple',
-                                      memory_private.cjk_bigrams(p_query))) b) y
-          order by y.n, y.pos
-          limit (memory_private.policy()).query_terms) x
+declare
+  v_ws text;
+begin
+  -- Statement-level, with the deleted documents: their words leave their scopes' vocabulary,
+  -- one workspace at a time (each statement on the node holding it, Citus; the transition
+  -- table is read into arrays, never joined with a distributed table).
+  foreach v_ws in array array(select distinct o.workspace_id from old_rows o) loop
+    perform memory_private.count_scope_words(
+              v_ws,
+              array(select o.scope_id from old_rows o where o.workspace_id = v_ws),
+              array(select o.document from old_rows o where o.workspace_id = v_ws),
+              -1);
+  end loop;
+  return null;
+end
 $$;
 
-comment on function memory_private.search_terms(text, text) is
-  'The terms a query searches for: one tsquery per distinct word (its written and English-'
-  'stemmed forms OR-ed; English stop words dropped), then per CJK bigram, the first '
-  '(policy query_terms) in the query''s order; p_weight '':A'' restricts them to the title.';
+comment on function memory_private.forget_document_words() is
+  'Trigger: the words of deleted search documents leave their scopes'' vocabulary '
+  '(memory_private.count_scope_words).';
+
+create or replace trigger record_documents_forget_words
+  after delete on memory_private.record_documents
+  referencing old table as old_rows
+  for each statement execute function memory_private.forget_document_words();
+
+create or replace function memory_private.lexeme_query(p_lexeme text, p_weight text default '')
+  returns tsquery
+  language sql immutable strict parallel safe
+  as $$
+  select ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''' || p_weight)
+           ::tsquery
+$$;
+
+comment on function memory_private.lexeme_query(text, text) is
+  'A tsquery of exactly one lexeme, quoted (no operators, no re-parsing), optionally restricted '
+  'to a weight (p_weight '':A''). Its text is also the lexeme as a tsvector writes it.';
+
+create or replace function memory_private.query_words(p_query text)
+  returns table (term text, name text)
+  language sql immutable strict parallel safe
+  as $$
+  -- The question's words as a document holds them: each distinct stemmed word of the query
+  -- that is neither an English stop word nor a question word (term), with the word as written
+  -- as a speaker id could be named ('@' || word: name); then each CJK bigram (no name). The
+  -- first (policy query_terms, 32) in the query's order: a long query costs no more than that.
+  select y.term, y.name
+    from (select distinct on (x.term) x.n, x.pos, x.term, x.name
+            from (select 1 as n, u.positions[1] as pos, memory_private.word_stem(u.lexeme) as term,
+                         '@' || u.lexeme as name
+                    from unnest(pg_catalog.to_tsvector('pg_catalog.simple', p_query)) u
+                   where not memory_private.stop_word(u.lexeme)
+                     and not memory_private.question_word(u.lexeme)
+                  union all
+                  select 2, b.positions[1], b.lexeme, null
+                    from unnest(pg_catalog.to_tsvector('pg_catalog.simple',
+                                                       memory_private.cjk_bigrams(p_query))) b) x
+           order by x.term, x.n, x.pos) y
+   order by y.n, y.pos
+   limit (memory_private.policy()).query_terms
+$$;
+
+comment on function memory_private.query_words(text) is
+  'The words a query searches for, as search_document indexes them: one per distinct stemmed '
+  'word (English stop words and question words left out) with its written form as a possible '
+  'speaker (''@'' || word), then per CJK bigram; the first (policy query_terms) in the '
+  'query''s order.';
 
 create or replace function memory_private.fuzzy_words(p_query text) returns text[]
   language sql immutable strict parallel safe
   as $$
-  -- The query's words of three characters or more that are not English stop words, as written
-  -- (case-folded): what typo and partial-word matching compares. The first eight (policy
+  -- The query's words of three characters or more that are not English stop words, stemmed as
+  -- the vocabulary is: what typo and partial-word matching compares. The first eight (policy
   -- fuzzy_words) distinct ones in the query's order: the fuzzy stage's work grows with them.
-  select coalesce(array_agg(w.lexeme order by w.pos), '{}')
-    from (select u.lexeme, u.positions[1] as pos
-            from unnest(to_tsvector('pg_catalog.simple', p_query)) u
-           where char_length(u.lexeme) >= 3
-             and to_tsvector('pg_catalog.english', u.lexeme) <> ''::tsvector
+  select coalesce(array_agg(w.word order by w.pos), '{}')
+    from (select memory_private.word_stem(u.lexeme) as word, min(u.positions[1]) as pos
+            from unnest(pg_catalog.to_tsvector('pg_catalog.simple', p_query)) u
+           where char_length(u.lexeme) >= 3 and not memory_private.stop_word(u.lexeme)
+           group by 1
            order by 2
            limit (memory_private.policy()).fuzzy_words) w
 $$;
 
 comment on function memory_private.fuzzy_words(text) is
   'The words of a query that fuzzy matching compares: three characters or more, not an English '
-  'stop word, case-folded, distinct; the first (policy fuzzy_words) in the query''s order.';
+  'stop word, stemmed (memory_private.word_stem), distinct; the first (policy fuzzy_words) in '
+  'the query''s order.';
 
 create or replace function memory_private.fuzzy_candidates(
   p_workspace_id text, p_scope_id bigint, p_words text[]
@@ -3934,22 +4226,22 @@ create or replace function memory_private.fuzzy_candidates(
   as $$
   -- For each query word, the scope's words that start with its first three characters and are
   -- nearest to it in spelling (byte) order: up to fuzzy_neighbours at or after it and as many
-  -- before it, each read from record_words' primary key in order (two bounded index scans), a
-  -- word repeated by several records read once per record. Typos after the third character and
-  -- partial words sort near the word they miss. So a query word costs at most 2 x
-  -- fuzzy_neighbours index entries and similarities, whatever the scope holds.
+  -- before it, each read from scope_words' primary key in order (two bounded index scans).
+  -- Typos after the third character and partial words sort near the word they miss. So a
+  -- query word costs at most 2 x fuzzy_neighbours index entries and similarities, whatever the
+  -- scope holds.
   select q.w, n.word, memory_private.trgm_word_similarity(q.w, n.word)
     from unnest(p_words) q(w)
    cross join lateral (
-     select distinct c.word
-       from ((select r.word from memory_private.record_words r
+     select c.word
+       from ((select r.word from memory_private.scope_words r
                where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
                  and r.word >= q.w collate "C"
                  and r.word < left(q.w, 3) || chr(1114111) collate "C"
                order by r.word
                limit (memory_private.policy()).fuzzy_neighbours)
              union all
-             (select r.word from memory_private.record_words r
+             (select r.word from memory_private.scope_words r
                where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id
                  and r.word < q.w collate "C"
                  and r.word >= left(q.w, 3) collate "C"
@@ -3961,12 +4253,182 @@ $$;
 comment on function memory_private.fuzzy_candidates(text, bigint, text[]) is
   'The words of a scope the fuzzy search compares with each query word, and their pg_trgm word '
   'similarity: those starting with the query word''s first three characters, at most policy '
-  'fuzzy_neighbours on each side of it in byte order (record_words). Bounded work per query '
+  'fuzzy_neighbours on each side of it in byte order (scope_words). Bounded work per query '
   'word, however many words the scope holds.';
+
+create or replace function memory_private.rank_words(
+  p_workspace_id text, p_scope_id bigint, p_terms text[], p_names text[], p_skip bigint[],
+  out ids bigint[], out lines text[]
+)
+  language plpgsql stable
+  as $$
+declare
+  v_lexemes text[] := p_terms || array_remove(p_names, null);
+  v_scope_size bigint;
+  v_ids bigint[];
+  v_created timestamptz[];
+  v_sizes integer[];
+  v_found tsvector[];
+  v_average float8;
+  v_terms text[];
+  v_weights float8[];
+  v_speakers text[];
+  v_order bigint[];
+  v_scores float8[];
+  v_norms float8[];
+  v_top integer := 4 * (memory_private.policy()).query_limit;
+begin
+  -- The records of the scope holding any of the question's words p_terms (or naming a speaker
+  -- p_names could name: '@' || the word as written, at the same positions; NULL for a CJK
+  -- pair), but those of p_skip, ranked best first (ids), each with the numbers of the summary
+  -- lines they were found on, best first, blank-separated (lines). Step by step over arrays
+  -- (no join of intermediate results: each step reads each record's few matching words once).
+  --
+  -- The scope's size, and the candidates: the records holding any of the words, each with its
+  -- document filtered to the query's words (ts_filter of the words weighted A: each with the
+  -- lines it is on). A word's document frequency counted over them is its frequency in the
+  -- scope: a record without any of the words holds none of them.
+  select count(*),
+         coalesce(array_agg(d.record_id) filter (where length(d.found) > 0), '{}'),
+         coalesce(array_agg(d.created_at) filter (where length(d.found) > 0), '{}'),
+         coalesce(array_agg(d.size) filter (where length(d.found) > 0), '{}'),
+         coalesce(array_agg(d.found) filter (where length(d.found) > 0), '{}')
+    into v_scope_size, v_ids, v_created, v_sizes, v_found
+    from (select d.record_id, d.created_at, length(d.document) as size,
+                 ts_filter(setweight(d.document, 'A', v_lexemes), '{a}') as found
+            from memory_private.record_documents d
+           where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id) d;
+  v_average := (select avg(s) from unnest(v_sizes) s);
+  -- The content words and their weights (BM25's idf in the scope); a word that names a
+  -- speaker of the scope (its '@' form is in the scope) is a speaker, not content.
+  with df as (
+    select w.lexeme, count(*) as n
+      from unnest(v_found) f cross join lateral unnest(tsvector_to_array(f)) w(lexeme)
+     group by w.lexeme
+  )
+  select coalesce(array_agg(q.term) filter (where q.content), '{}'),
+         coalesce(array_agg(ln(1 + (v_scope_size - q.n + 0.5) / (q.n + 0.5)))
+                    filter (where q.content), '{}'),
+         coalesce(array_agg(q.name) filter (where q.speaker), '{}')
+    into v_terms, v_weights, v_speakers
+    from (select p.term, p.name, t.n, s.n is not null as speaker,
+                 t.n is not null and s.n is null as content
+            from unnest(p_terms, p_names) p(term, name)
+            left join df t on t.lexeme = p.term
+            left join df s on s.lexeme = p.name) q;
+  -- BM25 over each whole record, each word counted once (k1 1.2: a word adds 2.2 / (1 + 1.2 x
+  -- the length norm), against the record's words over the candidates' average (b 0.75)): the
+  -- order in which the best are picked. Best first, then newest.
+  select coalesce(array_agg(x.id order by x.score desc, x.created desc, x.id desc), '{}'),
+         coalesce(array_agg(x.score order by x.score desc, x.created desc, x.id desc), '{}'),
+         coalesce(array_agg(x.norm order by x.score desc, x.created desc, x.id desc), '{}'),
+         coalesce(array_agg(v_found[x.n] order by x.score desc, x.created desc, x.id desc),
+                  '{}')
+    into v_order, v_scores, v_norms, v_found
+    from (select f.n, f.id, f.created,
+                 coalesce(sum(v_weights[array_position(v_terms, w.lexeme)]), 0) * 2.2
+                 / (1 + 1.2 * (0.25 + 0.75 * f.size / nullif(v_average, 0))) as score,
+                 0.25 + 0.75 * f.size / nullif(v_average, 0) as norm
+            from unnest(v_ids, v_created, v_sizes, v_found)
+                   with ordinality as f(id, created, size, found, n)
+           cross join lateral unnest(tsvector_to_array(f.found)) w(lexeme)
+           where not f.id = any(p_skip)
+           group by f.n, f.id, f.created, f.size) x;
+  -- The best records (four times as many as an answer shows, each word on its first 8 lines:
+  -- bounded work whatever the records hold) are ranked by BM25 with how many lines hold each
+  -- word (tf: tf x 2.2 / (tf + 1.2 x the norm)) plus their best line: the weights of the
+  -- query's words on it (twice on the title, line 1: what the record is about), half as much
+  -- again when a speaker the query names said it (a line only said by one scores a little). The
+  -- records after them keep their order. A record holding only a speaker's name as a word, and
+  -- no line of theirs, has nothing.
+  with t as materialized (
+    select f.n, array_position(v_terms, w.lexeme) as k, w.lexeme = any(v_speakers) as said,
+           w.positions
+      from unnest(v_found[1:v_top]) with ordinality as f(found, n)
+     cross join lateral unnest(f.found) w
+  )
+  select coalesce(array_agg(r.id order by r.n <= v_top desc, r.score desc, r.n), '{}'),
+         coalesce(array_agg(coalesce(r.lines, '') order by r.n <= v_top desc, r.score desc, r.n),
+                  '{}')
+    into ids, lines
+    from (select o.id, o.n, coalesce(b.score, o.score) + coalesce(l.best, 0) as score, l.lines
+            from unnest(v_order, v_scores) with ordinality as o(id, score, n)
+            left join (
+              select t.n,
+                     sum(v_weights[t.k] * cardinality(t.positions) * 2.2
+                         / (cardinality(t.positions) + 1.2 * v_norms[t.n])) as score
+                from t where t.k is not null group by t.n) b on b.n = o.n
+            left join (
+              select s.n, max(s.score) as best,
+                     string_agg((s.line - 1)::text, ' ' order by s.score desc, s.line)
+                       filter (where s.line > 1) as lines
+                from (select t.n, p.line,
+                             case when bool_or(t.said) then 1.5 * coalesce(sum(v_weights[t.k]), 0)
+                                                           + 0.01
+                                  else sum(v_weights[t.k]) end
+                             * case when p.line = 1 then 2 else 1 end as score
+                        from t cross join lateral unnest(t.positions[1:8]) p(line)
+                       where t.k is not null or t.said
+                       group by t.n, p.line) s
+               group by s.n) l on l.n = o.n
+           where coalesce(b.score, o.score) + coalesce(l.best, 0) > 0) r;
+end
+$$;
+
+comment on function memory_private.rank_words(text, bigint, text[], text[], bigint[]) is
+  'The word stage''s ranking (memory_private.search_records): the scope''s records holding any '
+  'of the question''s words, those of p_skip left out, best first, with the lines they were '
+  'found on, best first. Each content word weighs its idf in the scope (BM25); a word whose '
+  '''@'' form (p_names) is a speaker of the scope is a speaker, not content. A record scores its '
+  'best line (the weights of the words on it, twice on the title, half as much again when a '
+  'named speaker said it) plus BM25 over the record (k1 1.2, b 0.75); then newest.';
+
+create or replace function memory_private.rank_fuzzy(
+  p_workspace_id text, p_scope_id bigint, p_similar text[], p_similarity real[],
+  p_skip bigint[], out ids bigint[], out lines text[]
+)
+  language plpgsql stable
+  as $$
+begin
+  -- The records of the scope holding any of the words p_similar (of the scope's vocabulary,
+  -- each with its similarity to a query word, p_similarity), but those of p_skip: the most
+  -- similar first, then newest (ids), each with the numbers of the summary lines holding such
+  -- a word (lines). One statement.
+  with c as materialized (
+    select d.record_id, d.created_at,
+           ts_filter(setweight(d.document, 'A', p_similar), '{a}') as found
+      from memory_private.record_documents d
+     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
+       and d.document @@ (select string_agg(memory_private.lexeme_query(l)::text, ' | ')
+                            from unnest(p_similar) l)::tsquery
+       and not d.record_id = any(p_skip)
+  ), h as (
+    select c.record_id, c.created_at, s.similarity, p.line
+      from c cross join lateral unnest(c.found) u
+      join unnest(p_similar, p_similarity) s(word, similarity) on s.word = u.lexeme
+     cross join lateral unnest(u.positions) p(line)
+  ), ranked as (
+    select h.record_id, h.created_at, max(h.similarity) as similarity,
+           string_agg(distinct (h.line - 1)::text, ' ') filter (where h.line > 1) as lines
+      from h group by h.record_id, h.created_at
+  )
+  select coalesce(array_agg(r.record_id order by r.similarity desc, r.created_at desc,
+                            r.record_id desc), '{}'),
+         coalesce(array_agg(coalesce(r.lines, '') order by r.similarity desc,
+                            r.created_at desc, r.record_id desc), '{}')
+    into ids, lines
+    from ranked r;
+end
+$$;
+
+comment on function memory_private.rank_fuzzy(text, bigint, text[], real[], bigint[]) is
+  'The fuzzy stage''s ranking (memory_private.search_records): the scope''s records holding a '
+  'word of p_similar, those of p_skip left out, the most similar first (p_similarity), then '
+  'newest, with the lines holding such a word.';
 
 create or replace function memory_private.search_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
-  out ids bigint[], out matches text[]
+  out ids bigint[], out matches text[], out lines text[]
 )
   language plpgsql stable
   as $$
@@ -3974,101 +4436,81 @@ declare
   v_literal bigint[];
   v_words bigint[] := '{}';
   v_fuzzy bigint[] := '{}';
-  v_terms tsquery[];
-  v_title_terms tsquery[];
-  v_query tsquery;
-  v_scope_size bigint;
+  v_terms text[];
+  v_names text[];
   v_fuzzy_words text[];
+  v_similar text[];
+  v_similarity real[];
   v_candidates bigint[];
+  v_candidate_lines text[];
+  v_found_lines text[] := '{}';
 begin
   -- 1. literal, newest first (the spec's search).
   v_literal := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
                                                    p_requester, p_query);
-  -- 2. words, ranked.
+  -- 2. the question's words, ranked.
   if cardinality(v_literal) < p_limit then
-    v_terms := memory_private.search_terms(p_query);
+    select coalesce(array_agg(q.term), '{}'), coalesce(array_agg(q.name), '{}')
+      into v_terms, v_names
+      from memory_private.query_words(p_query) q;
   end if;
   if cardinality(v_terms) > 0 then
-    v_title_terms := memory_private.search_terms(p_query, ':A');
-    v_query := (select string_agg('(' || t::text || ')', ' | ') from unnest(v_terms) t);
-    select count(*) into v_scope_size from memory_private.record_documents d
-     where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id;
-    -- The records holding any of the words, with the words each holds (and holds in its
-    -- title). A word's document frequency counted over them is its frequency in the scope: a
-    -- record without any of the words holds none of them.
-    v_candidates := array(
-      with c as materialized (
-        select d.record_id, d.created_at, h.hits,
-               array(select i from unnest(h.hits) i
-                      where d.document @@ v_title_terms[i]) as title_hits
-          from memory_private.record_documents d
-         cross join lateral (
-           select array(select i from generate_subscripts(v_terms, 1) i
-                         where d.document @@ v_terms[i]) as hits
-           offset 0) h  -- not flattened: the title check reads hits, not a second evaluation
-         where d.workspace_id = p_workspace_id and d.scope_id = p_scope_id
-           and d.document @@ v_query
-      ), df as (
-        select i, count(*) as n from c cross join unnest(c.hits) i group by i
-      )
-      select c.record_id
-        from c
-       where not c.record_id = any(v_literal)
-       order by (select sum(ln(1 + v_scope_size::float8 / df.n)
-                            * case when i = any(c.title_hits) then 2 else 1 end)
-                   from unnest(c.hits) i join df using (i)) desc nulls last,
-                c.created_at desc, c.record_id desc);
+    select r.ids, r.lines into v_candidates, v_candidate_lines
+      from memory_private.rank_words(p_workspace_id, p_scope_id, v_terms, v_names, v_literal) r;
     v_words := memory_private.first_valid_records(
                  p_workspace_id, p_scope_id, v_candidates, p_limit - cardinality(v_literal),
                  p_requester);
+    v_found_lines := array(select v_candidate_lines[array_position(v_candidates, x)]
+                             from unnest(v_words) with ordinality as w(x, n) order by w.n);
   end if;
-  -- 3. fuzzy: the records holding a word that starts like a query word (its first three
-  -- characters) and is among the words nearest to it (memory_private.fuzzy_candidates: bounded
-  -- work), scored by the best word similarity between a query word and such a word of the record.
+  -- 3. fuzzy: the records holding a word of the scope that starts like a query word (its first
+  -- three characters) and is among the words nearest to it (memory_private.fuzzy_candidates:
+  -- bounded work), scored by the best word similarity of such a word the record holds.
   if cardinality(v_literal) + cardinality(v_words) < p_limit then
     v_fuzzy_words := memory_private.fuzzy_words(p_query);
   end if;
   if cardinality(v_fuzzy_words) > 0 then
-    v_candidates := array(
-      with c as materialized (  -- once, not once per row of a join
-        select f.word, f.similarity
-          from memory_private.fuzzy_candidates(p_workspace_id, p_scope_id, v_fuzzy_words) f
-         where f.similarity >= 0.5
-      )
-      select s.record_id
-        from (select d.record_id, d.created_at, max(c.similarity) as similarity
-                from c
-               cross join lateral (  -- the records of each word, through record_words' key
-                 select w.record_id from memory_private.record_words w
-                  where w.workspace_id = p_workspace_id and w.scope_id = p_scope_id
-                    and w.word = c.word
-                 offset 0) w
-                join memory_private.record_documents d
-                  on d.workspace_id = p_workspace_id and d.record_id = w.record_id
-               where not w.record_id = any(v_literal || v_words)
-               group by d.record_id, d.created_at) s
-       order by s.similarity desc, s.created_at desc, s.record_id desc);
+    select coalesce(array_agg(f.word), '{}'), coalesce(array_agg(f.similarity), '{}')
+      into v_similar, v_similarity
+      from (select f.word, max(f.similarity) as similarity
+              from memory_private.fuzzy_candidates(p_workspace_id, p_scope_id, v_fuzzy_words) f
+             where f.similarity >= 0.5
+               and f.word <> f.query_word  -- the word itself is the word stage's
+             group by f.word) f;
+  end if;
+  if cardinality(v_similar) > 0 then
+    select r.ids, r.lines into v_candidates, v_candidate_lines
+      from memory_private.rank_fuzzy(p_workspace_id, p_scope_id, v_similar, v_similarity,
+                                     v_literal || v_words) r;
     v_fuzzy := memory_private.first_valid_records(
                  p_workspace_id, p_scope_id, v_candidates,
                  p_limit - cardinality(v_literal) - cardinality(v_words), p_requester);
+    v_found_lines := v_found_lines
+                     || array(select v_candidate_lines[array_position(v_candidates, x)]
+                                from unnest(v_fuzzy) with ordinality as w(x, n) order by w.n);
   end if;
-  -- In order, each with how it matched (no statement: arrays, not rows).
+  -- In order, each with how it matched and the lines it was found on (no statement: arrays,
+  -- not rows).
   ids := v_literal || v_words || v_fuzzy;
   matches := array_fill('literal'::text, array[cardinality(v_literal)])
              || array_fill('words'::text, array[cardinality(v_words)])
              || array_fill('fuzzy'::text, array[cardinality(v_fuzzy)]);
+  lines := array_fill(null::text, array[cardinality(v_literal)]) || v_found_lines;
 end
 $$;
 
 comment on function memory_private.search_records(text, bigint, integer, text, text) is
   'query_memories'' search: at most p_limit valid records of the scope for the requester (ids), '
-  'in order, each with how it matched (matches, the same positions): literal (the query is a '
-  'case-insensitive substring of the title or summary; newest first), then words (the query''s words OR-ed over the stored '
-  'document; ranked by the sum of the inverse document frequencies in the scope of the words a '
-  'record holds, doubled in the title; then newest), then fuzzy (pg_trgm word similarity >= 0.5 '
-  'of a query word to a word of the record starting with the same three characters, among the '
-  'scope''s words nearest to it: memory_private.fuzzy_candidates; most similar, then newest). A '
-  'stage runs only while fewer than p_limit were found; each does bounded work.';
+  'in order, each with how it matched (matches, the same positions) and, when found by its '
+  'words, the numbers of the summary lines they were found on, best first, blank-separated '
+  '(lines; NULL for a literal match): literal (the query is a case-insensitive substring of the '
+  'title or summary; newest first), then words (the question ranked over the stored documents: '
+  'each content word weighs its rarity in the scope, BM25''s idf; a record scores its best line, '
+  'raised when a speaker the question names said it, plus BM25 over the record; then newest), '
+  'then fuzzy (pg_trgm word similarity >= 0.5 of a query word to a word of the scope starting '
+  'with the same three characters, among the scope''s words nearest to it: '
+  'memory_private.fuzzy_candidates; most similar, then newest). A stage runs only while fewer '
+  'than p_limit were found; each does bounded work.';
 
 create or replace function memory_private.begin_tool_call(
   p_workspace_id text, p_request_id text, p_tool_call_id text, p_tool text, p_args jsonb,
@@ -4111,6 +4553,22 @@ comment on function memory_private.begin_tool_call(text, text, text, text, jsonb
   'memory lock; answers the request, its scope and the earlier call with this id (NULL on the '
   'first call), raising MB003 when that was another tool or other arguments.';
 
+create or replace function memory_private.query_answer_row(
+  p_mode text, p_scope_kind text, p_records memory_private.record_answer[], p_count integer,
+  p_replayed boolean
+) returns memory_private.query_answer
+  language sql immutable
+  as $$
+  select row(p_mode, memory_private.recall_label(p_scope_kind), p_scope_kind, p_records, p_count,
+             p_replayed)::memory_private.query_answer
+$$;
+
+comment on function memory_private.query_answer_row(text, text, memory_private.record_answer[],
+                                                    integer, boolean) is
+  'A query_memories answer: its mode (search, id, browse), the label of the scope''s kind, the '
+  'scope kind, the records, their count and whether the call was a replay. (Its result names '
+  'the type, so that Citus puts the type on every node with the function.)';
+
 create or replace function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
   p_last_used_at timestamptz, p_match text, p_rank integer
@@ -4119,17 +4577,24 @@ create or replace function memory_private.record_detail(
   -- One expression, so that it is inlined into answer_records' statement.
   as $$
   select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
-             p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
+             p_record.speaker_ids[1:(memory_private.policy()).shown_ids],
+             p_record.thread_ids[1:(memory_private.policy()).shown_ids], p_source_ids,
+             p_source_count,
              greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
+             p_record.created_at, p_last_used_at, p_match, p_rank,
+             cardinality(p_record.speaker_ids),
+             greatest(cardinality(p_record.speaker_ids) - (memory_private.policy()).shown_ids, 0),
+             cardinality(p_record.thread_ids),
+             greatest(cardinality(p_record.thread_ids) - (memory_private.policy()).shown_ids, 0)
+            )::memory_private.record_answer
 $$;
 
 comment on function memory_private.record_detail(memory_private.records, text[], bigint,
                                                   timestamptz, text, integer) is
-  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
-  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'A record as query_memories returns it: title, summary, the first 20 speaker ids and thread '
+  'ids (policy shown_ids), the first 20 source ids (shown_sources), how many of each there are '
+  'and how many were not shown, dates (R5), and how it matched (literal, words, fuzzy; null '
+  'when browsing) and its rank, its place in the answer (1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
   'record''s last use before the call (memory_private.record_usage).';
 
 create or replace function memory_private.recall_payload(
@@ -4276,55 +4741,42 @@ comment on function memory.recall(text, text) is
   'only while every record it was built from still is (R3). Those records are the request''s '
   'provenance (T2).';
 
-create or replace function memory_private.found_lines(
-  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
-  p_terms tsquery[]
-) returns table (line_no integer)
-  language sql stable
+create or replace function memory_private.found_lines(p_summary text, p_folded_query text)
+  returns table (line_no integer)
+  language sql immutable parallel safe
   as $$
   -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
-  -- the record's summary a search finds (their citations are the record's line_sources): the
-  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
-  -- (memory_private.search_terms of the query, against the line's stored document in
-  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
-  -- once: folding maps characters and never makes or removes a newline, so folded line n is
-  -- line n (folding line by line costs a call per line). The lines holding a word are read
-  -- once, as an array, only when there are words.
+  -- the record's summary holding the folded query (a literal match; their citations are the
+  -- record's line_sources). The summary is folded whole, once: folding maps characters and
+  -- never makes or removes a newline, so folded line n is line n (folding line by line costs a
+  -- call per line).
   select l.line_no
     from memory_private.summary_lines(memory_private.fold(p_summary)) l
-   cross join (select case when p_terms is not null
-                           then array(select d.line_no from memory_private.record_lines d
-                                       where d.workspace_id = p_workspace_id
-                                         and d.record_id = p_record_id
-                                         and d.document @@ any(p_terms)) end as ids) w
-   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
+   where strpos(l.line, p_folded_query) > 0
 $$;
 
-comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
-  'The numbers of the lines of one record''s summary a query_memories search finds: '
-  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
-  'record was found by its words), those holding one of them, read from the lines'' stored '
-  'documents (record_lines).';
+comment on function memory_private.found_lines(text, text) is
+  'The numbers of the lines of one record''s summary holding the folded query '
+  '(memory_private.fold): the lines a literal match was found on.';
 
 create or replace function memory_private.answer_records(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null,
+  p_lines text[] default null
 ) returns memory_private.record_answer[]
   language plpgsql stable
   as $$
 declare
   v_folded text := memory_private.fold(p_query);
-  v_terms tsquery[];
 begin
   -- The given records, in their order, as query_memories returns them (R5): each with its
-  -- sources in the order its summary uses them, those cited on the lines a search finds first
-  -- (memory_private.found_lines; a line's citations are the record's line_sources, derived
-  -- from its summary by memory_private.cited_ids when it was written), the first shown_sources
-  -- of them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
-  -- last use before the call. The words are looked for only in the records found by them. One
-  -- statement, each record read once; its plan kept for the session (plpgsql).
-  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
-    v_terms := memory_private.search_terms(p_query);
-  end if;
+  -- sources in the order its summary uses them, those cited on the lines the search found
+  -- first, in the order it ranked them (p_lines, at the records' positions: the line numbers a
+  -- word or fuzzy match was found on, best first; for a literal match the lines holding the
+  -- query, memory_private.found_lines; a line's citations are the record's line_sources,
+  -- derived from its summary by memory_private.cited_ids when it was written), the first
+  -- shown_sources of them; how it matched (p_matches: literal, words, fuzzy); its last use
+  -- before the call. One statement, each record read once; its plan kept for the session
+  -- (plpgsql).
   return array(
     select memory_private.record_detail(row(r.*)::memory_private.records,
                                         coalesce(src.ids, '{}'), src.total, u.last_used_at,
@@ -4336,33 +4788,37 @@ begin
         on u.workspace_id = p_workspace_id and u.record_id = f.record_id
      cross join lateral (
        -- the record's copy of its sources, in order (memory_private.copy_dependencies)
-       select (array_agg(s.message_id order by h.line_no nulls last, s.position))
+       select (array_agg(s.message_id order by h.rank nulls last, s.position))
                 [1:(memory_private.policy()).shown_sources] as ids,
               count(*) as total
          from unnest(r.source_ids) with ordinality as s(message_id, position)
-         left join (select c.id, min(l.line_no) as line_no
-                      from memory_private.found_lines(
-                             p_workspace_id, r.record_id, r.summary, v_folded,
-                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
+         left join (select c.id, min(l.rank) as rank
+                      from (select x.line_no::integer, x.rank
+                              from unnest(string_to_array(p_lines[f.pos], ' '))
+                                   with ordinality as x(line_no, rank)
+                             where p_lines[f.pos] is not null
+                            union all
+                            select k.line_no, k.line_no
+                              from memory_private.found_lines(r.summary, v_folded) k
+                             where p_lines[f.pos] is null and v_folded is not null) l
                      cross join lateral unnest(string_to_array(r.line_sources[l.line_no], ' '))
                                           as c(id)
-                     where v_folded is not null
                      group by c.id) h on h.id = s.message_id) src
      order by f.pos);
 end
 $$;
 
-comment on function memory_private.answer_records(text, bigint[], text, text[]) is
+comment on function memory_private.answer_records(text, bigint[], text, text[], text[]) is
   'The records a query_memories call shows, in the given order, as it shows them '
   '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
-  'the summary uses them, those cited on the lines a search query finds first '
-  '(memory_private.found_lines: literally in every record, by its words in those p_matches '
-  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
-  'the last use before the call.';
+  'the summary uses them, those cited on the lines the search found first (p_lines, at the '
+  'records'' positions: blank-separated line numbers, best first; where NULL, the lines holding '
+  'the query literally, memory_private.found_lines), how many sources there are, and the last '
+  'use before the call.';
 
 create or replace function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
-  p_record_id bigint, out ids bigint[], out matches text[]
+  p_record_id bigint, out ids bigint[], out matches text[], out lines text[]
 )
   language plpgsql stable
   as $$
@@ -4377,6 +4833,7 @@ begin
                                              p_query);
     ids := v_found.ids;
     matches := v_found.matches;
+    lines := v_found.lines;
   else
     ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
                                                p_requester, p_query, p_record_id);
@@ -4389,7 +4846,8 @@ $$;
 
 comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
   'The records a query_memories call returns, in order (ids), with how each matched (matches, '
-  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
+  'the same positions: literal, words, fuzzy; NULL when browsing) and the lines a search by '
+  'words found it on (lines, memory_private.search_records): a search '
   '(memory_private.search_records), the newest valid ones, or one by id.';
 
 create or replace function memory_private.count_usage(
@@ -4443,6 +4901,7 @@ declare
   v_found record;
   v_records memory_private.record_answer[];
   v_matches text[];
+  v_lines text[];
   v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
@@ -4466,11 +4925,13 @@ begin
                                             v_request.user_id, v_query, v_id);
     v_ids := v_found.ids;
     v_matches := v_found.matches;
+    v_lines := v_found.lines;
   end if;
 
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
-  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches);
+  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches,
+                                             v_lines);
   v_shown := array(select x from unnest(v_records) a, unnest(a.source_ids) x);
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
@@ -4496,10 +4957,10 @@ begin
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
-  return to_jsonb(row(case when v_query is not null then 'search'
-                          when v_id is not null then 'id' else 'browse' end,
-                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
-                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+  return to_jsonb(memory_private.query_answer_row(
+           case when v_query is not null then 'search'
+                when v_id is not null then 'id' else 'browse' end,
+           v_scope.kind, v_records, cardinality(v_ids), not v_first));
 end
 $$;
 
@@ -4508,9 +4969,10 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'first, or searches the records of the request''s scope that are valid now: literal, '
   'case-insensitive matches of the query in title or summary first, then ranked matches of its '
   'words, then typo and partial-word matches (memory_private.search_records); at most limit '
-  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
-  'ids (the messages its summary cites, in the order it uses them), the source count and '
-  'overflow, dates, match: how it matched (literal, words, fuzzy; null when browsing), and '
+  '(1..12, default 12). Each result has title, summary, up to 20 speaker ids and 20 thread ids '
+  'with their counts and overflows, up to 20 source ids (the messages its summary cites, those '
+  'of the lines the search found first), the source count and overflow, dates, match: how it '
+  'matched (literal, words, fuzzy; null when browsing), and '
   'rank: its place in the answer, 1 first (R4, R5). The source ids join the request''s citation set (R6); the returned records are the '
   'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '
@@ -4949,14 +5411,14 @@ declare
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
   v_batch constant integer := 50;
   v_ids text[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
     from (select r.message_id, r.request_id
             from memory_private.retention_ends(p_workspace_id) r
-           where not memory_private.is_retained(true, r.retain_until,
-                                                memory_private.clock_now())
+           where not memory_private.is_retained(true, r.retain_until, v_now)
            order by r.retain_until
            limit v_batch) e;
   update memory_private.messages
@@ -5180,6 +5642,7 @@ create or replace function memory_private.prune_records(p_workspace_id text) ret
   as $$
 declare
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
@@ -5190,7 +5653,7 @@ begin
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.prune_at <= memory_private.clock_now()
+   where r.prune_at <= v_now
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -5237,6 +5700,7 @@ create or replace function memory.answer_retention_boundary(p_workspace_id text,
   as $$
 declare
   v_boundary timestamptz;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('request_id', p_request_id);
@@ -5245,9 +5709,8 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when memory_private.is_retained(m.body is not null, m.retain_until,
-                                                  memory_private.clock_now())
-                  then m.retain_until else memory_private.clock_now() end)
+  select min(case when memory_private.is_retained(m.body is not null, m.retain_until, v_now)
+                  then m.retain_until else v_now end)
     into v_boundary
     from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m
@@ -5450,27 +5913,29 @@ comment on function memory_private.next_maintenance_at(text) is
   'erased text awaits the sweep, else the earliest of the next retention end and the next '
   'record pruning horizon; NULL when nothing is foreseen.';
 
-create or replace function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
+create or replace function memory_private.due_workspaces(
+  p_after_workspace_id text, p_limit integer, p_now timestamptz
+) returns setof text
   language sql stable
   as $$
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
+  -- From the indexes alone: the rows due at p_now, and the running jobs (one per workspace at
+  -- most) whose lease has expired. (The caller reads the clock: on Citus this statement runs
+  -- on every node, each with its own.)
   select d.workspace_id
     from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
+           where due_at <= p_now
           union
           select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+           where status = 'running' and lease_expires_at <= p_now) d
    where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
    order by d.workspace_id
    limit p_limit
 $$;
 
-comment on function memory_private.due_workspaces(text, integer) is
-  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
-  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
-  'whose lease expired.';
+comment on function memory_private.due_workspaces(text, integer, timestamptz) is
+  'The workspaces due for maintenance at p_now after p_after_workspace_id in id order (all '
+  'when NULL), at most p_limit (all when NULL): a maintenance_due row at or before p_now, or a '
+  'running job whose lease expired by then.';
 
 create or replace function memory_private.consume_due(
   p_workspace_id text, p_now timestamptz,
@@ -5588,7 +6053,8 @@ begin
   -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
-                                 array(select memory_private.due_workspaces(null, null)))
+                                 array(select memory_private.due_workspaces(null, null,
+                                                                   memory_private.clock_now())))
   loop
     v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
@@ -5631,13 +6097,14 @@ declare
   v_ws text;
   v_result jsonb;
   v_after text := p_after_workspace_id;
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
   -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
   -- its own lock, on its own node, and one that is busy is passed over.
   loop
     v_ws := null;
-    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
+    for v_ws in select memory_private.due_workspaces(v_after, 16, v_now) loop
       select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
       if v_result is not null then
         return v_result;
@@ -5657,92 +6124,39 @@ comment on function memory.maintain_next_workspace(text) is
   'it, one short transaction each, so no lock is held across workspaces (P16); an idle '
   'workspace is not read.';
 
-create or replace function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
-  returns text
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_stale_reason(text, bigint) is
-  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
-  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
-
-create or replace function memory_private.record_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
+create or replace function memory_private.operator_workspaces(p_workspace_id text) returns text[]
   language plpgsql stable
   as $$
-#variable_conflict use_column
 begin
-  return query
-  select * from (
-    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-           (select count(*) from memory_private.record_sources rs
-             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-           (select count(*) from memory_private.record_dependencies d
-             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(i.record_ids), false) as in_index,
-           v.reason is null as valid,
-           v.reason as invalid_reason
-      from memory_private.scopes s
-     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-      left join memory_private.record_usage u
-        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-      left join memory_private.scope_indexes i
-        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
+  -- NULL: every workspace, in id order (read first, so that no cursor over every shard stays
+  -- open while each workspace's rows are read). A workspace: that one, which must exist.
+  if p_workspace_id is null then
+    return array(select w.workspace_id from memory_private.workspaces w order by 1);
+  end if;
+  perform memory_private.require_workspace(p_workspace_id);
+  return array[p_workspace_id];
 end
 $$;
 
-comment on function memory_private.record_status_of(text) is
-  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
+comment on function memory_private.operator_workspaces(text) is
+  'The workspaces a status function reads, one at a time: the given one (MB001/MB002 unless it '
+  'is valid and known), or every workspace in id order when NULL.';
 
-create or replace function memory_private.operator_record_status()
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
+create or replace function memory_private.scope_validity(p_workspace_id text, p_scope_id bigint)
+  returns table (record_id bigint, reason text)
+  language sql stable
   as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.record_status_of(v_ws);
-  end loop;
-end
+  -- The validity rule without a requester for every record of one scope, in one set.
+  select v.record_id, v.reason
+    from memory_private.invalid_records(
+           p_workspace_id, p_scope_id,
+           array(select r.record_id from memory_private.records r
+                  where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id), null) v
 $$;
 
-comment on function memory_private.operator_record_status() is
-  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create or replace view memory.record_status as select * from memory_private.operator_record_status();
-
-comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
-  '(messages it cites) and dependencies (messages it was made from), '
-  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
-  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
-  'memory.explain_record(workspace, record) says why.';
+comment on function memory_private.scope_validity(text, bigint) is
+  'memory_private.invalid_records, without a requester, for every record of one scope: each '
+  'record with why it may not be recalled now (NULL when it may).';
 
 create or replace function memory_private.scope_validity_counts(p_workspace_id text)
   returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
@@ -5764,7 +6178,7 @@ begin
              coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
                       '{}'::jsonb)
         from (select v.reason, count(*) as n
-                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
+                from memory_private.scope_validity(p_workspace_id, v_scope) v
                group by 1) g;
   end loop;
 end
@@ -5772,10 +6186,69 @@ $$;
 
 comment on function memory_private.scope_validity_counts(text) is
   'For each scope of the workspace: how many of its records are valid and invalid now (the '
-  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
-  'ones by reason. What scope_status and workspace_status show.';
+  'validity rule without a requester, memory_private.scope_validity) and the invalid ones by '
+  'reason. What scope_status shows, and workspace_status sums.';
 
-create or replace function memory_private.scope_status_of(p_workspace_id text)
+create or replace function memory.record_status(p_workspace_id text default null)
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+#variable_conflict use_column
+declare
+  v_ws text;
+  v_scope bigint;
+begin
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- A scope at a time, the rule called once for the scope (joined laterally, a plan may
+    -- call it again for every record).
+    foreach v_scope in array array(select s.scope_id from memory_private.scopes s
+                                    where s.workspace_id = v_ws order by 1)
+    loop
+      return query
+      select r.workspace_id, r.record_id, r.scope_id, s.kind, r.kind, r.created_at,
+             u.last_used_at, coalesce(u.usage_count, 0),
+             (select count(*) from memory_private.record_sources rs
+               where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id),
+             (select count(*) from memory_private.record_dependencies d
+               where d.workspace_id = r.workspace_id and d.record_id = r.record_id),
+             octet_length(r.title), octet_length(r.summary),
+             coalesce(r.record_id = any(i.record_ids), false),
+             v.reason is null, v.reason
+        from memory_private.scope_validity(v_ws, v_scope) v
+        join memory_private.records r on r.workspace_id = v_ws and r.record_id = v.record_id
+        join memory_private.scopes s on s.workspace_id = v_ws and s.scope_id = v_scope
+        left join memory_private.scope_indexes i
+          on i.workspace_id = v_ws and i.scope_id = v_scope
+        left join memory_private.record_usage u
+          on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+       where r.workspace_id = v_ws
+       order by r.record_id;
+    end loop;
+  end loop;
+end
+$$;
+
+comment on function memory.record_status(text) is
+  'One row per memory record of the workspace (NULL: of every workspace), without its text: '
+  'scope, kind, dates, usage, number of sources (messages it cites) and dependencies (messages '
+  'it was made from), title/summary sizes, whether the scope index names it, and whether it '
+  'may be recalled now (invalid_reason as recall decides it, for the scope''s own user; NULL '
+  'when valid). memory.explain_record(workspace, record) says why. MB001/MB002 for a malformed '
+  'or unknown workspace.';
+
+create or replace view memory.record_status as select * from memory.record_status(null);
+
+comment on view memory.record_status is
+  'memory.record_status(NULL): one row per memory record of every workspace, without its text '
+  '(the function says what each column is; it reads one workspace when given one).';
+
+create or replace function memory.scope_status(p_workspace_id text default null)
   returns table (
     workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
     topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
@@ -5785,35 +6258,30 @@ create or replace function memory_private.scope_status_of(p_workspace_id text)
     extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
     consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
-  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
-                                from memory_private.scope_validity_counts(p_workspace_id) c),
-                             '{}'::jsonb);
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
+  v_counts jsonb;
 begin
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    v_counts := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
+                            from memory_private.scope_validity_counts(v_ws) c), '{}');
+    return query
     select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
            s.recall_enabled,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
-             as records_valid,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
-             as records_invalid,
-           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
-             as invalid_by_reason,
-           coalesce(cardinality(i.record_ids), 0) as index_records,
-           coalesce(cardinality(i.candidate_ids), 0) as index_candidates,
-           octet_length(i.index_text) as index_bytes,
-           i.built_at as index_built_at,
-           memory_private.operator_now() - i.built_at as index_age,
-           s.consolidation_due_at is not null as consolidation_pending,
-           s.consolidation_due_at,
-           ej.job_id as extract_job_id, ej.status as extract_job_status,
-           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0),
+           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0),
+           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'),
+           coalesce(cardinality(i.record_ids), 0), coalesce(cardinality(i.candidate_ids), 0),
+           octet_length(i.index_text), i.built_at, v_now - i.built_at,
+           s.consolidation_due_at is not null, s.consolidation_due_at,
+           ej.job_id, ej.status, cj.job_id, cj.status,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id),
            s.created_at
       from memory_private.scopes s
       left join memory_private.scope_indexes i
@@ -5824,51 +6292,28 @@ begin
       left join memory_private.jobs cj
         on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
        and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.scope_status_of(text) is
-  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_scope_status()
-  returns table (
-    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
-    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
-    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
-    integer, index_built_at timestamp with time zone, index_age interval,
-    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
-    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
-    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.scope_status_of(v_ws);
+     where s.workspace_id = v_ws
+     order by s.scope_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_scope_status() is
-  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.scope_status(text) is
+  'One row per memory scope of the workspace (NULL: of every workspace): kind and key, recall '
+  'on/off, records valid and invalid (by reason; the rule once per scope), the index (how many '
+  'records it names, how many candidates it was built from and depends on, bytes, when built, '
+  'age), whether a consolidation is pending, the open extraction and consolidation jobs, and '
+  'the tombstone count. No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.scope_status as select * from memory_private.operator_scope_status();
+create or replace view memory.scope_status as select * from memory.scope_status(null);
 
 comment on view memory.scope_status is
-  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (how many records it names, how many candidates it was built from and depends on, '
-  'bytes, when built, age), whether a consolidation is pending, the '
-  'open extraction and consolidation jobs, and the tombstone count. No text.';
+  'memory.scope_status(NULL): one row per memory scope of every workspace (the function says '
+  'what each column is; it reads one workspace when given one). No text.';
 
-create or replace function memory_private.workspace_status_of(p_workspace_id text)
-  returns table (
+create or replace function memory.workspace_status(
+  p_workspace_id text default null, p_count_records boolean default true
+) returns table (
     workspace_id text, paused boolean, config_version integer, idle_window interval,
     maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
     memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
@@ -5876,135 +6321,80 @@ create or replace function memory_private.workspace_status_of(p_workspace_id tex
     consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
     jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
   v_valid bigint;
   v_invalid bigint;
-  v_scopes jsonb;
   v_by_reason jsonb;
-  v_budget_left numeric := (select b.workspace_left
-                              from memory_private.budget_left(p_workspace_id, null) b);
+  v_budget_left numeric;
 begin
-  -- The rule once per scope (scope_validity_counts), summed over the scopes.
-  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
-         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
-    into v_valid, v_invalid, v_scopes
-    from memory_private.scope_validity_counts(p_workspace_id) c;
-  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
-    from (select e.key as reason, sum(e.value::bigint) as n
-            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
-           group by 1) x;
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    v_budget_left := (select b.workspace_left from memory_private.budget_left(v_ws, null) b);
+    -- The scopes' counts summed (memory.scope_status shows the same counts per scope: a
+    -- caller that reads both asks for them once, there, with p_count_records false).
+    if coalesce(p_count_records, true) then
+      select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
+             coalesce(jsonb_agg(c.invalid_by_reason), '[]')
+        into v_valid, v_invalid, v_by_reason
+        from memory_private.scope_validity_counts(v_ws) c;
+      select coalesce(jsonb_object_agg(x.reason, x.n), '{}') into v_by_reason
+        from (select e.key as reason, sum(e.value::bigint) as n
+                from jsonb_array_elements(v_by_reason) s, jsonb_each_text(s) e
+               group by 1) x;
+    end if;
+    return query
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
-           w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           v_budget_left as budget_left_usd,
+           w.budget_usd, w.spent_usd, wm.memory_spent_usd, v_budget_left,
+           (select count(*) from memory_private.scopes s where s.workspace_id = w.workspace_id),
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id) as scopes,
+             where s.workspace_id = w.workspace_id and not s.recall_enabled),
+           v_valid, v_invalid, v_by_reason,
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-           v_valid as records_valid, v_invalid as records_invalid,
-           v_by_reason as invalid_by_reason,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
-             as consolidations_pending,
-           coalesce(jc.pending, 0) as jobs_pending,
-           coalesce(jc.due, 0) as jobs_due,
-           coalesce(jc.running, 0) as jobs_running,
-           coalesce(jc.stopped, 0) as jobs_stopped,
-           coalesce(jc.succeeded, 0) as jobs_succeeded,
-           jc.oldest_pending_age,
+             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null),
+           coalesce(jc.pending, 0), coalesce(jc.due, 0), coalesce(jc.running, 0),
+           coalesce(jc.stopped, 0), coalesce(jc.succeeded, 0), jc.oldest_pending_age,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = w.workspace_id) as tombstones
+             where t.workspace_id = w.workspace_id)
       from memory_private.workspaces w
       join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
       left join lateral (
         select count(*) filter (where j.status = 'pending') as pending,
-               count(*) filter (where j.status = 'pending'
-                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
+               count(*) filter (where j.status = 'pending' and j.next_attempt_at <= v_now)
+                 as due,
                count(*) filter (where j.status = 'running') as running,
                count(*) filter (where j.status = 'stopped'
-                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+                                  and not coalesce(j.result ? 'retried_as_job_id', false))
+                 as stopped,
                count(*) filter (where j.status = 'succeeded') as succeeded,
-               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+               v_now - min(j.created_at) filter (where j.status = 'pending')
                  as oldest_pending_age
           from memory_private.jobs j
          where j.workspace_id = w.workspace_id
       ) jc on true
-     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.workspace_status_of(text) is
-  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_workspace_status()
-  returns table (
-    workspace_id text, paused boolean, config_version integer, idle_window interval,
-    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
-    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
-    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
-    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
-    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.workspace_status_of(v_ws);
+     where w.workspace_id = v_ws;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_workspace_status() is
-  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.workspace_status(text, boolean) is
+  'One row per workspace (NULL: every workspace): paused or not, config version, idle window, '
+  'when maintenance last ran for it, budget and spend (backend and memory), scopes (and how '
+  'many have recall off), records valid and invalid (by reason: memory.scope_status''s counts '
+  'summed; NULL with p_count_records false, for a caller that reads those), pending '
+  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
+  'succeeded, the age of the oldest pending job, and the tombstone count. No text. '
+  'MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.workspace_status as select * from memory_private.operator_workspace_status();
+create or replace view memory.workspace_status as select * from memory.workspace_status(null);
 
 comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
-  'budget and spend (backend and memory), '
-  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
-  'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
-  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
-
-create or replace function memory_private.waiting_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, reason text, conversations bigint, messages bigint,
-    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
-    explanation text
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select p_workspace_id, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
-         -- when the earliest of them moves on by itself: the idle window's end, the job's
-         -- next attempt
-         min(v.next_change_at), rs.explanation
-    from memory_private.extraction_verdict(
-           p_workspace_id,
-           array(select s.scope_id from memory_private.scopes s
-                  where s.workspace_id = p_workspace_id),
-           memory_private.operator_now()) v
-    join memory_private.waiting_reasons rs
-      on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
-   group by rs.reason, rs.rank, rs.explanation
-   order by rs.rank;
-end
-$$;
-
-comment on function memory_private.waiting_status_of(text) is
-  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
+  'memory.workspace_status(NULL): one row per workspace (the function says what each column '
+  'is; it reads one workspace when given one). No text.';
 
 create or replace function memory.waiting_status(p_workspace_id text default null)
   returns table (
@@ -6015,61 +6405,50 @@ create or replace function memory.waiting_status(p_workspace_id text default nul
   language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
   as $$
+#variable_conflict use_column
 declare
   v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  -- One workspace's verdict when given one (the worker's report reads only the workspaces it
-  -- just maintained); every workspace's, one at a time, each on the node holding it, when NULL.
-  if p_workspace_id is not null then
-    perform memory_private.require_workspace(p_workspace_id);
-  end if;
-  foreach v_ws in array coalesce(case when p_workspace_id is not null
-                                      then array[p_workspace_id] end,
-                                 array(select w.workspace_id from memory_private.workspaces w
-                                        order by 1))
-  loop
-    return query select * from memory_private.waiting_status_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select v_ws, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
+           -- when the earliest of them moves on by itself: the idle window's end, the job's
+           -- next attempt
+           min(v.next_change_at), rs.explanation
+      from memory_private.extraction_verdict(
+             v_ws,
+             array(select s.scope_id from memory_private.scopes s where s.workspace_id = v_ws),
+             v_now) v
+      join memory_private.waiting_reasons rs
+        on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
+     group by rs.reason, rs.rank, rs.explanation
+     order by rs.rank;
   end loop;
 end
 $$;
 
 comment on function memory.waiting_status(text) is
-  'What waits to become a memory in the workspace (NULL: in every workspace), and why: the rows '
-  'of memory.waiting_status, read from that workspace alone. MB001/MB002 for a malformed or '
-  'unknown workspace. For memory_operator and memory_worker.';
+  'What waits to become a memory in the workspace (NULL: in every workspace, each read alone), '
+  'and why: per workspace and reason, the conversations (interactive requests) with messages '
+  'not yet extracted, counted by the reason the scheduling verdict gives them '
+  '(memory_private.waiting_reasons, in their order: workspace_paused, recall_off, '
+  'bot_inactive, request_not_finished, request_failed, no_user_message, no_assistant_message, '
+  'idle_window, job_running, no_budget, not_priced, job_backoff, job_due, next_batch, '
+  'job_stopped, awaiting_maintenance: none, the next tick schedules it), their messages, the '
+  'oldest last activity, when the '
+  'earliest of them moves on by itself (next_change_at: the idle window''s end, the job''s '
+  'next attempt) and what the reason means. No text. For memory_operator and memory_worker '
+  '(the worker logs it when idle). MB001/MB002 for a malformed or unknown workspace.';
 
 create or replace view memory.waiting_status as select * from memory.waiting_status(null);
 
 comment on view memory.waiting_status is
-  'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the reason the '
-  'scheduling verdict gives them (memory_private.waiting_reasons, in their order: '
-  'workspace_paused, recall_off, bot_inactive, request_not_finished, request_failed, '
-  'no_user_message, no_assistant_message, idle_window, job_running, no_budget, not_priced, '
-  'job_backoff, job_due, next_batch, job_stopped, awaiting_maintenance: none, the next tick '
-  'schedules it), their '
-  'messages, the oldest last activity, when the earliest of them moves on by itself '
-  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
-  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
-  'idle).';
+  'memory.waiting_status(NULL): what waits to become a memory in every workspace, and why (the '
+  'function says what each column is; it reads one workspace when given one). No text. '
+  'Readable by memory_operator and memory_worker.';
 
-create or replace function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
-  returns jsonb
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-
-comment on function memory_private.operator_job_retry_refusal(text, bigint) is
-  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
-  'ids, as operator_job_stale_reason).';
-
-create or replace function memory_private.job_status_of(p_workspace_id text)
+create or replace function memory.job_status(p_workspace_id text default null)
   returns table (
     workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
     claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
@@ -6081,35 +6460,34 @@ create or replace function memory_private.job_status_of(p_workspace_id text)
     created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
     timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
+declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  return query
-  select * from (
-    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
-           memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.calls_left(j.claims) as claims_left,
-           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
-           j.worker_id, j.lease_expires_at,
-           j.checkpoint is not null as has_checkpoint,
-           j.last_error,
-           a.attempt_no as last_attempt_no,
-           a.outcome as last_attempt_outcome,
-           a.error as last_attempt_error,
-           a.started_at as last_attempt_at,
-           coalesce(c.cost_usd, 0) as cost_usd,
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status, v_now - j.created_at,
+           j.claims, memory_private.calls_left(j.claims),
+           case when j.status = 'pending' then j.next_attempt_at end,
+           j.worker_id, j.lease_expires_at, j.checkpoint is not null, j.last_error,
+           a.attempt_no, a.outcome, a.error, a.started_at,
+           coalesce(c.cost_usd, 0),
            j.origin_request_id, j.model_provider, j.model_id, j.config_version,
-           j.config_version = w.config_version as config_current,
+           j.config_version = w.config_version,
            case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
-                else jsonb_array_length(j.input -> 'candidates') end as input_items,
+                else jsonb_array_length(j.input -> 'candidates') end,
+           -- the job's row built as the table's type: on Citus a shard's row is of the
+           -- shard's own type, which no function takes
            case when j.status in ('pending', 'running', 'stopped')
-                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
-                  as stale_reason,
+                then memory_private.job_stale_reason(row(j.*)::memory_private.jobs) end,
            case when j.status = 'stopped'
-                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
-                  as retry_refusal,
-           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+                then memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+                       ->> 'reason' end,
+           (j.result ->> 'retried_as_job_id')::bigint,
            j.created_at, j.updated_at, j.finished_at
       from memory_private.jobs j
       join memory_private.workspaces w on w.workspace_id = j.workspace_id
@@ -6124,54 +6502,28 @@ begin
         select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
          where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
       ) c on true
-     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-
-comment on function memory_private.job_status_of(text) is
-  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
-
-create or replace function memory_private.operator_job_status()
-  returns table (
-    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
-    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
-    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
-    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
-    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
-    model_provider text, model_id text, config_version integer, config_current boolean,
-    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
-    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
-    timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.job_status_of(v_ws);
+     where j.workspace_id = v_ws
+     order by j.job_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_job_status() is
-  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.job_status(text) is
+  'One row per memory job of the workspace (NULL: of every workspace): phase, status, age, '
+  'claims used and left (of 3), next attempt (pending only), the worker and lease of a running '
+  'job, whether a checkpoint waits to be committed, the last error, the last attempt''s '
+  'number, outcome (open | ok | failed | unknown) and error, the dollars charged, the pinned '
+  'model and config version (and whether it is still current), the input size, why the input '
+  'is stale (if it is), and for a stopped job why it cannot be retried (NULL: '
+  'memory.retry_job will take it). No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create or replace view memory.job_status as select * from memory_private.operator_job_status();
+create or replace view memory.job_status as select * from memory.job_status(null);
 
 comment on view memory.job_status is
-  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
-  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
-  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
-  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
-  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
-  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
+  'memory.job_status(NULL): one row per memory job of every workspace (the function says what '
+  'each column is; it reads one workspace when given one). No text.';
 
-create or replace function memory_private.request_memory_charges_of(p_workspace_id text)
+create or replace function memory.request_memory_charges(p_workspace_id text default null)
   returns table (
     workspace_id text, request_id text, request_status text, model_provider text, model_id text,
     budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
@@ -6179,86 +6531,60 @@ create or replace function memory_private.request_memory_charges_of(p_workspace_
     consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
     output_tokens bigint, last_charge_at timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
-  v_id text;
-  v_left jsonb := '{}';
-begin
-  -- What each charged request has left (memory_private.budget_left), asked a request at a time
-  -- (on Citus a query may not take a stable function of a column as a table).
-  for v_id in select distinct c.request_id from memory_private.request_charges c
-               where c.workspace_id = p_workspace_id loop
-    v_left := v_left || jsonb_build_object(v_id, (
-      select l.request_left from memory_private.budget_left(p_workspace_id, v_id) l));
-  end loop;
-  return query
-  select q.workspace_id, q.request_id, q.status as request_status,
-         q.model_provider, q.model_id,
-         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         (v_left ->> q.request_id)::numeric as budget_left_usd,
-         count(*) as attempts,
-         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
-         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
-           as consolidate_usd,
-         count(*) filter (where c.outcome = 'failed') as failed_attempts,
-         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
-         coalesce(sum(c.input_tokens), 0) as input_tokens,
-         coalesce(sum(c.output_tokens), 0) as output_tokens,
-         max(c.created_at) as last_charge_at
-    from memory_private.request_charges c
-    join memory_private.requests q
-      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-   where c.workspace_id = p_workspace_id
-   group by q.workspace_id, q.request_id;
-end
-$$;
-
-comment on function memory_private.request_memory_charges_of(text) is
-  'The rows of memory.request_memory_charges of one workspace.';
-
-create or replace function memory_private.operator_request_memory_charges()
-  returns table (
-    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
-    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
-    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
-    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
-    output_tokens bigint, last_charge_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
   v_ws text;
+  v_id text;
+  v_left jsonb;
 begin
-  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
-  -- would read the workers' shards as the operator, who may not read them.
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.request_memory_charges_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- What each charged request has left (memory_private.budget_left), asked a request at a
+    -- time (on Citus a query may not take a stable function of a column as a table).
+    v_left := '{}';
+    for v_id in select distinct c.request_id from memory_private.request_charges c
+                 where c.workspace_id = v_ws loop
+      v_left := v_left || jsonb_build_object(v_id, (
+        select l.request_left from memory_private.budget_left(v_ws, v_id) l));
+    end loop;
+    return query
+    select q.workspace_id, q.request_id, q.status, q.model_provider, q.model_id,
+           q.budget_usd, q.spent_usd, sum(c.cost_usd), (v_left ->> q.request_id)::numeric,
+           count(*),
+           count(*) filter (where c.kind = 'memory_extract'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0),
+           count(*) filter (where c.kind = 'memory_consolidate'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0),
+           count(*) filter (where c.outcome = 'failed'),
+           count(*) filter (where c.outcome = 'unknown'),
+           coalesce(sum(c.input_tokens), 0), coalesce(sum(c.output_tokens), 0),
+           max(c.created_at)
+      from memory_private.request_charges c
+      join memory_private.requests q
+        on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+     where c.workspace_id = v_ws
+     group by q.workspace_id, q.request_id
+     order by q.request_id;
   end loop;
 end
 $$;
 
-comment on function memory_private.operator_request_memory_charges() is
-  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
-  '(security definer).';
+comment on function memory.request_memory_charges(text) is
+  'One row per request of the workspace (NULL: of every workspace) that memory work charged '
+  '(P18): its budget, the spend the backend reported, the memory spend, what is left, and the '
+  'memory attempts by kind (memory_extract, memory_consolidate) and outcome with their tokens '
+  'and dollars. An unknown outcome is charged at its reserve. MB001/MB002 for a malformed or '
+  'unknown workspace.';
 
 create or replace view memory.request_memory_charges as
-select workspace_id, request_id, request_status, model_provider, model_id,
-       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
-       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
-       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
-       output_tokens, last_charge_at
-  from memory_private.operator_request_memory_charges();
+  select * from memory.request_memory_charges(null);
 
 comment on view memory.request_memory_charges is
-  'One row per request that memory work charged (P18): its budget, the spend the backend '
-  'reported, the memory spend, what is left, and the memory attempts by kind '
-  '(memory_extract, memory_consolidate) and outcome with their tokens and dollars. An unknown '
-  'outcome is charged at its reserve.';
+  'memory.request_memory_charges(NULL): one row per request of every workspace that memory '
+  'work charged (the function says what each column is; it reads one workspace when given '
+  'one).';
 
 create or replace function memory.retry_job(p_workspace_id text, p_job_id bigint) returns jsonb
   language plpgsql volatile security definer
@@ -6542,22 +6868,6 @@ comment on function memory.explain_record(text, bigint, text) is
   'by which user, in which request and tool call, with which other records (ids only). MB001, '
   'MB002 when the record is unknown (never made, pruned, swept or purged).';
 
-create or replace function memory_private.is_distributed() returns boolean
-  language plpgsql stable
-  as $$
-begin
-  if not exists (select 1 from pg_extension where extname = 'citus') then
-    return false;
-  end if;
-  return exists (select 1 from pg_dist_partition
-                  where logicalrelid = 'memory_private.workspaces'::regclass);
-end
-$$;
-
-comment on function memory_private.is_distributed() is
-  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
-  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
-
 create or replace function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
   as $$
@@ -6656,6 +6966,11 @@ begin
      order by 1::text
   loop
     perform create_distributed_function(v_function);
+    -- Citus makes the function on the workers with its grants, not with its revokes: PUBLIC's
+    -- EXECUTE, revoked here, would be back there (a role reaching a worker could call it).
+    if not has_function_privilege('public', v_function, 'execute') then
+      execute format('revoke execute on function %s from public', v_function);
+    end if;
     v_count := v_count + 1;
   end loop;
   return v_count;
@@ -6664,71 +6979,9 @@ $$;
 
 comment on function memory_private.distribute_functions(boolean) is
   'Puts every function of memory and memory_private not yet on the cluster on every node (none '
-  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
-  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
-
-create or replace function memory_private.distribute_sql_functions() returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_function record;
-  v_body text;
-  v_header text;
-  v_count integer := 0;
-begin
-  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
-  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
-  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
-  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
-  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
-  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
-  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body: called, never inlined, each of its statements planned by Citus with the
-  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
-  -- SQL function.
-  for v_function in
-    select p.oid, p.prosrc, p.proretset,
-           pg_get_function_arguments(p.oid) as arguments,
-           pg_get_function_result(p.oid) as result,
-           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
-           p.prosecdef, p.proconfig
-      from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and p.prolang = (select oid from pg_language where lanname = 'sql')
-       and p.provolatile <> 'i'
-       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
-                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
-                    where c.relkind in ('r', 'v', 'p'))
-     order by 1
-  loop
-    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
-    v_body := case
-      when v_function.proretset then
-        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
-      else
-        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
-    end;
-    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
-                       v_function.oid::regproc, v_function.arguments, v_function.result,
-                       v_function.volatility,
-                       case when v_function.prosecdef then ' security definer' else '' end);
-    if v_function.proconfig is not null then
-      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
-                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
-        into v_header from unnest(v_function.proconfig) c;
-    end if;
-    execute format('%s as %L', v_header, v_body);
-    v_count := v_count + 1;
-  end loop;
-  return v_count;
-end
-$$;
-
-comment on function memory_private.distribute_sql_functions() is
-  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
-  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
-  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
-  'over empty table shells. Answers how many.';
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md), with '
+  'the same privileges (PUBLIC''s EXECUTE revoked there too when it is here). With p_all '
+  'false, only those that use no table''s or view''s row type. Answers how many.';
 
 create or replace function memory_private.distribute() returns jsonb
   language plpgsql volatile
@@ -6737,16 +6990,27 @@ declare
   v_result jsonb;
   v_view regclass;
   v_views integer := 0;
-  v_types integer := 0;
-  v_type regtype;
-  v_function regprocedure;
-  v_sql_functions integer;
+  v_missing text;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
     raise exception 'this database has no Citus extension: nothing to distribute'
       using errcode = 'MB025';
   end if;
-  v_sql_functions := memory_private.distribute_sql_functions();
+  -- A SQL function that is not immutable is inlined into its callers and reads the tables'
+  -- empty shells on a shard: on the cluster each is the PL/pgSQL form of
+  -- sql/cluster/functions.sql, which pimem migrate applies before it calls this.
+  select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
+    into v_missing
+    from pg_proc p
+   where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+     and p.prolang = (select l.oid from pg_language l where l.lanname = 'sql')
+     and p.provolatile <> 'i';
+  if v_missing is not null then
+    raise exception 'the cluster''s form of these SQL functions is not applied: %', v_missing
+      using errcode = 'MB025',
+            hint = 'Apply sql/cluster/functions.sql first (pimem migrate does, in the '
+                   'migrations'' transaction; docs/scaling.md).';
+  end if;
   -- Function bodies refer to one another in any order: do not check them while the workers
   -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
   set local citus.propagate_set_commands = 'local';
@@ -6754,24 +7018,9 @@ begin
   set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
-  -- A composite type that only function bodies use (no signature names it) is not among any
-  -- object's dependencies: a throwaway function taking it carries it to the workers.
-  for v_type in
-    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
-     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
-  loop
-    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
-                   'language sql as %L', v_type, 'select');
-    perform create_distributed_function(
-      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
-    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
-    v_types := v_types + 1;
-  end loop;
-  -- The views of memory_private (what the functions read on the workers): created again with DDL
-  -- propagation on, which creates them on the workers. The public views stay on the
-  -- coordinator, where operators query them.
+  -- The views of memory_private (what the functions read on the workers): created again, as
+  -- they are, with DDL propagation on, which creates them on the workers. The public views
+  -- stay on the coordinator, where operators query them.
   for v_view in
     select c.oid::regclass from pg_class c
      where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
@@ -6782,20 +7031,20 @@ begin
     execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
     v_views := v_views + 1;
   end loop;
-  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
-                                             'sql_functions_made_plpgsql', v_sql_functions,
-                                             'functions',
+  v_result := v_result || jsonb_build_object('views', v_views, 'functions',
                                              memory_private.distribute_functions(true));
-  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
-  -- the default again: Citus routes a statement by its parameters' values, which a generic
-  -- plan does not have. ALTER FUNCTION reaches the workers.
-  for v_function in
-    select p.oid::regprocedure from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
-  loop
-    execute format('alter function %s reset plan_cache_mode', v_function);
-  end loop;
+  -- A composite type reaches the workers as a dependency of a function whose signature names
+  -- it; one that only bodies use would be missing there.
+  select string_agg(t.oid::regtype::text, ', ' order by t.oid::regtype::text) into v_missing
+    from pg_type t join pg_class c on c.oid = t.typrelid
+   where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+     and not exists (select 1 from pg_dist_object o
+                      where o.classid = 'pg_type'::regclass and o.objid = t.oid);
+  if v_missing is not null then
+    raise exception 'the composite types % are not on the workers: no function signature '
+      'names them', v_missing using errcode = 'MB003',
+      hint = 'Give each a function that takes or returns it (docs/scaling.md).';
+  end if;
   -- The functions call one another inside queries (a validity rule inside a search), which
   -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
   -- Every such nested query here reads the same workspace as the query around it, so the
@@ -6809,9 +7058,10 @@ $$;
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
-  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
-  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
-  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+  'every node, nested distributed execution allowed for the database. Idempotent: only what '
+  'is not yet on the cluster is done. MB025 without Citus, or while a SQL function that is not '
+  'immutable is left (sql/cluster/functions.sql is applied first); MB003 when a composite type '
+  'could not reach the workers. Answers the counts.';
 
 revoke all on function memory.schema_version() from public;
 
@@ -6901,46 +7151,25 @@ grant execute on function memory.run_maintenance(text), memory.maintain_next_wor
   to memory_worker, memory_operator;
 
 revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
-              memory.job_status, memory.request_memory_charges from public;
+              memory.job_status, memory.request_memory_charges, memory.waiting_status
+from public;
 
 grant select on memory.record_status, memory.scope_status, memory.workspace_status,
                 memory.job_status, memory.request_memory_charges to memory_operator;
 
 revoke all on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 from public;
 
 grant execute on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 to memory_operator;
-
-revoke all on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-from public;
-
-grant execute on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-to memory_operator;
-
-grant execute on function memory_private.policy() to memory_operator;
-
-revoke all on memory.waiting_status from public;
 
 grant select on memory.waiting_status to memory_operator, memory_worker;
 
-revoke all on function memory.waiting_status(text) from public;
-
-grant execute on function memory.waiting_status(text) to memory_operator, memory_worker;
+grant execute on function memory.waiting_status(text) to memory_worker;
 
 revoke all on function
   memory.retry_job(text, bigint),
@@ -7005,9 +7234,18 @@ create index tool_calls_dependencies_idx on memory_private.tool_calls
 create index tool_calls_records_idx on memory_private.tool_calls using gin (record_ids)
   with (fastupdate = off) where tool = 'query_memories';
 
+-- The documents of the summaries' lines are gone: a record's document holds the lines each
+-- word is on (memory_private.search_document).
+drop table memory_private.record_lines;
+comment on table memory_private.record_documents is
+  'The search document of each record (memory_private.search_document of its title, summary and '
+  'speakers: each word once, the lines it is on as its positions, and the lines each speaker '
+  'said as ''@id'') with the record''s scope and date, written by a trigger on records: what '
+  'query_memories'' word and fuzzy search read.';
+
 -- What the searches read of the records, derived by the function that keeps it.
-select memory_private.index_records(r.workspace_id, array_agg(r.record_id), true)
+select memory_private.index_records(r.workspace_id, array_agg(r.record_id))
   from memory_private.records r group by r.workspace_id;
 
 analyze memory_private.records, memory_private.record_documents, memory_private.record_texts,
-  memory_private.record_words, memory_private.messages;
+  memory_private.scope_words, memory_private.messages;

@@ -30,7 +30,9 @@ select set_eq(
   $$ select proname from role_functions where rolname = 'memory_operator' $$,
   array['resolve_scope', 'delete_workspace', 'run_maintenance', 'maintain_next_workspace',
         'retry_job', 'set_workspace_paused', 'explain_record', 'schema_version',
-        'member_memories', 'erase_member', 'waiting_status'],
+        'workspace_status', 'scope_status', 'record_status', 'job_status',
+        'request_memory_charges', 'waiting_status',
+        'member_memories', 'erase_member'],
   'memory_operator executes the operator functions');
 
 create role pimem_test_backend login in role memory_backend;

@@ -1,7 +1,7 @@
 -- The operator's views and admin functions: only memory_operator reaches them, they show no
 -- text, and they answer what a DBA asks.
 begin;
-select plan(24);
+select plan(33);
 
 -- A workspace with one private conversation and a record made from it.
 select memory.upsert_workspace('ops', 1, 10, 0, 30);
@@ -85,6 +85,31 @@ select throws_ok($$ select memory.set_workspace_paused('ops', null) $$, 'MB001',
                  'paused must be given');
 reset role;
 
+-- Each view is its function of the workspace over every workspace; a workspace given is read
+-- alone, and must exist.
+set role pimem_test_operator;
+select is_empty($$
+  select v.view_name from operator_views v
+   where (select count(*) from pg_proc p
+           where p.pronamespace = 'memory'::regnamespace and p.proname = v.view_name) <> 1
+$$, 'every operator view has its function of the workspace');
+select results_eq($$ select * from memory.scope_status('ops') $$,
+                  $$ select * from memory.scope_status where workspace_id = 'ops' $$,
+                  'scope_status(workspace) is the view''s rows of the workspace');
+select results_eq($$ select * from memory.record_status('ops') $$,
+                  $$ select * from memory.record_status where workspace_id = 'ops' $$,
+                  'record_status(workspace) is the view''s rows of the workspace');
+select is((select records_valid from memory.workspace_status('ops', false)), null::bigint,
+          'workspace_status without counting records leaves the counts out');
+select is((select jobs_pending from memory.workspace_status('ops', false)),
+          (select jobs_pending from memory.workspace_status('ops')),
+          '... and gives the rest of the row');
+select throws_ok($$ select * from memory.job_status('nope') $$, 'MB002', null,
+                 'the status of an unknown workspace is MB002');
+select throws_ok($$ select * from memory.waiting_status('') $$, 'MB001', null,
+                 'the status of a malformed workspace id is MB001');
+reset role;
+
 -- The record's source is edited: the explanation names the source and the reason.
 select memory.upsert_message('ops', 'r1-u', 'r1', 'user', 'alice', 'I prefer coffee', true,
                              null, '{}');
@@ -117,6 +142,10 @@ select throws_ok($$ select memory.set_workspace_paused('ops', false) $$, '42501'
                  'the worker cannot pause or resume a workspace');
 select throws_ok($$ select memory.retry_job('ops', 1) $$, '42501', null,
                  'the worker cannot retry a job');
+select throws_ok($$ select * from memory.record_status('ops') $$, '42501', null,
+                 'the worker cannot read the records'' status');
+select lives_ok($$ select * from memory.waiting_status('ops') $$,
+                'the worker reads what waits in a workspace');
 reset role;
 
 select * from finish();

@@ -120,6 +120,27 @@ def schema_bundle(
     console.print(f"{'checked' if check else 'wrote'} {path}")
 
 
+def cluster_code(
+    check: Annotated[bool, typer.Option(
+        "--check", help="change nothing; exit 1 when the file is not what would be written")
+    ] = False,
+) -> None:
+    """Maintainers: write sql/cluster/functions.sql from sql/, the form of the SQL functions
+    that runs on a Citus cluster (in a checkout; docs/scaling.md)."""
+    from pyworker.lab import cluster_code as code
+    from pyworker.lab import sqlcode
+
+    if not schema.in_checkout():
+        console.print("[red]cluster-code runs in a source checkout only[/red]")
+        raise typer.Exit(1)
+    try:
+        path = code.write_cluster_code(check=check)
+    except (schema.MigrateError, sqlcode.SqlCodeError) as exc:
+        console.print(f"[red]{sanitize(str(exc))}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"{'checked' if check else 'wrote'} {path}")
+
+
 def freeze_release(
     version: Annotated[str, typer.Argument(help="the release, MAJOR.MINOR.PATCH")],
     dsn: Annotated[str | None, typer.Option(
@@ -386,6 +407,9 @@ def telegram(
         raise typer.Exit(2) from None
     try:
         asyncio.run(serve(settings))
+    except SettingsError as exc:  # a state directory it cannot use: fix it, do not restart
+        console.print(f"pimem telegram: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except Exception as exc:  # noqa: BLE001 - a bad token, no database: say so and exit 1
         console.print(f"pimem telegram: {type(exc).__name__}: {exc}", markup=False)
         raise typer.Exit(1) from None
@@ -460,7 +484,7 @@ def status(
         typer.echo(json.dumps({**data, "cluster": asdict(cluster) if cluster else None},
                               default=str, indent=2))
     else:
-        typer.echo(cluster_line(cluster))  # one whole line, never wrapped
+        typer.echo(cluster_line(cluster))  # whole lines of at most 80 columns
         render_status(data, output_console(), workspace_id=workspace)
 
 
@@ -500,7 +524,7 @@ def explain(
 for _command, _name in ((worker, "worker"), (status, "status"), (explain, "explain"),
                         (migrate, "migrate"), (demo, "demo"), (telegram, "telegram"),
                         (eval_, "eval"), (bench, "bench"), (schema_bundle, "schema-bundle"),
-                        (freeze_release, "freeze-release")):
+                        (cluster_code, "cluster-code"), (freeze_release, "freeze-release")):
     app.command(_name)(_command)
 
 

@@ -107,9 +107,10 @@ class Recall(Answer):
 
 class MemoryRecord(Answer):
     """A record as ``query_memories`` returns it. ``rank`` is its place in the answer, 1 first:
-    a search gives literal matches (newest first), then word matches ranked by how rare the
-    words they hold are in the scope, then typo and partial-word matches by similarity
-    (``match`` says which); browsing gives the newest first."""
+    a search gives literal matches (newest first), then the question ranked by its words (how
+    rare they are in the scope, the line that holds them, a speaker it names), then typo and
+    partial-word matches by similarity (``match`` says which); browsing gives the newest first.
+    Every id list is bounded (20 each) and says how long it was and how much it left out."""
 
     id: int
     kind: Literal["extracted", "note"]
@@ -124,6 +125,10 @@ class MemoryRecord(Answer):
     last_used_at: datetime | None = None
     match: Literal["literal", "words", "fuzzy"] | None = None
     rank: int | None = None
+    speaker_count: int | None = None
+    speakers_overflow: int | None = None
+    thread_count: int | None = None
+    threads_overflow: int | None = None
 
 
 class QueryResult(Answer):

@@ -163,17 +163,29 @@ class Database:
 
     # Operator (memory_operator role): views and admin functions ------------------------------
     # Used by ``pimem status`` and ``pimem explain`` (pyworker/status.py). Owned by the
-    # operations issue; views are read by name from OPERATOR_VIEWS only.
+    # operations issue; views are read by name from OPERATOR_VIEWS only, through their functions
+    # of the workspace.
 
-    def view_rows(self, view: str, *, where: dict[str, Any] | None = None,
-                  order_by: tuple[str, ...] = (), limit: int | None = None
+    def view_rows(self, view: str, *, workspace_id: str | None = None,
+                  where: dict[str, Any] | None = None, order_by: tuple[str, ...] = (),
+                  limit: int | None = None, count_records: bool = True
                   ) -> list[dict[str, Any]]:
-        """Rows of an operator view (``memory.<view>``) as dicts. ``where`` maps a column to a
-        value (equality) or a list (any of); ``order_by`` names columns, ``-col`` descending."""
+        """Rows of an operator view as dicts, read through its function of the workspace
+        (``memory.<view>(workspace)``, sql/80_operator.sql): one workspace's rows when
+        ``workspace_id`` is given (the database reads that workspace only), every workspace's
+        when it is None. ``where`` maps another column to a value (equality) or a list (any of);
+        ``order_by`` names columns, ``-col`` descending. ``count_records`` False (workspace_status
+        only) leaves its validity counts out (NULL), for a caller that reads them per scope."""
         if view not in OPERATOR_VIEWS:
             raise ValueError(f"not an operator view: {view}")
-        query = sql.SQL("select * from {}").format(sql.Identifier("memory", view))
-        params: list[Any] = []
+        arguments: list[Any] = [workspace_id]
+        if view == "workspace_status":
+            arguments.append(count_records)
+        elif not count_records:
+            raise ValueError("only workspace_status leaves its record counts out")
+        query = sql.SQL("select * from {}({})").format(
+            sql.Identifier("memory", view), sql.SQL(", ").join(sql.Placeholder() * len(arguments)))
+        params: list[Any] = arguments
         conditions = []
         for column, wanted in (where or {}).items():
             if isinstance(wanted, (list, tuple)):
@@ -207,18 +219,7 @@ class Database:
         """What waits to become a memory and why (``memory.waiting_status``: per workspace and
         reason, the scheduler's own verdict counted in the database), read from that workspace
         alone when one is given. For memory_operator and memory_worker."""
-        conn = self._connection()
-        try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute("select * from memory.waiting_status(%s)",
-                                   (workspace_id,)).fetchall()
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if conn.broken or conn.closed:
-                self.close()
-                raise DatabaseUnavailable(str(exc).strip()) from exc
-            raise translate(exc) from exc
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
+        return self.view_rows("waiting_status", workspace_id=workspace_id)
 
     def current_role(self) -> str:
         """The role this session acts as (for an error that names it)."""

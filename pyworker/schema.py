@@ -53,6 +53,13 @@ def canonical_files() -> list[Path]:
     return sorted(SQL_DIR.glob("*.sql"))
 
 
+def cluster_code_file() -> Path:
+    """What runs on a Citus cluster in place of sql/'s SQL functions: ``sql/cluster/
+    functions.sql``, written by ``pimem cluster-code`` from sql/ and applied by :func:`migrate`
+    on a coordinator (docs/scaling.md)."""
+    return SQL_DIR / "cluster" / "functions.sql"
+
+
 def canonical_sql() -> str:
     """The whole canonical schema as one script."""
     parts = []
@@ -183,8 +190,8 @@ def load_migrations(source: Path) -> Any:
         return _LOADED[key]
 
 
-def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
-            directory: Path | None = None) -> list[str]:
+def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT, directory: Path | None = None,
+            cluster_code: Path | None = None) -> list[str]:
     """Applies every pending yoyo migration, then checks that the database is at the expected
     schema version; returns the ids applied (empty when it was up to date).
 
@@ -192,11 +199,19 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
     seconds; the one that waited finds nothing left to apply. Raises :class:`MigrateError` when
     there are no migrations, the lock is not free in time, or the version is not the expected
     one afterwards.
+
+    On a Citus coordinator the pending migrations, the post-apply hook and the cluster file
+    (``cluster_code``: by default :func:`cluster_code_file` for this package's migrations, none
+    for another ``directory``) are applied in one transaction, so that no migration leaves
+    the one-server form of a SQL function running on the cluster; then, still under the lock,
+    :func:`distribute` puts what is new on every node (docs/scaling.md).
     """
     from yoyo import get_backend
     from yoyo.exceptions import LockTimeout
 
     source = directory or MIGRATIONS_DIR
+    if cluster_code is None and directory is None:
+        cluster_code = cluster_code_file()
     expected_version(source)  # no migrations: say so instead of "up to date"
     migrations = load_migrations(source)
     cluster = citus_cluster(dsn)
@@ -212,7 +227,12 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
             # backfill's select) on standard output, a caller's (pimem migrate, the
             # demo, the eval); they go to the debug log instead.
             with contextlib.redirect_stdout(printed):
-                backend.apply_migrations(pending)
+                if cluster is None:
+                    backend.apply_migrations(pending)
+                elif pending or not cluster.distributed:
+                    _apply_on_coordinator(backend, pending, cluster_code)
+            if cluster is not None and _can_distribute(dsn):
+                distribute(dsn)
     except LockTimeout as exc:
         raise MigrateError(
             f"another migration has held the lock for over {lock_timeout:.0f} s ({exc}); if "
@@ -221,8 +241,6 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
         backend.connection.close()
         if printed.getvalue():
             event("migration_rows", logging.DEBUG, rows=printed.getvalue())
-    if cluster is not None and _can_distribute(dsn):
-        distribute(dsn)
     state = schema_state(dsn, source)
     problem = state.problem() or (
         f"migrations still pending after migrate: {', '.join(state.pending)}"
@@ -230,6 +248,30 @@ def migrate(dsn: str, *, lock_timeout: float = LOCK_TIMEOUT,
     if problem:
         raise MigrateError(problem)
     return [m.id for m in pending]
+
+
+def _apply_on_coordinator(backend: Any, pending: Any, cluster_code: Path | None) -> None:
+    """On a Citus coordinator: the pending migrations, the post-apply hook when something was
+    pending, and the cluster file, in one transaction of yoyo's connection (each migration's
+    statements in savepoints, as yoyo runs them), each migration marked applied in it too. Once
+    the schema is distributed, Citus carries every statement to the workers; a replaced SQL
+    function is never seen in its one-server form there, because its cluster form commits with
+    it."""
+    if any(not m.use_transactions for m in pending):
+        raise MigrateError(
+            "a migration that runs outside a transaction (__transactional__ = False) cannot "
+            "be applied with the cluster file in one transaction on a Citus coordinator")
+    backend.ensure_internal_schema_updated()
+    with backend.transaction():
+        for migration in pending:
+            migration.process_steps(backend, "apply")
+            backend.log_migration(migration, "apply")
+            backend.mark_one(migration, log=False)
+        if pending:
+            for hook in pending.post_apply:
+                hook.process_steps(backend, "apply")
+        if cluster_code is not None:
+            backend.cursor().execute(cluster_code.read_text())
 
 
 @dataclass

@@ -81,37 +81,67 @@ def gather_status(db: Database, workspace_id: str | None = None,
                   limit: int = 20) -> dict[str, list[dict[str, Any]]]:
     """The rows ``pimem status`` shows: workspaces, what waits to become a memory and why,
     scopes (across workspaces only those needing a look), jobs needing attention and the
-    requests memory charged most."""
-    only = {"workspace_id": workspace_id} if workspace_id else {}
-    scopes = db.view_rows("scope_status", where=only,
-                          order_by=("workspace_id", "scope_id"), limit=None)
+    requests memory charged most. Given a workspace, the database reads that one only.
+
+    The validity rule runs once per scope: the scopes' rows carry their counts, and each
+    workspace's are the sums of its scopes' (what memory.workspace_status would count again,
+    so it is read without them)."""
+    scopes = db.view_rows("scope_status", workspace_id=workspace_id,
+                          order_by=("workspace_id", "scope_id"))
+    workspaces = db.view_rows("workspace_status", workspace_id=workspace_id,
+                              order_by=("workspace_id",), count_records=False)
+    for w in workspaces:
+        w.update(_record_counts([s for s in scopes if s["workspace_id"] == w["workspace_id"]]))
     if not workspace_id:
         # Across workspaces, only the scopes with something to look at.
         scopes = [s for s in scopes if needs_a_look(s)][:limit]
-    jobs = db.view_rows("job_status", where={**only, "status": ATTENTION},
-                        order_by=("-created_at",), limit=None)
+    jobs = db.view_rows("job_status", workspace_id=workspace_id, where={"status": ATTENTION},
+                        order_by=("-created_at",))
     jobs = [j for j in jobs if j["retried_as_job_id"] is None]
     jobs.sort(key=lambda j: (j["status"] != "stopped", j["status"] != "running"))
     return {
-        "workspaces": db.view_rows("workspace_status", where=only, order_by=("workspace_id",)),
+        "workspaces": workspaces,
         "waiting": db.waiting(workspace_id),
         "scopes": scopes,
         "jobs": jobs[:limit],
-        "charges": db.view_rows("request_memory_charges", where=only,
+        "charges": db.view_rows("request_memory_charges", workspace_id=workspace_id,
                                 order_by=("-memory_spent_usd",), limit=limit),
     }
 
 
-def cluster_line(cluster: CitusCluster | None) -> str:
-    """Where the memory lives: one PostgreSQL server, or a Citus cluster and its nodes."""
+def _record_counts(scopes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workspace's record counts from its scopes' rows: valid, invalid, invalid by reason."""
+    by_reason: dict[str, int] = {}
+    for s in scopes:
+        for reason, n in (s["invalid_by_reason"] or {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + int(n)
+    return {"records_valid": sum(s["records_valid"] for s in scopes),
+            "records_invalid": sum(s["records_invalid"] for s in scopes),
+            "invalid_by_reason": by_reason}
+
+
+def cluster_line(cluster: CitusCluster | None, width: int = 80) -> str:
+    """Where the memory lives: one PostgreSQL server, or a Citus cluster and its nodes. Lines of
+    at most ``width`` columns, never cutting a node's address (the nodes go on lines of their
+    own when they do not fit beside the heading)."""
     if cluster is None:
         return "one PostgreSQL server (no Citus)"
     if not cluster.coordinator:
         return "a Citus worker node: run pimem status on the coordinator"
     if not cluster.distributed:
         return "Citus coordinator, schema not distributed yet (pimem migrate distributes it)"
-    return (f"Citus coordinator, schema distributed on {len(cluster.workers)} worker node(s): "
-            + ", ".join(cluster.workers))
+    heading = f"Citus coordinator, schema distributed on {len(cluster.workers)} worker node(s):"
+    one = f"{heading} {', '.join(cluster.workers)}"
+    if len(one) <= width:
+        return one
+    lines = [heading]
+    for node in cluster.workers:
+        if len(lines) > 1 and len(lines[-1]) + len(node) + 2 <= width:
+            lines[-1] += f", {node}"
+        else:
+            lines[-1] += "," if len(lines) > 1 else ""
+            lines.append(f"  {node}")
+    return "\n".join(lines)
 
 
 def needs_a_look(scope: dict[str, Any]) -> bool:

@@ -113,6 +113,7 @@ create type memory_private.policy_values as (
   query_terms integer,         -- words and CJK pairs the word stage searches for
   fuzzy_words integer,         -- query words the fuzzy stage compares
   fuzzy_neighbours integer,    -- scope words a fuzzy query word is compared with, on each side
+  shown_ids integer,           -- R5: thread and speaker ids shown per record, as source ids
   -- jobs, continued
   batch_messages integer,      -- P4: the most messages one extraction batch holds (what a
                                -- record may depend on, bounded however short the messages)
@@ -158,6 +159,7 @@ create function memory_private.policy() returns memory_private.policy_values
     32,                     -- query_terms
     8,                      -- fuzzy_words
     16,                     -- fuzzy_neighbours
+    20,                     -- shown_ids
     200,                    -- batch_messages
     1000                    -- analyze_after
   )::memory_private.policy_values
@@ -168,8 +170,9 @@ comment on function memory_private.policy() is
   'unchanged input, the two-minute lease, the one-hour backoff; 30 days unused and 256 records '
   'per workspace; a batch of at most 24,000 bytes and 200 messages, shown with no earlier '
   'memory (docs/retention.md: what that choice measured); the bounds of one search (32 query '
-  'terms, 8 fuzzy words, 16 neighbours a side); the statistics a tick refreshes after 1,000 '
-  'changed conversations. Immutable: changing one is a migration.';
+  'terms, 8 fuzzy words, 16 neighbours a side) and of the id lists of its answer (20 source, '
+  'thread and speaker ids a record); the statistics a tick refreshes after 1,000 changed '
+  'conversations. Immutable: changing one is a migration.';
 
 -- The tables' CHECK constraints and defaults read an integer policy number through this accessor
 -- rather than as `(memory_private.policy()).name`: a field of the composite type makes the

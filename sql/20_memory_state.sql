@@ -56,7 +56,8 @@ create function memory_private.summary_lines(p_summary text)
 $$;
 comment on function memory_private.summary_lines(text) is
   'A summary''s lines, numbered from 1, split at every newline: the numbering line citations, '
-  'the lines'' stored documents (record_lines) and the lines a search finds share.';
+  'the lines of the search documents (record_documents'' positions) and the lines a search '
+  'finds share.';
 
 create function memory_private.cited_ids(p_line text, p_ids text[]) returns setof text
   language sql immutable parallel safe
@@ -990,6 +991,7 @@ create function memory_private.record_invalid_reason(
   select v.reason
     from memory_private.invalid_records(p_record.workspace_id, p_record.scope_id,
                                         array[p_record.record_id], p_requester) v
+   limit 1  -- one row at most (one id); the cluster's form depends on it (cluster_code.py)
 $$;
 comment on function memory_private.record_invalid_reason(memory_private.records, text) is
   'memory_private.invalid_records for one record: why it may not be recalled now for the '

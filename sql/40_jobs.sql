@@ -677,11 +677,12 @@ declare
   v_expired integer := 0;
   v_unknown integer := 0;
   v_lost integer := 0;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   for v_job in
     select * from memory_private.jobs
      where workspace_id = p_workspace_id and status = 'running'
-       and lease_expires_at <= memory_private.clock_now()
+       and lease_expires_at <= v_now
      order by job_id
        for update
   loop
@@ -694,8 +695,7 @@ begin
       -- A valid answer was paid for: the next claim commits it without a model call, whatever
       -- the number of calls the input has made.
       perform memory_private.release_job(v_job, 'pending',
-        'the lease expired after the checkpoint; the next claim commits it',
-        memory_private.clock_now());
+        'the lease expired after the checkpoint; the next claim commits it', v_now);
     elsif memory_private.calls_left(v_job.claims + 1) <= 0 then
       -- No report and no model call: the worker died or hung holding the job, perhaps on its
       -- content. That claim counts, so a job that kills every worker stops (issue 31).
@@ -713,8 +713,7 @@ begin
       returning * into v_job;
       perform memory_private.release_job(v_job, 'pending', format(
         'the lease expired without a report on claim %s of %s (the claim counts)',
-        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)),
-        memory_private.clock_now());
+        v_job.claims, v_job.claims + memory_private.calls_left(v_job.claims)), v_now);
     end if;
   end loop;
   return jsonb_build_object('leases_expired', v_expired, 'attempts_unknown', v_unknown,

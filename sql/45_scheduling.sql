@@ -62,13 +62,16 @@ create function memory_private.input_carryover(
   -- newer job) blocks the input (P13); superseded (a transient change: bot or recall off and on,
   -- a source edited and edited back) hands its model calls and its backoff on, so the count is
   -- per unchanged input whatever happened in between; anything else starts afresh.
+declare
+  -- The clock read here, not in the statement: on Citus a statement goes to the workspace's
+  -- node, whose transaction (and so its now()) began later than this one's.
+  v_now timestamptz := memory_private.clock_now();
 begin
   select coalesce(bool_or(j.status = 'stopped'
                           or (j.status = 'superseded'
                               and memory_private.calls_left(j.claims) <= 0)), false),
          coalesce(max(j.claims) filter (where j.status = 'superseded'), 0),
-         greatest(memory_private.clock_now(),
-                  max(j.next_attempt_at) filter (where j.status = 'superseded'))
+         greatest(v_now, max(j.next_attempt_at) filter (where j.status = 'superseded'))
     into blocked, claims, next_attempt_at
     from (select * from memory_private.jobs j
            where j.workspace_id = p_workspace_id and j.scope_id = p_scope_id
@@ -283,16 +286,18 @@ comment on function memory_private.extraction_candidates(text, bigint[], timesta
 create function memory_private.extraction_input(
   p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_batch jsonb
 ) returns jsonb
-  language sql stable
+  language plpgsql stable
   as $$
+begin
   -- The batch's sources in id order, and the memories that accompany it (P5).
-  select jsonb_build_object(
+  return jsonb_build_object(
            'bot_identity', p_bot_identity,
            'sources', (select jsonb_agg(e order by e ->> 'id')
                          from jsonb_array_elements(p_batch) as e),
            'existing', to_jsonb(memory_private.batch_memories(
                          p_workspace_id, p_scope_id, p_batch,
-                         (memory_private.policy()).existing_with_batch)))
+                         (memory_private.policy()).existing_with_batch)));
+end
 $$;
 comment on function memory_private.extraction_input(text, bigint, text, jsonb) is
   'The input of an extraction job over a batch of sources ({id, hash}): the bot identity, the '
@@ -505,13 +510,13 @@ declare
   v_skip_reason text;
   v_blocked bigint[] := '{}';
   v_result jsonb := '{}';
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   -- The verdict's rows without a reason, scope by scope (newest first): the batch, and those
   -- too large for any; a conversation whose idle window has yet to pass gets its idle end
   -- planned, so that the tick of that moment derives it again.
   for v_row in
-    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids,
-                                                    memory_private.clock_now()) v
+    select * from memory_private.extraction_verdict(p_workspace_id, p_scope_ids, v_now) v
      where v.reason is null or v.reason in ('idle_window', 'job_stopped')
      order by v.scope_id, v.place
   loop

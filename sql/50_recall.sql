@@ -274,7 +274,8 @@ create type memory_private.record_answer as (
   -- token, at each step (docs/benchmarks.md).
   id bigint, kind text, title text, summary text, speaker_ids text[], thread_ids text[],
   source_ids text[], source_count bigint, sources_overflow bigint, created_at timestamptz,
-  last_used_at timestamptz, match text, rank integer
+  last_used_at timestamptz, match text, rank integer, speaker_count integer,
+  speakers_overflow integer, thread_count integer, threads_overflow integer
 );
 comment on type memory_private.record_answer is
   'The fields of one query_memories result, in the order they are named (R5): '
@@ -288,6 +289,21 @@ comment on type memory_private.query_answer is
   'A query_memories answer (mode, label, scope, records, count, replayed), made into JSON '
   'with to_jsonb once.';
 
+create function memory_private.query_answer_row(
+  p_mode text, p_scope_kind text, p_records memory_private.record_answer[], p_count integer,
+  p_replayed boolean
+) returns memory_private.query_answer
+  language sql immutable
+  as $$
+  select row(p_mode, memory_private.recall_label(p_scope_kind), p_scope_kind, p_records, p_count,
+             p_replayed)::memory_private.query_answer
+$$;
+comment on function memory_private.query_answer_row(text, text, memory_private.record_answer[],
+                                                    integer, boolean) is
+  'A query_memories answer: its mode (search, id, browse), the label of the scope''s kind, the '
+  'scope kind, the records, their count and whether the call was a replay. (Its result names '
+  'the type, so that Citus puts the type on every node with the function.)';
+
 create function memory_private.record_detail(
   p_record memory_private.records, p_source_ids text[], p_source_count bigint,
   p_last_used_at timestamptz, p_match text, p_rank integer
@@ -296,16 +312,23 @@ create function memory_private.record_detail(
   -- One expression, so that it is inlined into answer_records' statement.
   as $$
   select row(p_record.record_id, p_record.kind, p_record.title, p_record.summary,
-             p_record.speaker_ids, p_record.thread_ids, p_source_ids, p_source_count,
+             p_record.speaker_ids[1:(memory_private.policy()).shown_ids],
+             p_record.thread_ids[1:(memory_private.policy()).shown_ids], p_source_ids,
+             p_source_count,
              greatest(p_source_count - (memory_private.policy()).shown_sources, 0),
-             p_record.created_at, p_last_used_at, p_match, p_rank)::memory_private.record_answer
+             p_record.created_at, p_last_used_at, p_match, p_rank,
+             cardinality(p_record.speaker_ids),
+             greatest(cardinality(p_record.speaker_ids) - (memory_private.policy()).shown_ids, 0),
+             cardinality(p_record.thread_ids),
+             greatest(cardinality(p_record.thread_ids) - (memory_private.policy()).shown_ids, 0)
+            )::memory_private.record_answer
 $$;
 comment on function memory_private.record_detail(memory_private.records, text[], bigint,
                                                   timestamptz, text, integer) is
-  'A record as query_memories returns it: title, summary, speakers, threads, the first 20 '
-  'source ids, how many sources there are and how many were not shown, dates (R5), and how it '
-  'matched (literal, words, fuzzy; null when browsing) and its rank, its place in the answer '
-  '(1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
+  'A record as query_memories returns it: title, summary, the first 20 speaker ids and thread '
+  'ids (policy shown_ids), the first 20 source ids (shown_sources), how many of each there are '
+  'and how many were not shown, dates (R5), and how it matched (literal, words, fuzzy; null '
+  'when browsing) and its rank, its place in the answer (1 first). memory_private.answer_records orders the record''s sources and passes them in, with the '
   'record''s last use before the call (memory_private.record_usage).';
 
 create function memory_private.recall_payload(
@@ -454,54 +477,41 @@ comment on function memory.recall(text, text) is
 
 -- query_memories -------------------------------------------------------------------------------
 
-create function memory_private.found_lines(
-  p_workspace_id text, p_record_id bigint, p_summary text, p_folded_query text,
-  p_terms tsquery[]
-) returns table (line_no integer)
-  language sql stable
+create function memory_private.found_lines(p_summary text, p_folded_query text)
+  returns table (line_no integer)
+  language sql immutable parallel safe
   as $$
   -- Inlined (no SET clause), for one record at a time. The numbers (from 1) of the lines of
-  -- the record's summary a search finds (their citations are the record's line_sources): the
-  -- folded query is part of the folded line, or (p_terms: the record was found by its words) the line holds one of the words
-  -- (memory_private.search_terms of the query, against the line's stored document in
-  -- record_lines: as written or English-stemmed, CJK bigrams). The summary is folded whole,
-  -- once: folding maps characters and never makes or removes a newline, so folded line n is
-  -- line n (folding line by line costs a call per line). The lines holding a word are read
-  -- once, as an array, only when there are words.
+  -- the record's summary holding the folded query (a literal match; their citations are the
+  -- record's line_sources). The summary is folded whole, once: folding maps characters and
+  -- never makes or removes a newline, so folded line n is line n (folding line by line costs a
+  -- call per line).
   select l.line_no
     from memory_private.summary_lines(memory_private.fold(p_summary)) l
-   cross join (select case when p_terms is not null
-                           then array(select d.line_no from memory_private.record_lines d
-                                       where d.workspace_id = p_workspace_id
-                                         and d.record_id = p_record_id
-                                         and d.document @@ any(p_terms)) end as ids) w
-   where strpos(l.line, p_folded_query) > 0 or l.line_no = any(w.ids)
+   where strpos(l.line, p_folded_query) > 0
 $$;
-comment on function memory_private.found_lines(text, bigint, text, text, tsquery[]) is
-  'The numbers of the lines of one record''s summary a query_memories search finds: '
-  'those holding the folded query (memory_private.fold), and, when p_terms are given (the '
-  'record was found by its words), those holding one of them, read from the lines'' stored '
-  'documents (record_lines).';
+comment on function memory_private.found_lines(text, text) is
+  'The numbers of the lines of one record''s summary holding the folded query '
+  '(memory_private.fold): the lines a literal match was found on.';
 
 create function memory_private.answer_records(
-  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null
+  p_workspace_id text, p_record_ids bigint[], p_query text, p_matches text[] default null,
+  p_lines text[] default null
 ) returns memory_private.record_answer[]
   language plpgsql stable
   as $$
 declare
   v_folded text := memory_private.fold(p_query);
-  v_terms tsquery[];
 begin
   -- The given records, in their order, as query_memories returns them (R5): each with its
-  -- sources in the order its summary uses them, those cited on the lines a search finds first
-  -- (memory_private.found_lines; a line's citations are the record's line_sources, derived
-  -- from its summary by memory_private.cited_ids when it was written), the first shown_sources
-  -- of them; how it matched (p_matches, at the records' positions: literal, words, fuzzy); its
-  -- last use before the call. The words are looked for only in the records found by them. One
-  -- statement, each record read once; its plan kept for the session (plpgsql).
-  if p_query is not null and ('words' = any(p_matches) or 'fuzzy' = any(p_matches)) then
-    v_terms := memory_private.search_terms(p_query);
-  end if;
+  -- sources in the order its summary uses them, those cited on the lines the search found
+  -- first, in the order it ranked them (p_lines, at the records' positions: the line numbers a
+  -- word or fuzzy match was found on, best first; for a literal match the lines holding the
+  -- query, memory_private.found_lines; a line's citations are the record's line_sources,
+  -- derived from its summary by memory_private.cited_ids when it was written), the first
+  -- shown_sources of them; how it matched (p_matches: literal, words, fuzzy); its last use
+  -- before the call. One statement, each record read once; its plan kept for the session
+  -- (plpgsql).
   return array(
     select memory_private.record_detail(row(r.*)::memory_private.records,
                                         coalesce(src.ids, '{}'), src.total, u.last_used_at,
@@ -513,32 +523,36 @@ begin
         on u.workspace_id = p_workspace_id and u.record_id = f.record_id
      cross join lateral (
        -- the record's copy of its sources, in order (memory_private.copy_dependencies)
-       select (array_agg(s.message_id order by h.line_no nulls last, s.position))
+       select (array_agg(s.message_id order by h.rank nulls last, s.position))
                 [1:(memory_private.policy()).shown_sources] as ids,
               count(*) as total
          from unnest(r.source_ids) with ordinality as s(message_id, position)
-         left join (select c.id, min(l.line_no) as line_no
-                      from memory_private.found_lines(
-                             p_workspace_id, r.record_id, r.summary, v_folded,
-                             case when p_matches[f.pos] <> 'literal' then v_terms end) l
+         left join (select c.id, min(l.rank) as rank
+                      from (select x.line_no::integer, x.rank
+                              from unnest(string_to_array(p_lines[f.pos], ' '))
+                                   with ordinality as x(line_no, rank)
+                             where p_lines[f.pos] is not null
+                            union all
+                            select k.line_no, k.line_no
+                              from memory_private.found_lines(r.summary, v_folded) k
+                             where p_lines[f.pos] is null and v_folded is not null) l
                      cross join lateral unnest(string_to_array(r.line_sources[l.line_no], ' '))
                                           as c(id)
-                     where v_folded is not null
                      group by c.id) h on h.id = s.message_id) src
      order by f.pos);
 end
 $$;
-comment on function memory_private.answer_records(text, bigint[], text, text[]) is
+comment on function memory_private.answer_records(text, bigint[], text, text[], text[]) is
   'The records a query_memories call shows, in the given order, as it shows them '
   '(memory_private.record_detail): the source ids (at most policy shown_sources) in the order '
-  'the summary uses them, those cited on the lines a search query finds first '
-  '(memory_private.found_lines: literally in every record, by its words in those p_matches '
-  '(at the same positions) says were found by words or fuzzy), how many sources there are, and '
-  'the last use before the call.';
+  'the summary uses them, those cited on the lines the search found first (p_lines, at the '
+  'records'' positions: blank-separated line numbers, best first; where NULL, the lines holding '
+  'the query literally, memory_private.found_lines), how many sources there are, and the last '
+  'use before the call.';
 
 create function memory_private.query_records(
   p_workspace_id text, p_scope_id bigint, p_limit integer, p_requester text, p_query text,
-  p_record_id bigint, out ids bigint[], out matches text[]
+  p_record_id bigint, out ids bigint[], out matches text[], out lines text[]
 )
   language plpgsql stable
   as $$
@@ -553,6 +567,7 @@ begin
                                              p_query);
     ids := v_found.ids;
     matches := v_found.matches;
+    lines := v_found.lines;
   else
     ids := memory_private.recent_valid_records(p_workspace_id, p_scope_id, p_limit,
                                                p_requester, p_query, p_record_id);
@@ -564,7 +579,8 @@ end
 $$;
 comment on function memory_private.query_records(text, bigint, integer, text, text, bigint) is
   'The records a query_memories call returns, in order (ids), with how each matched (matches, '
-  'the same positions: literal, words, fuzzy; NULL when browsing): a search '
+  'the same positions: literal, words, fuzzy; NULL when browsing) and the lines a search by '
+  'words found it on (lines, memory_private.search_records): a search '
   '(memory_private.search_records), the newest valid ones, or one by id.';
 
 create function memory_private.count_usage(
@@ -617,6 +633,7 @@ declare
   v_found record;
   v_records memory_private.record_answer[];
   v_matches text[];
+  v_lines text[];
   v_shown text[];
   v_now timestamptz := memory_private.clock_now();
 begin
@@ -640,11 +657,13 @@ begin
                                             v_request.user_id, v_query, v_id);
     v_ids := v_found.ids;
     v_matches := v_found.matches;
+    v_lines := v_found.lines;
   end if;
 
   -- The shown records with their sources (R5): what the call shows makes the citations it
   -- authorizes (R6, memory.request_citations).
-  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches);
+  v_records := memory_private.answer_records(p_workspace_id, v_ids, v_query, v_matches,
+                                             v_lines);
   v_shown := array(select x from unnest(v_records) a, unnest(a.source_ids) x);
 
   -- What the call returned (the answer's provenance, T2, T3, and its citations, R6), kept with
@@ -670,10 +689,10 @@ begin
                               'replayed', not v_first,
                               'note', 'Memory is turned off in this chat; nothing is read.');
   end if;
-  return to_jsonb(row(case when v_query is not null then 'search'
-                          when v_id is not null then 'id' else 'browse' end,
-                     memory_private.recall_label(v_scope.kind), v_scope.kind, v_records,
-                     cardinality(v_ids), not v_first)::memory_private.query_answer);
+  return to_jsonb(memory_private.query_answer_row(
+           case when v_query is not null then 'search'
+                when v_id is not null then 'id' else 'browse' end,
+           v_scope.kind, v_records, cardinality(v_ids), not v_first));
 end
 $$;
 comment on function memory.query_memories(text, text, text, jsonb) is
@@ -681,9 +700,10 @@ comment on function memory.query_memories(text, text, text, jsonb) is
   'first, or searches the records of the request''s scope that are valid now: literal, '
   'case-insensitive matches of the query in title or summary first, then ranked matches of its '
   'words, then typo and partial-word matches (memory_private.search_records); at most limit '
-  '(1..12, default 12). Each result has title, summary, speaker ids, thread ids, up to 20 source '
-  'ids (the messages its summary cites, in the order it uses them), the source count and '
-  'overflow, dates, match: how it matched (literal, words, fuzzy; null when browsing), and '
+  '(1..12, default 12). Each result has title, summary, up to 20 speaker ids and 20 thread ids '
+  'with their counts and overflows, up to 20 source ids (the messages its summary cites, those '
+  'of the lines the search found first), the source count and overflow, dates, match: how it '
+  'matched (literal, words, fuzzy; null when browsing), and '
   'rank: its place in the answer, 1 first (R4, R5). The source ids join the request''s citation set (R6); the returned records are the '
   'request''s provenance (T2). Usage is counted once per tool call id; a replay re-reads '
   'current state (R7, C9). MB003 when the id was used with other arguments; MB005 for a '

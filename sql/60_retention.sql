@@ -25,14 +25,14 @@ declare
   -- expired text remains (memory_private.next_maintenance_at), so the walk comes back.
   v_batch constant integer := 50;
   v_ids text[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(e.message_id), '{}'),
          coalesce(array_agg(distinct e.request_id), '{}')
     into v_ids, request_ids
     from (select r.message_id, r.request_id
             from memory_private.retention_ends(p_workspace_id) r
-           where not memory_private.is_retained(true, r.retain_until,
-                                                memory_private.clock_now())
+           where not memory_private.is_retained(true, r.retain_until, v_now)
            order by r.retain_until
            limit v_batch) e;
   update memory_private.messages
@@ -281,6 +281,7 @@ create function memory_private.prune_records(p_workspace_id text) returns intege
   as $$
 declare
   v_ids bigint[];
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   select coalesce(array_agg(record_id), '{}') into v_ids
     from (select r.record_id,
@@ -291,7 +292,7 @@ begin
             left join memory_private.record_usage u
               on u.workspace_id = r.workspace_id and u.record_id = r.record_id
            where r.workspace_id = p_workspace_id) r
-   where r.prune_at <= memory_private.clock_now()
+   where r.prune_at <= v_now
       or r.rank > (memory_private.policy()).workspace_records;
   return memory_private.delete_records(p_workspace_id, v_ids);
 end
@@ -362,6 +363,7 @@ create function memory.answer_retention_boundary(p_workspace_id text, p_request_
   as $$
 declare
   v_boundary timestamptz;
+  v_now timestamptz := memory_private.clock_now();  -- the coordinator's clock on Citus
 begin
   perform memory_private.require_workspace(p_workspace_id);
   perform memory_private.check_id('request_id', p_request_id);
@@ -370,9 +372,8 @@ begin
     raise exception 'request % is unknown in workspace %', p_request_id, p_workspace_id
       using errcode = 'MB002';
   end if;
-  select min(case when memory_private.is_retained(m.body is not null, m.retain_until,
-                                                  memory_private.clock_now())
-                  then m.retain_until else memory_private.clock_now() end)
+  select min(case when memory_private.is_retained(m.body is not null, m.retain_until, v_now)
+                  then m.retain_until else v_now end)
     into v_boundary
     from memory_private.request_provenance(p_workspace_id, p_request_id) as d(message_id)
     join memory_private.messages m

@@ -54,26 +54,28 @@ comment on function memory_private.next_maintenance_at(text) is
   'erased text awaits the sweep, else the earliest of the next retention end and the next '
   'record pruning horizon; NULL when nothing is foreseen.';
 
-create function memory_private.due_workspaces(p_after_workspace_id text, p_limit integer)
-  returns setof text
+create function memory_private.due_workspaces(
+  p_after_workspace_id text, p_limit integer, p_now timestamptz
+) returns setof text
   language sql stable
   as $$
-  -- From the indexes alone: the rows due now, and the running jobs (one per workspace at
-  -- most) whose lease has expired.
+  -- From the indexes alone: the rows due at p_now, and the running jobs (one per workspace at
+  -- most) whose lease has expired. (The caller reads the clock: on Citus this statement runs
+  -- on every node, each with its own.)
   select d.workspace_id
     from (select workspace_id from memory_private.maintenance_due
-           where due_at <= memory_private.clock_now()
+           where due_at <= p_now
           union
           select workspace_id from memory_private.jobs
-           where status = 'running' and lease_expires_at <= memory_private.clock_now()) d
+           where status = 'running' and lease_expires_at <= p_now) d
    where p_after_workspace_id is null or d.workspace_id > p_after_workspace_id
    order by d.workspace_id
    limit p_limit
 $$;
-comment on function memory_private.due_workspaces(text, integer) is
-  'The workspaces due for maintenance after p_after_workspace_id in id order (all when NULL), '
-  'at most p_limit (all when NULL): a maintenance_due row at or before now, or a running job '
-  'whose lease expired.';
+comment on function memory_private.due_workspaces(text, integer, timestamptz) is
+  'The workspaces due for maintenance at p_now after p_after_workspace_id in id order (all '
+  'when NULL), at most p_limit (all when NULL): a maintenance_due row at or before p_now, or a '
+  'running job whose lease expired by then.';
 
 create function memory_private.consume_due(
   p_workspace_id text, p_now timestamptz,
@@ -189,7 +191,8 @@ begin
   -- goes to the workspace's node): no multi-shard cursor stays open while the ticks write.
   foreach v_ws in array coalesce(case when p_workspace_id is not null
                                       then array[p_workspace_id] end,
-                                 array(select memory_private.due_workspaces(null, null)))
+                                 array(select memory_private.due_workspaces(null, null,
+                                                                   memory_private.clock_now())))
   loop
     v_total := memory_private.add_counts(v_total, memory_private.maintain_workspace(v_ws));
     v_workspaces := v_workspaces + 1;
@@ -230,13 +233,14 @@ declare
   v_ws text;
   v_result jsonb;
   v_after text := p_after_workspace_id;
+  v_now timestamptz := memory_private.clock_now();
 begin
   -- The due workspaces after p_after_workspace_id in id order, a batch at a time, read without
   -- locks (on Citus a multi-shard FOR UPDATE SKIP LOCKED does not exist); each is tried under
   -- its own lock, on its own node, and one that is busy is passed over.
   loop
     v_ws := null;
-    for v_ws in select memory_private.due_workspaces(v_after, 16) loop
+    for v_ws in select memory_private.due_workspaces(v_after, 16, v_now) loop
       select m into v_result from memory_private.maintain_workspace_unless_busy(v_ws) m;
       if v_result is not null then
         return v_result;

@@ -1,6 +1,7 @@
 -- 80_operator.sql: what a DBA sees and may do (issue 9; docs/operations.md is the runbook).
 --
--- Views for memory_operator, one question each:
+-- One question each, for memory_operator: a function of the workspace (NULL: every workspace)
+-- and the view that is that function over every workspace:
 --   memory.workspace_status        per workspace: pause, budgets, records valid/invalid by reason,
 --                                  pending consolidations, jobs by status, tombstones
 --   memory.scope_status            per scope: recall on/off, records valid/invalid by reason, index
@@ -9,131 +10,55 @@
 --   memory.job_status              per job: phase, status, age, claims, next attempt, last error,
 --                                  the outcome of its last attempt, and why it cannot be retried
 --   memory.request_memory_charges  per request: what memory work charged to it (P18)
--- No view shows message text, a title, a summary or an index text: only ids, hashes, sizes,
+--   memory.waiting_status          per reason: what waits to become a memory, and why (also for
+--                                  memory_worker)
+-- Each function is security definer (the rules it reads are private) and reads only the
+-- workspaces it is asked for, one at a time: on Citus each of its queries is one shard's
+-- (memory_private.operator_workspaces). Its columns are written once, in its result; the view
+-- is `select * from` it with NULL.
+-- Nothing shows message text, a title, a summary or an index text: only ids, hashes, sizes,
 -- dates, counts and the coded reasons. Validity is decided by the same read-time rule recall
--- uses (memory_private.invalid_records, a scope at a time), without a requester: a private scope is checked
--- for its own user; a shared scope's per-requester checks (membership, grants) need
--- memory.explain_record with a requester.
+-- uses (memory_private.invalid_records), a scope at a time and once per scope, without a
+-- requester: a private scope is checked for its own user; a shared scope's per-requester checks
+-- (membership, grants) need memory.explain_record with a requester.
 --
 -- Admin functions for memory_operator: memory.retry_job, memory.set_workspace_paused,
 -- memory.explain_record. memory.run_maintenance and memory.delete_workspace (the purge) are
 -- granted to the operator where they are defined.
---
--- The views read every workspace (a DBA's look across tenants); the functions, like every
--- public function, take the workspace first and touch only its rows (docs/scaling.md).
 
--- What the views call -------------------------------------------------------------------------
--- A view reads tables with its owner's rights, but the functions it calls run with the
--- caller's, and the read-time rules read private tables. These wrappers run them as the owner;
--- only memory_operator may execute them (and only through the views: the operator has no usage
--- on memory_private).
+-- What the status functions share -------------------------------------------------------------
 
-create function memory_private.operator_now() returns timestamptz
-  language sql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$ select memory_private.clock_now() $$;
-comment on function memory_private.operator_now() is
-  'memory_private.clock_now() for the operator views (security definer).';
-
-create function memory_private.operator_invalid_records(p_workspace_id text, p_scope_id bigint)
-  returns table (record_id bigint, reason text)
-  language sql stable security definer
-  set search_path = pg_catalog, pg_temp
+create function memory_private.operator_workspaces(p_workspace_id text) returns text[]
+  language plpgsql stable
   as $$
+begin
+  -- NULL: every workspace, in id order (read first, so that no cursor over every shard stays
+  -- open while each workspace's rows are read). A workspace: that one, which must exist.
+  if p_workspace_id is null then
+    return array(select w.workspace_id from memory_private.workspaces w order by 1);
+  end if;
+  perform memory_private.require_workspace(p_workspace_id);
+  return array[p_workspace_id];
+end
+$$;
+comment on function memory_private.operator_workspaces(text) is
+  'The workspaces a status function reads, one at a time: the given one (MB001/MB002 unless it '
+  'is valid and known), or every workspace in id order when NULL.';
+
+create function memory_private.scope_validity(p_workspace_id text, p_scope_id bigint)
+  returns table (record_id bigint, reason text)
+  language sql stable
+  as $$
+  -- The validity rule without a requester for every record of one scope, in one set.
   select v.record_id, v.reason
     from memory_private.invalid_records(
            p_workspace_id, p_scope_id,
            array(select r.record_id from memory_private.records r
                   where r.workspace_id = p_workspace_id and r.scope_id = p_scope_id), null) v
 $$;
-comment on function memory_private.operator_invalid_records(text, bigint) is
-  'The validity rule (memory_private.invalid_records, without a requester) for every record of '
-  'one scope, in one set: what the operator views show (security definer).';
-
-create function memory_private.operator_job_stale_reason(p_workspace_id text, p_job_id bigint)
-  returns text
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_stale_reason(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-comment on function memory_private.operator_job_stale_reason(text, bigint) is
-  'memory_private.job_stale_reason of one job, for the operator views (security definer; by '
-  'ids, so that no view depends on the jobs table''s row type, which Citus could not order).';
-
--- Views --------------------------------------------------------------------------------------
-
-create function memory_private.record_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select * from (
-    select r.workspace_id, r.record_id, r.scope_id, s.kind as scope_kind, r.kind,
-           r.created_at, u.last_used_at, coalesce(u.usage_count, 0) as usage_count,
-           (select count(*) from memory_private.record_sources rs
-             where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id) as sources,
-           (select count(*) from memory_private.record_dependencies d
-             where d.workspace_id = r.workspace_id and d.record_id = r.record_id) as dependencies,
-           octet_length(r.title) as title_bytes, octet_length(r.summary) as summary_bytes,
-           coalesce(r.record_id = any(i.record_ids), false) as in_index,
-           v.reason is null as valid,
-           v.reason as invalid_reason
-      from memory_private.scopes s
-     cross join lateral memory_private.operator_invalid_records(s.workspace_id, s.scope_id) v
-      join memory_private.records r on r.workspace_id = s.workspace_id and r.record_id = v.record_id
-      left join memory_private.record_usage u
-        on u.workspace_id = r.workspace_id and u.record_id = r.record_id
-      left join memory_private.scope_indexes i
-        on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.record_status_of(text) is
-  'The rows of memory.record_status of one workspace (on Citus: run on the node holding it).';
-
-create function memory_private.operator_record_status()
-  returns table (
-    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
-    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
-    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
-    in_index boolean, valid boolean, invalid_reason text
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.record_status_of(v_ws);
-  end loop;
-end
-$$;
-comment on function memory_private.operator_record_status() is
-  'memory.record_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.record_status as select * from memory_private.operator_record_status();
-comment on view memory.record_status is
-  'One row per memory record, without its text: scope, kind, dates, usage, number of sources '
-  '(messages it cites) and dependencies (messages it was made from), '
-  'title/summary sizes, whether the scope index names it, and whether it may be recalled now '
-  '(invalid_reason as recall decides it, for the scope''s own user; NULL when valid). '
-  'memory.explain_record(workspace, record) says why.';
+comment on function memory_private.scope_validity(text, bigint) is
+  'memory_private.invalid_records, without a requester, for every record of one scope: each '
+  'record with why it may not be recalled now (NULL when it may).';
 
 create function memory_private.scope_validity_counts(p_workspace_id text)
   returns table (scope_id bigint, records_valid bigint, records_invalid bigint,
@@ -155,17 +80,76 @@ begin
              coalesce(jsonb_object_agg(g.reason, g.n) filter (where g.reason is not null),
                       '{}'::jsonb)
         from (select v.reason, count(*) as n
-                from memory_private.operator_invalid_records(p_workspace_id, v_scope) v
+                from memory_private.scope_validity(p_workspace_id, v_scope) v
                group by 1) g;
   end loop;
 end
 $$;
 comment on function memory_private.scope_validity_counts(text) is
   'For each scope of the workspace: how many of its records are valid and invalid now (the '
-  'validity rule without a requester, memory_private.operator_invalid_records) and the invalid '
-  'ones by reason. What scope_status and workspace_status show.';
+  'validity rule without a requester, memory_private.scope_validity) and the invalid ones by '
+  'reason. What scope_status shows, and workspace_status sums.';
 
-create function memory_private.scope_status_of(p_workspace_id text)
+-- The status functions and their views ----------------------------------------------------------
+
+create function memory.record_status(p_workspace_id text default null)
+  returns table (
+    workspace_id text, record_id bigint, scope_id bigint, scope_kind text, kind text,
+    created_at timestamp with time zone, last_used_at timestamp with time zone, usage_count
+    integer, sources bigint, dependencies bigint, title_bytes integer, summary_bytes integer,
+    in_index boolean, valid boolean, invalid_reason text
+  )
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+#variable_conflict use_column
+declare
+  v_ws text;
+  v_scope bigint;
+begin
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- A scope at a time, the rule called once for the scope (joined laterally, a plan may
+    -- call it again for every record).
+    foreach v_scope in array array(select s.scope_id from memory_private.scopes s
+                                    where s.workspace_id = v_ws order by 1)
+    loop
+      return query
+      select r.workspace_id, r.record_id, r.scope_id, s.kind, r.kind, r.created_at,
+             u.last_used_at, coalesce(u.usage_count, 0),
+             (select count(*) from memory_private.record_sources rs
+               where rs.workspace_id = r.workspace_id and rs.record_id = r.record_id),
+             (select count(*) from memory_private.record_dependencies d
+               where d.workspace_id = r.workspace_id and d.record_id = r.record_id),
+             octet_length(r.title), octet_length(r.summary),
+             coalesce(r.record_id = any(i.record_ids), false),
+             v.reason is null, v.reason
+        from memory_private.scope_validity(v_ws, v_scope) v
+        join memory_private.records r on r.workspace_id = v_ws and r.record_id = v.record_id
+        join memory_private.scopes s on s.workspace_id = v_ws and s.scope_id = v_scope
+        left join memory_private.scope_indexes i
+          on i.workspace_id = v_ws and i.scope_id = v_scope
+        left join memory_private.record_usage u
+          on u.workspace_id = r.workspace_id and u.record_id = r.record_id
+       where r.workspace_id = v_ws
+       order by r.record_id;
+    end loop;
+  end loop;
+end
+$$;
+comment on function memory.record_status(text) is
+  'One row per memory record of the workspace (NULL: of every workspace), without its text: '
+  'scope, kind, dates, usage, number of sources (messages it cites) and dependencies (messages '
+  'it was made from), title/summary sizes, whether the scope index names it, and whether it '
+  'may be recalled now (invalid_reason as recall decides it, for the scope''s own user; NULL '
+  'when valid). memory.explain_record(workspace, record) says why. MB001/MB002 for a malformed '
+  'or unknown workspace.';
+
+create view memory.record_status as select * from memory.record_status(null);
+comment on view memory.record_status is
+  'memory.record_status(NULL): one row per memory record of every workspace, without its text '
+  '(the function says what each column is; it reads one workspace when given one).';
+
+create function memory.scope_status(p_workspace_id text default null)
   returns table (
     workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
     topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
@@ -175,35 +159,30 @@ create function memory_private.scope_status_of(p_workspace_id text)
     extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
     consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
-  v_counts jsonb := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
-                                from memory_private.scope_validity_counts(p_workspace_id) c),
-                             '{}'::jsonb);
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
+  v_counts jsonb;
 begin
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    v_counts := coalesce((select jsonb_object_agg(c.scope_id::text, to_jsonb(c))
+                            from memory_private.scope_validity_counts(v_ws) c), '{}');
+    return query
     select s.workspace_id, s.scope_id, s.kind, s.bot_id, s.chat_id, s.user_id, s.topic_id,
            s.recall_enabled,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0)
-             as records_valid,
-           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0)
-             as records_invalid,
-           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'::jsonb)
-             as invalid_by_reason,
-           coalesce(cardinality(i.record_ids), 0) as index_records,
-           coalesce(cardinality(i.candidate_ids), 0) as index_candidates,
-           octet_length(i.index_text) as index_bytes,
-           i.built_at as index_built_at,
-           memory_private.operator_now() - i.built_at as index_age,
-           s.consolidation_due_at is not null as consolidation_pending,
-           s.consolidation_due_at,
-           ej.job_id as extract_job_id, ej.status as extract_job_status,
-           cj.job_id as consolidate_job_id, cj.status as consolidate_job_status,
+           coalesce((v_counts -> s.scope_id::text ->> 'records_valid')::bigint, 0),
+           coalesce((v_counts -> s.scope_id::text ->> 'records_invalid')::bigint, 0),
+           coalesce(v_counts -> s.scope_id::text -> 'invalid_by_reason', '{}'),
+           coalesce(cardinality(i.record_ids), 0), coalesce(cardinality(i.candidate_ids), 0),
+           octet_length(i.index_text), i.built_at, v_now - i.built_at,
+           s.consolidation_due_at is not null, s.consolidation_due_at,
+           ej.job_id, ej.status, cj.job_id, cj.status,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id) as tombstones,
+             where t.workspace_id = s.workspace_id and t.scope_id = s.scope_id),
            s.created_at
       from memory_private.scopes s
       left join memory_private.scope_indexes i
@@ -214,48 +193,26 @@ begin
       left join memory_private.jobs cj
         on cj.workspace_id = s.workspace_id and cj.scope_id = s.scope_id
        and cj.phase = 'consolidate' and cj.status in ('pending', 'running')
-     where s.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.scope_status_of(text) is
-  'The rows of memory.scope_status of one workspace (on Citus: run on the node holding it).';
-
-create function memory_private.operator_scope_status()
-  returns table (
-    workspace_id text, scope_id bigint, kind text, bot_id text, chat_id text, user_id text,
-    topic_id bigint, recall_enabled boolean, records_valid bigint, records_invalid bigint,
-    invalid_by_reason jsonb, index_records integer, index_candidates integer, index_bytes
-    integer, index_built_at timestamp with time zone, index_age interval,
-    consolidation_pending boolean, consolidation_due_at timestamp with time zone,
-    extract_job_id bigint, extract_job_status text, consolidate_job_id bigint,
-    consolidate_job_status text, tombstones bigint, created_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.scope_status_of(v_ws);
+     where s.workspace_id = v_ws
+     order by s.scope_id;
   end loop;
 end
 $$;
-comment on function memory_private.operator_scope_status() is
-  'memory.scope_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.scope_status(text) is
+  'One row per memory scope of the workspace (NULL: of every workspace): kind and key, recall '
+  'on/off, records valid and invalid (by reason; the rule once per scope), the index (how many '
+  'records it names, how many candidates it was built from and depends on, bytes, when built, '
+  'age), whether a consolidation is pending, the open extraction and consolidation jobs, and '
+  'the tombstone count. No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create view memory.scope_status as select * from memory_private.operator_scope_status();
+create view memory.scope_status as select * from memory.scope_status(null);
 comment on view memory.scope_status is
-  'One row per memory scope: kind and key, recall on/off, records valid and invalid (by reason), '
-  'the index (how many records it names, how many candidates it was built from and depends on, '
-  'bytes, when built, age), whether a consolidation is pending, the '
-  'open extraction and consolidation jobs, and the tombstone count. No text.';
+  'memory.scope_status(NULL): one row per memory scope of every workspace (the function says '
+  'what each column is; it reads one workspace when given one). No text.';
 
-create function memory_private.workspace_status_of(p_workspace_id text)
-  returns table (
+create function memory.workspace_status(
+  p_workspace_id text default null, p_count_records boolean default true
+) returns table (
     workspace_id text, paused boolean, config_version integer, idle_window interval,
     maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
     memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
@@ -263,136 +220,83 @@ create function memory_private.workspace_status_of(p_workspace_id text)
     consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
     jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
   v_valid bigint;
   v_invalid bigint;
-  v_scopes jsonb;
   v_by_reason jsonb;
-  v_budget_left numeric := (select b.workspace_left
-                              from memory_private.budget_left(p_workspace_id, null) b);
+  v_budget_left numeric;
 begin
-  -- The rule once per scope (scope_validity_counts), summed over the scopes.
-  select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
-         coalesce(jsonb_agg(c.invalid_by_reason), '[]'::jsonb)
-    into v_valid, v_invalid, v_scopes
-    from memory_private.scope_validity_counts(p_workspace_id) c;
-  select coalesce(jsonb_object_agg(x.reason, x.n), '{}'::jsonb) into v_by_reason
-    from (select e.key as reason, sum(e.value::bigint) as n
-            from jsonb_array_elements(v_scopes) s, jsonb_each_text(s) e
-           group by 1) x;
-  return query
-  select * from (
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    v_budget_left := (select b.workspace_left from memory_private.budget_left(v_ws, null) b);
+    -- The scopes' counts summed (memory.scope_status shows the same counts per scope: a
+    -- caller that reads both asks for them once, there, with p_count_records false).
+    if coalesce(p_count_records, true) then
+      select coalesce(sum(c.records_valid), 0), coalesce(sum(c.records_invalid), 0),
+             coalesce(jsonb_agg(c.invalid_by_reason), '[]')
+        into v_valid, v_invalid, v_by_reason
+        from memory_private.scope_validity_counts(v_ws) c;
+      select coalesce(jsonb_object_agg(x.reason, x.n), '{}') into v_by_reason
+        from (select e.key as reason, sum(e.value::bigint) as n
+                from jsonb_array_elements(v_by_reason) s, jsonb_each_text(s) e
+               group by 1) x;
+    end if;
+    return query
     select w.workspace_id, w.paused, w.config_version, w.idle_window, wm.maintained_at,
-           w.budget_usd, w.spent_usd, wm.memory_spent_usd,
-           v_budget_left as budget_left_usd,
+           w.budget_usd, w.spent_usd, wm.memory_spent_usd, v_budget_left,
+           (select count(*) from memory_private.scopes s where s.workspace_id = w.workspace_id),
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id) as scopes,
+             where s.workspace_id = w.workspace_id and not s.recall_enabled),
+           v_valid, v_invalid, v_by_reason,
            (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and not s.recall_enabled) as scopes_recall_off,
-           v_valid as records_valid, v_invalid as records_invalid,
-           v_by_reason as invalid_by_reason,
-           (select count(*) from memory_private.scopes s
-             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null)
-             as consolidations_pending,
-           coalesce(jc.pending, 0) as jobs_pending,
-           coalesce(jc.due, 0) as jobs_due,
-           coalesce(jc.running, 0) as jobs_running,
-           coalesce(jc.stopped, 0) as jobs_stopped,
-           coalesce(jc.succeeded, 0) as jobs_succeeded,
-           jc.oldest_pending_age,
+             where s.workspace_id = w.workspace_id and s.consolidation_due_at is not null),
+           coalesce(jc.pending, 0), coalesce(jc.due, 0), coalesce(jc.running, 0),
+           coalesce(jc.stopped, 0), coalesce(jc.succeeded, 0), jc.oldest_pending_age,
            (select count(*) from memory_private.tombstones t
-             where t.workspace_id = w.workspace_id) as tombstones
+             where t.workspace_id = w.workspace_id)
       from memory_private.workspaces w
       join memory_private.workspace_memory wm on wm.workspace_id = w.workspace_id
       left join lateral (
         select count(*) filter (where j.status = 'pending') as pending,
-               count(*) filter (where j.status = 'pending'
-                                  and j.next_attempt_at <= memory_private.operator_now()) as due,
+               count(*) filter (where j.status = 'pending' and j.next_attempt_at <= v_now)
+                 as due,
                count(*) filter (where j.status = 'running') as running,
                count(*) filter (where j.status = 'stopped'
-                                  and not coalesce(j.result ? 'retried_as_job_id', false)) as stopped,
+                                  and not coalesce(j.result ? 'retried_as_job_id', false))
+                 as stopped,
                count(*) filter (where j.status = 'succeeded') as succeeded,
-               memory_private.operator_now() - min(j.created_at) filter (where j.status = 'pending')
+               v_now - min(j.created_at) filter (where j.status = 'pending')
                  as oldest_pending_age
           from memory_private.jobs j
          where j.workspace_id = w.workspace_id
       ) jc on true
-     where w.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.workspace_status_of(text) is
-  'The rows of memory.workspace_status of one workspace (on Citus: run on the node holding it).';
-
-create function memory_private.operator_workspace_status()
-  returns table (
-    workspace_id text, paused boolean, config_version integer, idle_window interval,
-    maintained_at timestamp with time zone, budget_usd numeric, spent_usd numeric,
-    memory_spent_usd numeric, budget_left_usd numeric, scopes bigint, scopes_recall_off
-    bigint, records_valid bigint, records_invalid bigint, invalid_by_reason jsonb,
-    consolidations_pending bigint, jobs_pending bigint, jobs_due bigint, jobs_running bigint,
-    jobs_stopped bigint, jobs_succeeded bigint, oldest_pending_age interval, tombstones bigint
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.workspace_status_of(v_ws);
+     where w.workspace_id = v_ws;
   end loop;
 end
 $$;
-comment on function memory_private.operator_workspace_status() is
-  'memory.workspace_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
-
-create view memory.workspace_status as select * from memory_private.operator_workspace_status();
-comment on view memory.workspace_status is
-  'One row per workspace: paused or not, config version, when maintenance last ran for it, '
-  'budget and spend (backend and memory), '
-  'scopes (and how many have recall off), records valid and invalid (by reason), pending '
+comment on function memory.workspace_status(text, boolean) is
+  'One row per workspace (NULL: every workspace): paused or not, config version, idle window, '
+  'when maintenance last ran for it, budget and spend (backend and memory), scopes (and how '
+  'many have recall off), records valid and invalid (by reason: memory.scope_status''s counts '
+  'summed; NULL with p_count_records false, for a caller that reads those), pending '
   'consolidations, jobs pending (and due now), running, stopped (not yet retried) and '
-  'succeeded, the age of the oldest pending job, and the tombstone count. No text.';
+  'succeeded, the age of the oldest pending job, and the tombstone count. No text. '
+  'MB001/MB002 for a malformed or unknown workspace.';
+
+create view memory.workspace_status as select * from memory.workspace_status(null);
+comment on view memory.workspace_status is
+  'memory.workspace_status(NULL): one row per workspace (the function says what each column '
+  'is; it reads one workspace when given one). No text.';
 
 -- What is waiting, and why: the scheduling verdict (memory_private.extraction_verdict,
 -- 45_scheduling.sql) of every conversation not yet turned into a memory, counted by its reason
 -- (memory_private.waiting_reasons, in their order). `pimem status` shows it, and the worker logs
 -- it when it finds no work.
-create function memory_private.waiting_status_of(p_workspace_id text)
-  returns table (
-    workspace_id text, reason text, conversations bigint, messages bigint,
-    oldest_activity_at timestamp with time zone, next_change_at timestamp with time zone,
-    explanation text
-  )
-  language plpgsql stable
-  as $$
-#variable_conflict use_column
-begin
-  return query
-  select p_workspace_id, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
-         -- when the earliest of them moves on by itself: the idle window's end, the job's
-         -- next attempt
-         min(v.next_change_at), rs.explanation
-    from memory_private.extraction_verdict(
-           p_workspace_id,
-           array(select s.scope_id from memory_private.scopes s
-                  where s.workspace_id = p_workspace_id),
-           memory_private.operator_now()) v
-    join memory_private.waiting_reasons rs
-      on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
-   group by rs.reason, rs.rank, rs.explanation
-   order by rs.rank;
-end
-$$;
-comment on function memory_private.waiting_status_of(text) is
-  'The rows of memory.waiting_status of one workspace (on Citus: run on the node holding it).';
-
 create function memory.waiting_status(p_workspace_id text default null)
   returns table (
     workspace_id text, reason text, conversations bigint, messages bigint,
@@ -402,43 +306,48 @@ create function memory.waiting_status(p_workspace_id text default null)
   language plpgsql stable security definer
   set search_path = pg_catalog, pg_temp
   as $$
+#variable_conflict use_column
 declare
   v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  -- One workspace's verdict when given one (the worker's report reads only the workspaces it
-  -- just maintained); every workspace's, one at a time, each on the node holding it, when NULL.
-  if p_workspace_id is not null then
-    perform memory_private.require_workspace(p_workspace_id);
-  end if;
-  foreach v_ws in array coalesce(case when p_workspace_id is not null
-                                      then array[p_workspace_id] end,
-                                 array(select w.workspace_id from memory_private.workspaces w
-                                        order by 1))
-  loop
-    return query select * from memory_private.waiting_status_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select v_ws, rs.reason, count(*), sum(v.messages)::bigint, min(v.last_activity),
+           -- when the earliest of them moves on by itself: the idle window's end, the job's
+           -- next attempt
+           min(v.next_change_at), rs.explanation
+      from memory_private.extraction_verdict(
+             v_ws,
+             array(select s.scope_id from memory_private.scopes s where s.workspace_id = v_ws),
+             v_now) v
+      join memory_private.waiting_reasons rs
+        on rs.reason = coalesce(v.reason, 'awaiting_maintenance')
+     group by rs.reason, rs.rank, rs.explanation
+     order by rs.rank;
   end loop;
 end
 $$;
 comment on function memory.waiting_status(text) is
-  'What waits to become a memory in the workspace (NULL: in every workspace), and why: the rows '
-  'of memory.waiting_status, read from that workspace alone. MB001/MB002 for a malformed or '
-  'unknown workspace. For memory_operator and memory_worker.';
+  'What waits to become a memory in the workspace (NULL: in every workspace, each read alone), '
+  'and why: per workspace and reason, the conversations (interactive requests) with messages '
+  'not yet extracted, counted by the reason the scheduling verdict gives them '
+  '(memory_private.waiting_reasons, in their order: workspace_paused, recall_off, '
+  'bot_inactive, request_not_finished, request_failed, no_user_message, no_assistant_message, '
+  'idle_window, job_running, no_budget, not_priced, job_backoff, job_due, next_batch, '
+  'job_stopped, awaiting_maintenance: none, the next tick schedules it), their messages, the '
+  'oldest last activity, when the '
+  'earliest of them moves on by itself (next_change_at: the idle window''s end, the job''s '
+  'next attempt) and what the reason means. No text. For memory_operator and memory_worker '
+  '(the worker logs it when idle). MB001/MB002 for a malformed or unknown workspace.';
 
 create view memory.waiting_status as select * from memory.waiting_status(null);
 comment on view memory.waiting_status is
-  'What waits to become a memory, and why: per workspace and reason, the conversations '
-  '(interactive requests) with messages not yet extracted, counted by the reason the '
-  'scheduling verdict gives them (memory_private.waiting_reasons, in their order: '
-  'workspace_paused, recall_off, bot_inactive, request_not_finished, request_failed, '
-  'no_user_message, no_assistant_message, idle_window, job_running, no_budget, not_priced, '
-  'job_backoff, job_due, next_batch, job_stopped, awaiting_maintenance: none, the next tick '
-  'schedules it), their '
-  'messages, the oldest last activity, when the earliest of them moves on by itself '
-  '(next_change_at: the idle window''s end, the job''s next attempt) and what the reason '
-  'means. No text. Readable by memory_operator and memory_worker (the worker logs it when '
-  'idle).';
+  'memory.waiting_status(NULL): what waits to become a memory in every workspace, and why (the '
+  'function says what each column is; it reads one workspace when given one). No text. '
+  'Readable by memory_operator and memory_worker.';
 
--- Retry rules: one place, read by the job view and by memory.retry_job.
+-- Retry rules: one place, read by memory.job_status and by memory.retry_job.
 create function memory_private.job_retry_refusal(p_job memory_private.jobs) returns jsonb
   language plpgsql stable
   as $$
@@ -508,22 +417,7 @@ comment on function memory_private.job_retry_refusal(memory_private.jobs) is
   'configuration (MB022), its input changed (MB021), its scope already has an open job of the '
   'phase (MB025), or its work was done since (MB025).';
 
-create function memory_private.operator_job_retry_refusal(p_workspace_id text, p_job_id bigint)
-  returns jsonb
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-begin
-  return (select memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
-            from memory_private.jobs j
-           where j.workspace_id = p_workspace_id and j.job_id = p_job_id);
-end
-$$;
-comment on function memory_private.operator_job_retry_refusal(text, bigint) is
-  'memory_private.job_retry_refusal of one job, for the operator views (security definer; by '
-  'ids, as operator_job_stale_reason).';
-
-create function memory_private.job_status_of(p_workspace_id text)
+create function memory.job_status(p_workspace_id text default null)
   returns table (
     workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
     claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
@@ -535,35 +429,34 @@ create function memory_private.job_status_of(p_workspace_id text)
     created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
     timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
+declare
+  v_ws text;
+  v_now timestamptz := memory_private.clock_now();
 begin
-  return query
-  select * from (
-    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status,
-           memory_private.operator_now() - j.created_at as age,
-           j.claims, memory_private.calls_left(j.claims) as claims_left,
-           case when j.status = 'pending' then j.next_attempt_at end as next_attempt_at,
-           j.worker_id, j.lease_expires_at,
-           j.checkpoint is not null as has_checkpoint,
-           j.last_error,
-           a.attempt_no as last_attempt_no,
-           a.outcome as last_attempt_outcome,
-           a.error as last_attempt_error,
-           a.started_at as last_attempt_at,
-           coalesce(c.cost_usd, 0) as cost_usd,
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    return query
+    select j.workspace_id, j.job_id, j.scope_id, j.phase, j.status, v_now - j.created_at,
+           j.claims, memory_private.calls_left(j.claims),
+           case when j.status = 'pending' then j.next_attempt_at end,
+           j.worker_id, j.lease_expires_at, j.checkpoint is not null, j.last_error,
+           a.attempt_no, a.outcome, a.error, a.started_at,
+           coalesce(c.cost_usd, 0),
            j.origin_request_id, j.model_provider, j.model_id, j.config_version,
-           j.config_version = w.config_version as config_current,
+           j.config_version = w.config_version,
            case when j.phase = 'extract' then jsonb_array_length(j.input -> 'sources')
-                else jsonb_array_length(j.input -> 'candidates') end as input_items,
+                else jsonb_array_length(j.input -> 'candidates') end,
+           -- the job's row built as the table's type: on Citus a shard's row is of the
+           -- shard's own type, which no function takes
            case when j.status in ('pending', 'running', 'stopped')
-                then memory_private.operator_job_stale_reason(j.workspace_id, j.job_id) end
-                  as stale_reason,
+                then memory_private.job_stale_reason(row(j.*)::memory_private.jobs) end,
            case when j.status = 'stopped'
-                then memory_private.operator_job_retry_refusal(j.workspace_id, j.job_id) ->> 'reason' end
-                  as retry_refusal,
-           (j.result ->> 'retried_as_job_id')::bigint as retried_as_job_id,
+                then memory_private.job_retry_refusal(row(j.*)::memory_private.jobs)
+                       ->> 'reason' end,
+           (j.result ->> 'retried_as_job_id')::bigint,
            j.created_at, j.updated_at, j.finished_at
       from memory_private.jobs j
       join memory_private.workspaces w on w.workspace_id = j.workspace_id
@@ -578,51 +471,26 @@ begin
         select sum(rc.cost_usd) as cost_usd from memory_private.request_charges rc
          where rc.workspace_id = j.workspace_id and rc.job_id = j.job_id
       ) c on true
-     where j.workspace_id = p_workspace_id  -- inside: on Citus one shard's query
-  ) v
-   where v.workspace_id = p_workspace_id;
-end
-$$;
-comment on function memory_private.job_status_of(text) is
-  'The rows of memory.job_status of one workspace (on Citus: run on the node holding it).';
-
-create function memory_private.operator_job_status()
-  returns table (
-    workspace_id text, job_id bigint, scope_id bigint, phase text, status text, age interval,
-    claims integer, claims_left integer, next_attempt_at timestamp with time zone, worker_id
-    text, lease_expires_at timestamp with time zone, has_checkpoint boolean, last_error text,
-    last_attempt_no integer, last_attempt_outcome text, last_attempt_error text,
-    last_attempt_at timestamp with time zone, cost_usd numeric, origin_request_id text,
-    model_provider text, model_id text, config_version integer, config_current boolean,
-    input_items integer, stale_reason text, retry_refusal text, retried_as_job_id bigint,
-    created_at timestamp with time zone, updated_at timestamp with time zone, finished_at
-    timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
-  v_ws text;
-begin
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.job_status_of(v_ws);
+     where j.workspace_id = v_ws
+     order by j.job_id;
   end loop;
 end
 $$;
-comment on function memory_private.operator_job_status() is
-  'memory.job_status: every workspace''s rows, one workspace at a time, each on the node holding it '
-  '(security definer).';
+comment on function memory.job_status(text) is
+  'One row per memory job of the workspace (NULL: of every workspace): phase, status, age, '
+  'claims used and left (of 3), next attempt (pending only), the worker and lease of a running '
+  'job, whether a checkpoint waits to be committed, the last error, the last attempt''s '
+  'number, outcome (open | ok | failed | unknown) and error, the dollars charged, the pinned '
+  'model and config version (and whether it is still current), the input size, why the input '
+  'is stale (if it is), and for a stopped job why it cannot be retried (NULL: '
+  'memory.retry_job will take it). No text. MB001/MB002 for a malformed or unknown workspace.';
 
-create view memory.job_status as select * from memory_private.operator_job_status();
+create view memory.job_status as select * from memory.job_status(null);
 comment on view memory.job_status is
-  'One row per memory job: phase, status, age, claims used and left (of 3), next attempt '
-  '(pending only), the worker and lease of a running job, whether a checkpoint waits to be '
-  'committed, the last error, the last attempt''s number, outcome (open | ok | failed | '
-  'unknown) and error, the dollars charged, the pinned model and config version (and whether '
-  'it is still current), the input size, why the input is stale (if it is), and for a stopped '
-  'job why it cannot be retried (NULL: memory.retry_job will take it). No text.';
+  'memory.job_status(NULL): one row per memory job of every workspace (the function says what '
+  'each column is; it reads one workspace when given one). No text.';
 
-create function memory_private.request_memory_charges_of(p_workspace_id text)
+create function memory.request_memory_charges(p_workspace_id text default null)
   returns table (
     workspace_id text, request_id text, request_status text, model_provider text, model_id text,
     budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
@@ -630,83 +498,58 @@ create function memory_private.request_memory_charges_of(p_workspace_id text)
     consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
     output_tokens bigint, last_charge_at timestamp with time zone
   )
-  language plpgsql stable
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
   as $$
 #variable_conflict use_column
 declare
-  v_id text;
-  v_left jsonb := '{}';
-begin
-  -- What each charged request has left (memory_private.budget_left), asked a request at a time
-  -- (on Citus a query may not take a stable function of a column as a table).
-  for v_id in select distinct c.request_id from memory_private.request_charges c
-               where c.workspace_id = p_workspace_id loop
-    v_left := v_left || jsonb_build_object(v_id, (
-      select l.request_left from memory_private.budget_left(p_workspace_id, v_id) l));
-  end loop;
-  return query
-  select q.workspace_id, q.request_id, q.status as request_status,
-         q.model_provider, q.model_id,
-         q.budget_usd, q.spent_usd, sum(c.cost_usd) as memory_spent_usd,
-         (v_left ->> q.request_id)::numeric as budget_left_usd,
-         count(*) as attempts,
-         count(*) filter (where c.kind = 'memory_extract') as extract_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0) as extract_usd,
-         count(*) filter (where c.kind = 'memory_consolidate') as consolidate_attempts,
-         coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0)
-           as consolidate_usd,
-         count(*) filter (where c.outcome = 'failed') as failed_attempts,
-         count(*) filter (where c.outcome = 'unknown') as unknown_attempts,
-         coalesce(sum(c.input_tokens), 0) as input_tokens,
-         coalesce(sum(c.output_tokens), 0) as output_tokens,
-         max(c.created_at) as last_charge_at
-    from memory_private.request_charges c
-    join memory_private.requests q
-      on q.workspace_id = c.workspace_id and q.request_id = c.request_id
-   where c.workspace_id = p_workspace_id
-   group by q.workspace_id, q.request_id;
-end
-$$;
-comment on function memory_private.request_memory_charges_of(text) is
-  'The rows of memory.request_memory_charges of one workspace.';
-
-create function memory_private.operator_request_memory_charges()
-  returns table (
-    workspace_id text, request_id text, request_status text, model_provider text, model_id text,
-    budget_usd numeric, spent_usd numeric, memory_spent_usd numeric, budget_left_usd numeric,
-    attempts bigint, extract_attempts bigint, extract_usd numeric, consolidate_attempts bigint,
-    consolidate_usd numeric, failed_attempts bigint, unknown_attempts bigint, input_tokens bigint,
-    output_tokens bigint, last_charge_at timestamp with time zone
-  )
-  language plpgsql stable security definer
-  set search_path = pg_catalog, pg_temp
-  as $$
-declare
   v_ws text;
+  v_id text;
+  v_left jsonb;
 begin
-  -- One workspace at a time, as the other views: on Citus a view over the tables themselves
-  -- would read the workers' shards as the operator, who may not read them.
-  for v_ws in select w.workspace_id from memory_private.workspaces w order by 1 loop
-    return query select * from memory_private.request_memory_charges_of(v_ws);
+  foreach v_ws in array memory_private.operator_workspaces(p_workspace_id) loop
+    -- What each charged request has left (memory_private.budget_left), asked a request at a
+    -- time (on Citus a query may not take a stable function of a column as a table).
+    v_left := '{}';
+    for v_id in select distinct c.request_id from memory_private.request_charges c
+                 where c.workspace_id = v_ws loop
+      v_left := v_left || jsonb_build_object(v_id, (
+        select l.request_left from memory_private.budget_left(v_ws, v_id) l));
+    end loop;
+    return query
+    select q.workspace_id, q.request_id, q.status, q.model_provider, q.model_id,
+           q.budget_usd, q.spent_usd, sum(c.cost_usd), (v_left ->> q.request_id)::numeric,
+           count(*),
+           count(*) filter (where c.kind = 'memory_extract'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_extract'), 0),
+           count(*) filter (where c.kind = 'memory_consolidate'),
+           coalesce(sum(c.cost_usd) filter (where c.kind = 'memory_consolidate'), 0),
+           count(*) filter (where c.outcome = 'failed'),
+           count(*) filter (where c.outcome = 'unknown'),
+           coalesce(sum(c.input_tokens), 0), coalesce(sum(c.output_tokens), 0),
+           max(c.created_at)
+      from memory_private.request_charges c
+      join memory_private.requests q
+        on q.workspace_id = c.workspace_id and q.request_id = c.request_id
+     where c.workspace_id = v_ws
+     group by q.workspace_id, q.request_id
+     order by q.request_id;
   end loop;
 end
 $$;
-comment on function memory_private.operator_request_memory_charges() is
-  'memory.request_memory_charges: every workspace''s rows, one workspace at a time '
-  '(security definer).';
+comment on function memory.request_memory_charges(text) is
+  'One row per request of the workspace (NULL: of every workspace) that memory work charged '
+  '(P18): its budget, the spend the backend reported, the memory spend, what is left, and the '
+  'memory attempts by kind (memory_extract, memory_consolidate) and outcome with their tokens '
+  'and dollars. An unknown outcome is charged at its reserve. MB001/MB002 for a malformed or '
+  'unknown workspace.';
 
 create view memory.request_memory_charges as
-select workspace_id, request_id, request_status, model_provider, model_id,
-       budget_usd::numeric(14,6) as budget_usd, spent_usd::numeric(14,6) as spent_usd,
-       memory_spent_usd, budget_left_usd, attempts, extract_attempts, extract_usd,
-       consolidate_attempts, consolidate_usd, failed_attempts, unknown_attempts, input_tokens,
-       output_tokens, last_charge_at
-  from memory_private.operator_request_memory_charges();
+  select * from memory.request_memory_charges(null);
 comment on view memory.request_memory_charges is
-  'One row per request that memory work charged (P18): its budget, the spend the backend '
-  'reported, the memory spend, what is left, and the memory attempts by kind '
-  '(memory_extract, memory_consolidate) and outcome with their tokens and dollars. An unknown '
-  'outcome is charged at its reserve.';
+  'memory.request_memory_charges(NULL): one row per request of every workspace that memory '
+  'work charged (the function says what each column is; it reads one workspace when given '
+  'one).';
 
 -- Admin functions ----------------------------------------------------------------------------
 
@@ -990,39 +833,21 @@ comment on function memory.explain_record(text, bigint, text) is
 -- Grants -------------------------------------------------------------------------------------
 
 revoke all on memory.record_status, memory.scope_status, memory.workspace_status,
-              memory.job_status, memory.request_memory_charges from public;
+              memory.job_status, memory.request_memory_charges, memory.waiting_status
+from public;
 grant select on memory.record_status, memory.scope_status, memory.workspace_status,
                 memory.job_status, memory.request_memory_charges to memory_operator;
-
 revoke all on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 from public;
 grant execute on function
-  memory_private.operator_now(),
-  memory_private.operator_invalid_records(text, bigint),
-  memory_private.operator_job_stale_reason(text, bigint),
-  memory_private.operator_job_retry_refusal(text, bigint)
+  memory.record_status(text), memory.scope_status(text), memory.workspace_status(text, boolean),
+  memory.job_status(text), memory.request_memory_charges(text), memory.waiting_status(text)
 to memory_operator;
-revoke all on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-from public;
-grant execute on function
-  memory_private.operator_record_status(), memory_private.operator_scope_status(),
-  memory_private.operator_workspace_status(), memory_private.operator_job_status(),
-  memory_private.operator_request_memory_charges()
-to memory_operator;
--- The views read the policy numbers too (claims left of the maximum): constants, no data.
-grant execute on function memory_private.policy() to memory_operator;
 -- What waits, and why: for the operator, and for the worker, which logs it when idle.
-revoke all on memory.waiting_status from public;
 grant select on memory.waiting_status to memory_operator, memory_worker;
-revoke all on function memory.waiting_status(text) from public;
-grant execute on function memory.waiting_status(text) to memory_operator, memory_worker;
+grant execute on function memory.waiting_status(text) to memory_worker;
 
 revoke all on function
   memory.retry_job(text, bigint),

@@ -1,9 +1,10 @@
 -- 85_distribution.sql: the schema on a Citus cluster (docs/scaling.md).
 --
--- On plain PostgreSQL nothing here runs. On a Citus coordinator `pimem migrate` calls
--- memory_private.distribute() after every migration run; it brings whatever is not yet
--- distributed onto the cluster and leaves what is alone, so it is idempotent and a later
--- migration's new table, view or function is distributed the same way:
+-- On plain PostgreSQL nothing here runs. On a Citus coordinator `pimem migrate` applies the
+-- cluster's form of the SQL functions (sql/cluster/functions.sql, written from sql/ by `pimem
+-- cluster-code`) in the transaction of the migrations, then calls memory_private.distribute();
+-- it brings whatever is not yet distributed onto the cluster and leaves what is alone, so it is
+-- idempotent and a later migration's new table, view or function is distributed the same way:
 --   - tables without a workspace_id (global configuration: clock, redaction_patterns,
 --     invalid_reasons, waiting_reasons) become reference tables, replicated on every node;
 --   - every table with a workspace_id is distributed by it, co-located with
@@ -14,28 +15,13 @@
 --     workspace, is routed to the node holding it. No function is delegated whole by its
 --     workspace argument: Citus 13.2.2 crashes the coordinator's backend on such a call with
 --     a NULL workspace;
---   - every SQL function that reads a table becomes PL/pgSQL (distribute_sql_functions).
+--   - every composite type is on every node with the function whose signature names it.
 -- Order matters, because Citus creates an object's dependencies on the workers first and
 -- refuses one whose dependencies it cannot place: the reference tables, then the functions that
 -- use no table's row type, then the tables in foreign-key order, then the views, then the
 -- remaining functions. Function bodies are not checked while they are created on the workers
 -- (check_function_bodies off, carried to the workers' connections), since they refer to one
 -- another in any order.
-
-create function memory_private.is_distributed() returns boolean
-  language plpgsql stable
-  as $$
-begin
-  if not exists (select 1 from pg_extension where extname = 'citus') then
-    return false;
-  end if;
-  return exists (select 1 from pg_dist_partition
-                  where logicalrelid = 'memory_private.workspaces'::regclass);
-end
-$$;
-comment on function memory_private.is_distributed() is
-  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
-  'distributed table), false on plain PostgreSQL or before memory_private.distribute().';
 
 create function memory_private.distribute_tables() returns jsonb
   language plpgsql volatile
@@ -134,6 +120,11 @@ begin
      order by 1::text
   loop
     perform create_distributed_function(v_function);
+    -- Citus makes the function on the workers with its grants, not with its revokes: PUBLIC's
+    -- EXECUTE, revoked here, would be back there (a role reaching a worker could call it).
+    if not has_function_privilege('public', v_function, 'execute') then
+      execute format('revoke execute on function %s from public', v_function);
+    end if;
     v_count := v_count + 1;
   end loop;
   return v_count;
@@ -141,70 +132,9 @@ end
 $$;
 comment on function memory_private.distribute_functions(boolean) is
   'Puts every function of memory and memory_private not yet on the cluster on every node (none '
-  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md). With '
-  'p_all false, only those that use no table''s or view''s row type. Answers how many.';
-
-create function memory_private.distribute_sql_functions() returns integer
-  language plpgsql volatile
-  as $$
-declare
-  v_function record;
-  v_body text;
-  v_header text;
-  v_count integer := 0;
-begin
-  -- A SQL function that reads tables is inlined into the query that calls it on one node, which
-  -- is what makes the validity rule and search one plan each. On Citus that breaks in two ways:
-  -- Citus routes a statement by the text it was written as, so an inlined helper comes back on
-  -- the shard, is inlined there into the shard's query and reads the tables' empty shells (a
-  -- silent wrong answer: an edited source read as current); and a statement of a SQL function
-  -- with parameters cannot be planned by Citus at all. So on a coordinator every SQL function
-  -- that names a table or view of ours (and is not immutable: those read none) is made PL/pgSQL
-  -- with the same body: called, never inlined, each of its statements planned by Citus with the
-  -- values, on the node of the workspace. Columns win over variables of the same name, as in a
-  -- SQL function.
-  for v_function in
-    select p.oid, p.prosrc, p.proretset,
-           pg_get_function_arguments(p.oid) as arguments,
-           pg_get_function_result(p.oid) as result,
-           case p.provolatile when 's' then 'stable' else 'volatile' end as volatility,
-           p.prosecdef, p.proconfig
-      from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and p.prolang = (select oid from pg_language where lanname = 'sql')
-       and p.provolatile <> 'i'
-       and exists (select 1 from regexp_matches(p.prosrc, '(memory|memory_private)\.(\w+)', 'g') m
-                     join pg_class c on c.relnamespace = m[1]::regnamespace and c.relname = m[2]
-                    where c.relkind in ('r', 'v', 'p'))
-     order by 1
-  loop
-    v_body := regexp_replace(v_function.prosrc, ';\s*$', '');
-    v_body := case
-      when v_function.proretset then
-        format(E'#variable_conflict use_column\nbegin\n  return query\n%s\n  ;\nend', v_body)
-      else
-        format(E'#variable_conflict use_column\nbegin\n  return (\n%s\n  );\nend', v_body)
-    end;
-    v_header := format('create or replace function %s(%s) returns %s language plpgsql %s%s',
-                       v_function.oid::regproc, v_function.arguments, v_function.result,
-                       v_function.volatility,
-                       case when v_function.prosecdef then ' security definer' else '' end);
-    if v_function.proconfig is not null then
-      select v_header || string_agg(format(' set %s = %s', split_part(c, '=', 1),
-                                           quote_literal(substr(c, strpos(c, '=') + 1))), '')
-        into v_header from unnest(v_function.proconfig) c;
-    end if;
-    execute format('%s as %L', v_header, v_body);
-    v_count := v_count + 1;
-  end loop;
-  return v_count;
-end
-$$;
-comment on function memory_private.distribute_sql_functions() is
-  'On a Citus coordinator: makes every SQL function of memory and memory_private that reads a '
-  'table or view PL/pgSQL with the same body (columns winning over variables, as in SQL), so that '
-  'Citus plans each of its statements on the workspace''s node instead of a shard inlining it '
-  'over empty table shells. Answers how many.';
+  'delegated by its workspace: a NULL one would crash the coordinator, docs/scaling.md), with '
+  'the same privileges (PUBLIC''s EXECUTE revoked there too when it is here). With p_all '
+  'false, only those that use no table''s or view''s row type. Answers how many.';
 
 create function memory_private.distribute() returns jsonb
   language plpgsql volatile
@@ -213,16 +143,27 @@ declare
   v_result jsonb;
   v_view regclass;
   v_views integer := 0;
-  v_types integer := 0;
-  v_type regtype;
-  v_function regprocedure;
-  v_sql_functions integer;
+  v_missing text;
 begin
   if not exists (select 1 from pg_extension where extname = 'citus') then
     raise exception 'this database has no Citus extension: nothing to distribute'
       using errcode = 'MB025';
   end if;
-  v_sql_functions := memory_private.distribute_sql_functions();
+  -- A SQL function that is not immutable is inlined into its callers and reads the tables'
+  -- empty shells on a shard: on the cluster each is the PL/pgSQL form of
+  -- sql/cluster/functions.sql, which pimem migrate applies before it calls this.
+  select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
+    into v_missing
+    from pg_proc p
+   where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
+     and p.prolang = (select l.oid from pg_language l where l.lanname = 'sql')
+     and p.provolatile <> 'i';
+  if v_missing is not null then
+    raise exception 'the cluster''s form of these SQL functions is not applied: %', v_missing
+      using errcode = 'MB025',
+            hint = 'Apply sql/cluster/functions.sql first (pimem migrate does, in the '
+                   'migrations'' transaction; docs/scaling.md).';
+  end if;
   -- Function bodies refer to one another in any order: do not check them while the workers
   -- create them (SET LOCAL reaches the workers' connections with propagate_set_commands).
   set local citus.propagate_set_commands = 'local';
@@ -230,24 +171,9 @@ begin
   set local citus.enable_unsafe_triggers = on;  -- our triggers touch one workspace's rows
   set local citus.allow_nested_distributed_execution = on;
   v_result := memory_private.distribute_tables();
-  -- A composite type that only function bodies use (no signature names it) is not among any
-  -- object's dependencies: a throwaway function taking it carries it to the workers.
-  for v_type in
-    select t.oid::regtype from pg_type t join pg_class c on c.oid = t.typrelid
-     where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
-       and not exists (select 1 from pg_dist_object o
-                        where o.classid = 'pg_type'::regclass and o.objid = t.oid)
-  loop
-    execute format('create function memory_private.distribute_type_carrier(%s) returns void '
-                   'language sql as %L', v_type, 'select');
-    perform create_distributed_function(
-      format('memory_private.distribute_type_carrier(%s)', v_type)::regprocedure);
-    execute format('drop function memory_private.distribute_type_carrier(%s)', v_type);
-    v_types := v_types + 1;
-  end loop;
-  -- The views of memory_private (what the functions read on the workers): created again with DDL
-  -- propagation on, which creates them on the workers. The public views stay on the
-  -- coordinator, where operators query them.
+  -- The views of memory_private (what the functions read on the workers): created again, as
+  -- they are, with DDL propagation on, which creates them on the workers. The public views
+  -- stay on the coordinator, where operators query them.
   for v_view in
     select c.oid::regclass from pg_class c
      where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'v'
@@ -258,20 +184,20 @@ begin
     execute format('create or replace view %s as %s', v_view, pg_get_viewdef(v_view));
     v_views := v_views + 1;
   end loop;
-  v_result := v_result || jsonb_build_object('views', v_views, 'types', v_types,
-                                             'sql_functions_made_plpgsql', v_sql_functions,
-                                             'functions',
+  v_result := v_result || jsonb_build_object('views', v_views, 'functions',
                                              memory_private.distribute_functions(true));
-  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
-  -- the default again: Citus routes a statement by its parameters' values, which a generic
-  -- plan does not have. ALTER FUNCTION reaches the workers.
-  for v_function in
-    select p.oid::regprocedure from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
-  loop
-    execute format('alter function %s reset plan_cache_mode', v_function);
-  end loop;
+  -- A composite type reaches the workers as a dependency of a function whose signature names
+  -- it; one that only bodies use would be missing there.
+  select string_agg(t.oid::regtype::text, ', ' order by t.oid::regtype::text) into v_missing
+    from pg_type t join pg_class c on c.oid = t.typrelid
+   where t.typnamespace = 'memory_private'::regnamespace and c.relkind = 'c'
+     and not exists (select 1 from pg_dist_object o
+                      where o.classid = 'pg_type'::regclass and o.objid = t.oid);
+  if v_missing is not null then
+    raise exception 'the composite types % are not on the workers: no function signature '
+      'names them', v_missing using errcode = 'MB003',
+      hint = 'Give each a function that takes or returns it (docs/scaling.md).';
+  end if;
   -- The functions call one another inside queries (a validity rule inside a search), which
   -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
   -- Every such nested query here reads the same workspace as the query around it, so the
@@ -284,6 +210,7 @@ $$;
 comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
-  'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
-  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
-  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+  'every node, nested distributed execution allowed for the database. Idempotent: only what '
+  'is not yet on the cluster is done. MB025 without Citus, or while a SQL function that is not '
+  'immutable is left (sql/cluster/functions.sql is applied first); MB003 when a composite type '
+  'could not reach the workers. Answers the counts.';

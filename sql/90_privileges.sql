@@ -4,8 +4,7 @@
 -- by function where it is defined (and grants each role its own); the internal helpers in
 -- memory_private had only the missing USAGE on their schema between them and any role
 -- (memory_private.advance_clock among them). Here every memory_private function loses PUBLIC's
--- EXECUTE: a role given USAGE on the schema by mistake still calls nothing. The operator views'
--- wrappers (memory_private.operator_*) keep their explicit grant to memory_operator.
+-- EXECUTE: a role given USAGE on the schema by mistake still calls nothing.
 --
 -- Functions added later are covered twice: migrations/post-apply.sql repeats this statement after
 -- every `pimem migrate` / `yoyo apply` that applied something, and pgtap/00_schema_shape.sql

@@ -20,13 +20,17 @@ The canonical schema (``sql/``) is built once into a template database. Tests se
   shared database. ``fresh_conn`` is ``conn`` on a clone, for a test that needs no DSN but
   changes the schema (creates a function, disables a trigger).
 
-**The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs it after the main suite): the
-server is a throwaway Citus cluster (a coordinator and two workers, ``pyworker.lab.servers.
-CitusCluster``), the schema is built by ``pimem migrate`` on the coordinator (which distributes
-it), and every test runs against that one distributed database: ``conn`` and ``db_dsn`` alike,
-reset after every test as the shared database is. A test that changes the schema
-(``fresh_conn``) or needs a database of its own is skipped there, saying so; so is every test
-when Citus is not installed (one line says why).
+**The Citus profile** (``PIMEM_TEST_CITUS=1``; ``scripts/test`` runs the whole suite so after the
+main suite, ``-m "not slow"``): the server is a throwaway Citus cluster (a coordinator and two
+workers, ``pyworker.lab.servers.CitusCluster``), the schema is built by ``pimem migrate`` on the
+coordinator (which distributes it), and every test runs against that one distributed database:
+``conn``, ``db_dsn`` and ``shared_dsn`` alike, reset after every test as the shared database is.
+A test that cannot run there says why with ``@pytest.mark.no_citus("reason")`` and is skipped
+with that reason. Two kinds are skipped with their reason without a mark of their own: a test
+on ``fresh_conn`` (it changes the schema, and the profile has one database), and a test that
+reaches no database of the cluster (none of ``conn``, ``db_dsn``, ``shared_dsn``: no database
+at all, or one of its own on plain PostgreSQL), which would only run again what the main suite
+ran. Every test is skipped when Citus is not installed (one line says why).
 
 The long profiles carry ``@pytest.mark.slow``: the full suite runs them, ``scripts/test --quick``
 (``-m "not slow"``) leaves them out. Under xdist the slow tests start first, spread over the
@@ -107,9 +111,10 @@ def local_cluster(bindir: Path, settings: dict[str, str] | None = None) -> Local
 TEST_SERVER_SETTINGS = {"wal_level": "minimal", "max_wal_senders": "0"}
 
 
-def start_citus_cluster() -> CitusCluster:
-    """A started throwaway Citus cluster whose nodes keep their files under
-    :func:`cluster_parent`; skips the test, saying why, when Citus is not installed."""
+def start_citus_cluster(settings: dict[str, str] | None = None) -> CitusCluster:
+    """A started throwaway Citus cluster (its nodes' ``settings`` added to
+    CITUS_NODE_SETTINGS) whose nodes keep their files under :func:`cluster_parent`; skips the
+    test, saying why, when Citus is not installed."""
     bindir = find_bindir()
     reason = citus_available(bindir)
     if reason is not None or bindir is None:
@@ -117,7 +122,7 @@ def start_citus_cluster() -> CitusCluster:
     saved = tempfile.tempdir
     tempfile.tempdir = cluster_parent() or saved  # the nodes' directories
     try:
-        return CitusCluster(bindir).start()
+        return CitusCluster(bindir, settings=settings).start()
     finally:
         tempfile.tempdir = saved
 
@@ -335,15 +340,26 @@ def shared_dsn(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[st
     _reset_or_fail(shared, pg_server)
 
 
+# The fixtures that reach the Citus profile's distributed database.
+CLUSTER_FIXTURES = frozenset({"conn", "db_dsn", "shared_dsn", "shared_db"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the Citus profile, the tests marked ``no_citus`` are skipped with their reason."""
+    """In the Citus profile, the tests marked ``no_citus`` are skipped with their reason, and so
+    are, each with its reason, a test on ``fresh_conn`` (it changes the schema) and a test that
+    reaches no database of the cluster (none at all, or one of its own on plain PostgreSQL:
+    the main suite runs it as it is)."""
     if not CITUS:
         return
     for item in items:
         marker = item.get_closest_marker("no_citus")
-        if marker is None and "fresh_conn" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if marker is None and "fresh_conn" in fixtures:
             marker = pytest.mark.no_citus("changes the schema (fresh_conn), and the Citus "
                                           "profile has one database").mark
+        elif marker is None and not fixtures & CLUSTER_FIXTURES:
+            marker = pytest.mark.no_citus("uses no database of the cluster (none, or one of "
+                                          "its own): the main suite runs it as it is").mark
         if marker is not None:
             reason = marker.args[0] if marker.args else "not in the Citus profile"
             item.add_marker(pytest.mark.skip(reason=f"Citus profile: {reason}"))

@@ -101,6 +101,7 @@ class FakeTelegram(JsonServer):
         self.members: dict[int, dict[int, JsonDict]] = {}
         self.chats: dict[int, JsonDict] = {}
         self.send_error: tuple[int, str] | None = None  # (code, description) for sendMessage
+        self.on_send: Callable[[JsonDict], None] | None = None  # called with each message sent
         self._message_ids: dict[int, int] = {}
         self._topics: dict[tuple[int, int], JsonDict] = {}
         self._cond = threading.Condition()
@@ -177,12 +178,16 @@ class FakeTelegram(JsonServer):
         return int(created["message_id"])
 
     def message(self, chat: JsonDict, sender: JsonDict, text: str, *, topic: int | None = None,
-                reply_to: JsonDict | None = None,
-                forwarded_from: JsonDict | None = None) -> JsonDict:
+                reply_to: JsonDict | None = None, forwarded_from: JsonDict | None = None,
+                legacy_forward: bool = False) -> JsonDict:
         """A text message from ``sender``; in a forum ``topic``, as a reply to ``reply_to``;
-        a forward of ``forwarded_from``'s words (a user: ``forward_origin`` of type user)."""
+        a forward of ``forwarded_from``'s words (a user: ``forward_origin`` of type user, or
+        with ``legacy_forward`` only the fields of Bot API 6, ``forward_from`` and
+        ``forward_date``)."""
         msg = self._new_message(chat, sender, text)
-        if forwarded_from is not None:
+        if forwarded_from is not None and legacy_forward:
+            msg.update(forward_from=forwarded_from, forward_date=msg["date"] - 60)
+        elif forwarded_from is not None:
             msg["forward_origin"] = {"type": "user", "date": msg["date"] - 60,
                                      "sender_user": forwarded_from}
         if topic:
@@ -309,9 +314,9 @@ class FakeTelegram(JsonServer):
         with self._cond:
             self.confirmed = max(self.confirmed, offset)
             self._cond.notify_all()
-            while True:
-                due = [u for u in self.updates if u["update_id"] >= max(offset, 1)
-                       and self._allowed(u)]
+            while True:  # a confirmed update is never delivered again
+                due = [u for u in self.updates
+                       if u["update_id"] >= max(offset, self.confirmed, 1) and self._allowed(u)]
                 left = deadline - time.monotonic()
                 if due or left <= 0 or self._closing:
                     return due[:100]
@@ -339,6 +344,8 @@ class FakeTelegram(JsonServer):
         with self._cond:
             self.sent.append(msg)
             self._cond.notify_all()
+        if self.on_send is not None:
+            self.on_send(msg)
         return msg
 
     def _api_getchatmember(self, params: JsonDict) -> Any:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,6 +43,11 @@ def settings_for(tg: FakeTelegram, chat: FakeChat, dsn: str, **changes: Any) -> 
     return Settings(**values)
 
 
+# The waits before trying the database or Telegram again (the bot's: 0.5 s doubling to 30 s), short
+# so that a test does not wait long for the next try once the database is back.
+RETRY_SECONDS = (0.05, 1.0)
+
+
 class RunningBot:
     """The bot on its own event loop in a thread; :meth:`wait_handled` follows its updates."""
 
@@ -63,6 +70,7 @@ class RunningBot:
         async def main() -> None:
             self.bot = MemoryBot(self.settings, memory=self.memory)
             self.bot.on_update_handled = self._handled
+            self.bot.retry_seconds = RETRY_SECONDS
             self._ready.set()
             await self.bot.run(handle_signals=False)
 
@@ -119,6 +127,13 @@ class World:
         self.deliver(self.tg.updates[-1])
         return msg
 
+    def restart_bot(self) -> None:
+        """Stops the bot and starts it again, with the same settings and state directory, as
+        ``pimem telegram`` restarted by systemd: a new process, with a client of its own."""
+        old = self.bot
+        old.stop()
+        self.bot = RunningBot(old.settings)
+
     def last_answer(self) -> str:
         return str(self.tg.sent[-1]["text"])
 
@@ -150,10 +165,14 @@ class World:
 @contextmanager
 def telegram_world(conn: psycopg.Connection, dsn: str, *, memory: MemoryClient | None = None,
                    **settings: Any) -> Iterator[World]:
-    """The world; ``memory`` replaces the bot's own client (the caller closes it)."""
-    with FakeTelegram() as tg, FakeChat() as chat, FakeModel() as extractor:
+    """The world; ``memory`` replaces the bot's own client (the caller closes it). The bot keeps
+    its state (``state_dir``) in a temporary directory unless the caller names one."""
+    with FakeTelegram() as tg, FakeChat() as chat, FakeModel() as extractor, \
+            tempfile.TemporaryDirectory(prefix="pimem-tg-") as state:
+        settings.setdefault("state_dir", Path(state))
         bot = RunningBot(settings_for(tg, chat, dsn, **settings), memory)
+        world = World(conn, dsn, tg, chat, extractor, bot)
         try:
-            yield World(conn, dsn, tg, chat, extractor, bot)
+            yield world
         finally:
-            bot.stop()
+            world.bot.stop()

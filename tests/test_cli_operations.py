@@ -84,6 +84,21 @@ def busy_world(conn: psycopg.Connection) -> None:
     w.message(LONG_WS, "g2-u", "g2", "user", "alice", "is anyone there?")
 
 
+def test_the_cluster_line_reads_at_80_columns_and_cuts_no_node() -> None:
+    from pyworker.schema import CitusCluster
+    from pyworker.status import cluster_line
+
+    short = CitusCluster(coordinator=True, distributed=True, workers=["w1:5432", "w2:5432"])
+    assert cluster_line(short) == ("Citus coordinator, schema distributed on 2 worker node(s): "
+                                   "w1:5432, w2:5432")
+    nodes = [f"worker-{i}.db.example.internal:5432" for i in range(5)]
+    lines = cluster_line(CitusCluster(coordinator=True, distributed=True,
+                                      workers=nodes)).splitlines()
+    assert lines[0] == "Citus coordinator, schema distributed on 5 worker node(s):"
+    assert max(len(line) for line in lines) <= 80
+    assert [n.strip(" ,") for line in lines[1:] for n in line.split(", ")] == nodes
+
+
 def test_status_reads_at_80_columns_and_cuts_no_id(conn: psycopg.Connection,
                                                     login: dict[str, str]) -> None:
     busy_world(conn)
@@ -190,7 +205,7 @@ def test_help_lists_the_users_commands_first_and_tags_no_flag_with_a_type() -> N
     commands = [line.split()[0] for line in top.split("Commands:")[1].splitlines()
                 if line.strip()]
     assert commands[0] == "worker"
-    assert commands[-2:] == ["schema-bundle", "freeze-release"]
+    assert commands[-3:] == ["schema-bundle", "cluster-code", "freeze-release"]
     worker = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "80"}).output
     assert "<bool>" not in worker and "<bool>" not in top
     assert "--once" in worker and "--dsn <str>" in worker

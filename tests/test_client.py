@@ -67,6 +67,7 @@ def test_a_request_runs_through_the_client_with_typed_answers(memory: MemoryClie
     assert (record.id, record.kind, record.source_ids) == (
         remembered.answer.memory_id, "note", ["r1-u"])
     assert record.speaker_ids == ["alice"] and "green tea" in record.summary
+    assert (record.speaker_count, record.speakers_overflow, record.threads_overflow) == (1, 0, 0)
     # The model gets the database's answer as it was, not the client's defaults.
     assert json.loads(found.content)["records"][0]["source_ids"] == ["r1-u"]
     assert "forgotten_ids" not in json.loads(remembered.content)

@@ -113,6 +113,8 @@ def test_a_copy_with_ids_and_hashes_of_different_lengths_is_refused_even_with_tr
     rid = make_record(conn, "ws1", "r1", [m[0], m[1]])
     with (pytest.raises(psycopg.errors.CheckViolation, match="records_dependency_hashes_check"),
           conn.transaction()):
+        # (on Citus the setting goes to the workers' connections too, where the shards are)
+        conn.execute("set local citus.propagate_set_commands = 'local'")
         conn.execute("set local session_replication_role = replica")
         conn.execute("update memory_private.records set dependency_hashes = '{x}' "
                      "where workspace_id = 'ws1' and record_id = %s", (rid,))

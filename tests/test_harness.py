@@ -80,6 +80,8 @@ def busy(conn: psycopg.Connection, seeded: list[str]) -> None:
         conn.execute(f"delete from {name} where ctid = (select min(ctid) from {name})")
 
 
+@pytest.mark.no_citus("the one-server harness: clones of a template, which the Citus profile (one "
+                      "distributed database) does not make")
 def test_the_reset_leaves_every_table_and_sequence_as_a_fresh_clone_has_them(
         conn: psycopg.Connection, shared_db: SharedDatabase, clone: str) -> None:
     with psycopg.connect(clone, autocommit=True) as fresh:
@@ -124,6 +126,8 @@ def test_conn_alone_is_the_workers_shared_database(
     assert conn is shared_db.connection()
 
 
+@pytest.mark.no_citus("the one-server harness: clones of a template, which the Citus profile (one "
+                      "distributed database) does not make")
 def test_a_test_asking_for_db_dsn_gets_conn_on_its_own_clone(
         conn: psycopg.Connection, db_dsn: str, shared_db: SharedDatabase) -> None:
     assert conn is not shared_db.connection()
@@ -136,6 +140,8 @@ def second_connection(db_dsn: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
+@pytest.mark.no_citus("the one-server harness: clones of a template, which the Citus profile (one "
+                      "distributed database) does not make")
 def test_a_fixture_asking_for_db_dsn_moves_conn_to_the_clone_too(
         conn: psycopg.Connection, second_connection: psycopg.Connection) -> None:
     assert conn.info.dbname == second_connection.info.dbname
@@ -148,6 +154,8 @@ def test_fresh_conn_is_conn_on_a_clone_of_its_own(
     assert fresh_conn is conn and conn is not shared_db.connection()
 
 
+@pytest.mark.no_citus("the one-server harness: clones of a template, which the Citus profile (one "
+                      "distributed database) does not make")
 def test_the_reset_reports_a_schema_change_and_never_a_change_of_rows(db_dsn: str) -> None:
     db = SharedDatabase(db_dsn)
     try:
@@ -168,6 +176,8 @@ def test_the_reset_reports_a_schema_change_and_never_a_change_of_rows(db_dsn: st
         db.close()
 
 
+@pytest.mark.no_citus("the one-server harness: clones of a template, which the Citus profile (one "
+                      "distributed database) does not make")
 def test_a_closed_or_killed_shared_connection_is_replaced(db_dsn: str) -> None:
     db = SharedDatabase(db_dsn)
     try:

@@ -76,11 +76,12 @@ def wheel_files(wheel: Path) -> set[str]:
 
 def expected_files(src: Path) -> set[str]:
     """What the wheel must hold, from the clean copy: the package's modules, prompts and data,
-    and the top-level sql/ and migrations/ under pyworker/."""
+    and the top-level sql/ (with the cluster file, sql/cluster/) and migrations/ under
+    pyworker/."""
     files = {f"pyworker/{p.relative_to(src / 'pyworker')}"
              for p in (src / "pyworker").rglob("*") if p.suffix in (".py", ".txt", ".json")}
     for name in ("sql", "migrations"):
-        files |= {f"pyworker/{name}/{p.name}" for p in (src / name).iterdir()
+        files |= {f"pyworker/{name}/{p.relative_to(src / name)}" for p in (src / name).rglob("*")
                   if p.suffix in (".sql", ".json")}
     return files
 
@@ -191,7 +192,8 @@ def check_distributions(installed: dict[str, Path]) -> None:
     assert files == wheel_files(installed["direct"])
     missing = expected_files(installed["src"]) - files
     assert missing == set(), f"the wheel lacks {sorted(missing)}"
-    assert {"pyworker/sql/00_base.sql", "pyworker/migrations/0001_initial.sql",
+    assert {"pyworker/sql/00_base.sql", "pyworker/sql/cluster/functions.sql",
+            "pyworker/migrations/0001_initial.sql",
             "pyworker/adapters/offline.py", "pyworker/lab/bench/__init__.py",
             "pyworker/testing.py", "pyworker/contrib/telegram/bot.py",
             "pyworker/lab/demo.py", "pyworker/prompts/extract.txt",

@@ -201,10 +201,11 @@ def test_a_note_title_that_is_not_a_part_of_the_message_is_refused(
                      {"action": "remember", "sourceId": source, "title": title})
     assert outcome["status"] == "refused" and outcome["code"] == "title_not_in_message", outcome
     assert count(conn, "records") == before
-    row = conn.execute("select (select count(*) from memory_private.records r "
-                       "where strpos(r.title, '4711') > 0) + (select count(*) "
-                       "from memory_private.record_texts t where strpos(t.search_text, '4711') > 0)"
-                       ).fetchone()
+    row = conn.execute(
+        "select (select count(*) from memory_private.records "
+        "         where workspace_id = 'ws1' and strpos(title, '4711') > 0) "
+        "     + (select count(*) from memory_private.record_texts "
+        "         where workspace_id = 'ws1' and strpos(search_text, '4711') > 0)").fetchone()
     assert row == (0,)
 
 

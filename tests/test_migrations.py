@@ -26,6 +26,8 @@ def _empty_db(pg_server: Server, name: str) -> str:
     return pg_server.dsn(name)
 
 
+@pytest.mark.no_citus("compares with the one-server build of sql/; the Citus profile's database has the "
+                      "cluster's form (tests/test_citus.py checks that one)")
 def test_migrations_from_empty_build_exactly_the_canonical_schema(
     pg_server: Server, db_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -33,7 +33,9 @@ from tests.records import invalid_reason, make_record
 VIEWS = ["workspace_status", "scope_status", "record_status", "job_status",
          "request_memory_charges"]
 FUNCTIONS = ["retry_job(text, bigint)", "set_workspace_paused(text, boolean)",
-             "explain_record(text, bigint, text)"]
+             "explain_record(text, bigint, text)", "workspace_status(text, boolean)",
+             "scope_status(text)", "record_status(text)", "job_status(text)",
+             "request_memory_charges(text)"]
 SECRET = "my locker code is tea-and-biscuits"
 
 
@@ -203,6 +205,123 @@ def test_job_status_and_charges_after_one_extraction(
     assert (c["input_tokens"], c["output_tokens"]) == (100, 20)
     assert c["extract_usd"] == Decimal("0.01") and c["consolidate_usd"] == 0
     assert c["budget_left_usd"] == Decimal("0.99")
+
+
+# The status functions of a workspace ----------------------------------------------------------
+
+
+def two_workspaces(conn: psycopg.Connection) -> None:
+    """ws1 with a stopped job, a record and an invalid record; ws2 with a private and a group
+    scope, records in both and a conversation waiting."""
+    idle_private_world(conn)
+    stopped_job(conn)
+    w = World(conn)
+    w.conversation("ws1", "b1", chat="dm-bob", user="bob", user_text="I prefer tea")
+    make_record(conn, "ws1", "b1", ["b1-u", "b1-a"])
+    w.message("ws1", "b1-u", "b1", "user", "bob", "I prefer coffee")
+    w.basic("ws2")
+    w.conversation("ws2", "p1", chat="dm-alice", user="alice", user_text="blue")
+    w.request("ws2", "g1", chat="grp", user="bob", topic=7)
+    w.message("ws2", "g1-u", "g1", "user", "bob", "green")
+    make_record(conn, "ws2", "p1", ["p1-u"])
+    make_record(conn, "ws2", "g1", ["g1-u"])
+
+
+def calls(conn: psycopg.Connection, query: str, function: str) -> int:
+    """How many times ``query`` calls the PL/pgSQL ``function``: the counts not yet flushed
+    (pg_stat_xact_user_functions) before and after it, in one transaction (nothing is flushed
+    inside one)."""
+    count = ("select coalesce(sum(calls), 0) from pg_stat_xact_user_functions "
+             "where schemaname || '.' || funcname = %s")
+    with conn.transaction():
+        conn.execute("set local track_functions = 'pl'")
+        before = int(value(conn, count, function))
+        conn.execute(query.encode())
+        return int(value(conn, count, function)) - before
+
+
+def compare_to_the_view(operator: psycopg.Connection, view: str) -> None:
+    """The view is its function with NULL; with a workspace, the function gives the view's rows
+    of that workspace (one transaction: one clock reading, so the ages are equal)."""
+    with operator.transaction():
+        every = rows(operator, f"select * from memory.{view}")
+        present = {"ws1"} if view in ("job_status", "request_memory_charges") else {"ws1", "ws2"}
+        assert {r["workspace_id"] for r in every} >= present, view
+        assert every == rows(operator, f"select * from memory.{view}(null)"), view
+        for ws in ("ws1", "ws2"):
+            mine = rows(operator, f"select * from memory.{view}(%s)", ws)
+            assert mine == [r for r in every if r["workspace_id"] == ws], (view, ws)
+
+
+def test_each_view_is_its_function_over_every_workspace(
+        conn: psycopg.Connection, operator: psycopg.Connection) -> None:
+    two_workspaces(conn)
+    for view in [*VIEWS, "waiting_status"]:
+        compare_to_the_view(operator, view)
+
+
+@pytest.mark.no_citus("counts the calls in the coordinator's statistics; on a cluster a "
+                      "workspace's statements run on its node")
+def test_a_workspace_given_is_read_alone_and_the_rule_runs_once_per_scope(
+        conn: psycopg.Connection) -> None:
+    two_workspaces(conn)
+    scopes = {ws: value(conn, "select count(*) from memory_private.scopes where workspace_id = %s",
+                        ws) for ws in ("ws1", "ws2")}
+    assert scopes == {"ws1": 2, "ws2": 2}
+    for view in ("record_status", "scope_status", "workspace_status"):
+        assert calls(conn, f"select * from memory.{view}('ws1')",
+                     "memory_private.invalid_records") == scopes["ws1"], view
+        assert calls(conn, f"select * from memory.{view}(null)",
+                     "memory_private.invalid_records") == sum(scopes.values()), view
+    assert calls(conn, "select * from memory.waiting_status('ws2')",
+                 "memory_private.extraction_verdict") == 1
+    assert calls(conn, "select * from memory.waiting_status(null)",
+                 "memory_private.extraction_verdict") == 2
+    assert calls(conn, "select * from memory.workspace_status('ws1', false)",
+                 "memory_private.invalid_records") == 0
+
+
+def test_pimem_status_counts_each_scope_once_and_sums_them_per_workspace(
+        conn: psycopg.Connection, db_dsn: str, operator: psycopg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyworker.db import Database
+    from pyworker.status import gather_status
+
+    two_workspaces(conn)
+    asked: list[tuple[str, str | None, bool]] = []
+    read = Database.view_rows
+
+    def spy(self: Database, view: str, **kw: Any) -> list[dict[str, Any]]:
+        asked.append((view, kw.get("workspace_id"), kw.get("count_records", True)))
+        return read(self, view, **kw)
+
+    monkeypatch.setattr(Database, "view_rows", spy)
+    db = Database(operator_dsn(conn, db_dsn))
+    try:
+        for ws in (None, "ws2"):
+            asked.clear()
+            data = gather_status(db, ws)
+            # the workspaces are read without their counts; every view of the one asked for
+            assert ("workspace_status", ws, False) in asked
+            assert {(v, w) for v, w, _ in asked} == {
+                (v, ws) for v in ("scope_status", "workspace_status", "job_status",
+                                  "request_memory_charges", "waiting_status")}
+            expected = rows(operator, "select workspace_id, records_valid, records_invalid, "
+                                      "invalid_by_reason from memory.workspace_status(%s)", ws)
+            assert [{k: w[k] for k in expected[0]} for w in data["workspaces"]] == expected
+    finally:
+        db.close()
+    assert {w["workspace_id"]: w["records_invalid"] for w in data["workspaces"]} == {"ws2": 0}
+
+
+def test_a_status_function_refuses_a_malformed_or_unknown_workspace(
+        conn: psycopg.Connection, operator: psycopg.Connection) -> None:
+    World(conn).basic("ws1")
+    for view in [*VIEWS, "waiting_status"]:
+        assert sqlstate(lambda v=view: operator.execute(  # type: ignore[misc]
+            f"select * from memory.{v}('nope')")) == "MB002", view
+        assert sqlstate(lambda v=view: operator.execute(  # type: ignore[misc]
+            f"select * from memory.{v}(' ')")) == "MB001", view
 
 
 # Retrying a stopped job ------------------------------------------------------------------------
@@ -559,6 +678,8 @@ def test_pimem_status_and_explain_show_the_views_as_tables(
     data = json.loads(result.output)
     assert [(j["job_id"], j["retry_refusal"]) for j in data["jobs"]] == [(job["job_id"], None)]
     assert data["workspaces"][0]["records_invalid"] == 1
+    result = runner.invoke(app, ["status", "--dsn", dsn, "--workspace", "nope"])
+    assert result.exit_code == 1 and "workspace nope is unknown" in result.output
 
     result = runner.invoke(app, ["explain", "ws1", str(record_id), "--dsn", dsn],
                            env={"COLUMNS": "250"})

@@ -4,8 +4,7 @@ and summary apart. It reads that text only in records whose three-character runs
 (record_texts.grams, memory_private.text_grams) hold every run of the query: a signature that
 never loses a record that contains the query, checked here on every part of texts in several
 scripts. The word search's document (record_documents, written by a trigger) follows the text the same way,
-and so do the documents of the summary's lines (record_lines) that tell which lines a search
-found."""
+each word with the lines it is on, which tell which lines a search found."""
 
 from __future__ import annotations
 
@@ -117,39 +116,28 @@ def test_the_literal_search_finds_what_the_text_holds_and_not_its_runs_apart(
     assert ids(query(conn, "ws1", "live", "q7", {"query": "ab\nc AND"})) == [spans]
 
 
-def test_line_documents_follow_the_summary_line_by_line(conn: psycopg.Connection) -> None:
+def test_the_document_follows_the_summary_line_by_line(conn: psycopg.Connection) -> None:
+    # Each word once, with the lines it is on as positions: 1 the title, n + 1 summary line n.
     w = World(conn)
     w.basic()
     u, _ = w.conversation("ws1", "h1", chat="dm-alice", user="alice")
     rec = make_record(conn, "ws1", "h1", [u], title="Drinks",
-                      summary="Alice paints on Sundays\nShe drinks 咖啡 daily\n\nThe end")
+                      summary="Alice paints on Sundays\nShe drinks 咖啡 daily\n\nThe paint dried")
 
-    def lines() -> list[tuple[int, bool]]:
-        return conn.execute(
-            "select d.line_no, d.document = memory_private.text_document(l.line) "
-            "from memory_private.record_lines d "
-            "join memory_private.records r using (workspace_id, record_id) "
-            "cross join lateral regexp_split_to_table(r.summary, e'\\n') "
-            "  with ordinality as l(line, n) "
-            "where d.record_id = %s and l.n = d.line_no order by 1", (rec,)).fetchall()
+    def lines(word: str) -> list[int]:
+        row = conn.execute(
+            "select u.positions from memory_private.record_documents d, unnest(d.document) u "
+            "where d.record_id = %s and u.lexeme = memory_private.word_stem(%s)",
+            (rec, word)).fetchone()
+        return [] if row is None else list(row[0])
 
-    def found(query: str) -> list[int]:
-        rows = conn.execute(
-            "select l.line_no from memory_private.records r "
-            "cross join lateral memory_private.found_lines('ws1', r.record_id, r.summary, "
-            "  memory_private.fold(%s), memory_private.search_terms(%s)) l "
-            "where r.record_id = %s order by 1", (query, query, rec)).fetchall()
-        return [n for (n,) in rows]
-
-    assert lines() == [(1, True), (2, True), (3, True), (4, True)]
-    assert found("painting") == [1]  # by its English stem
-    assert found("咖啡") == [2]  # by its CJK pair
-    assert found("drinks 咖啡") == [2]  # literally
-    assert found("sundays daily") == [1, 2]
+    assert lines("painting") == [2, 5]  # "paints" on line 1, "paint" on line 4
+    assert lines("drink") == [1, 3]  # the title, and line 2
+    assert lines("咖啡") == [3]  # by its CJK pair
+    assert lines("the") == []  # a stop word
     conn.execute("update memory_private.records set summary = 'Bob paints\nNothing else' "
                  "where record_id = %s", (rec,))
-    assert lines() == [(1, True), (2, True)]
-    assert found("painting") == [1] and found("daily") == []
+    assert lines("painting") == [2] and lines("daily") == []
 
 
 def test_the_lines_a_query_finds_are_numbered_as_in_the_summary(
@@ -163,8 +151,7 @@ def test_the_lines_a_query_finds_are_numbered_as_in_the_summary(
     def found(q: str) -> list[int]:
         return [n for _, n in conn.execute(
             "select r.record_id, l.line_no from memory_private.records r "
-            "cross join lateral memory_private.found_lines('ws1', r.record_id, r.summary, "
-            "  memory_private.fold(%s), null) l "
+            "cross join lateral memory_private.found_lines(r.summary, memory_private.fold(%s)) l "
             "where r.record_id = %s order by 2", (q, rec)).fetchall()]
 
     assert found("été") == [1, 4, 5]

@@ -215,8 +215,10 @@ def test_an_edit_invalidates_the_memory_built_on_the_old_text(world: World) -> N
     assert world.value("select body from memory_private.messages where workspace_id = %s "
                        "and message_id = %s", PRIVATE_WS, f"101:{said['message_id']}") == \
         "I prefer answers in French."
-    reason = world.value("select memory_private.record_invalid_reason(r, '101') from "
-                         "memory_private.records r where record_id = %s", record["record_id"])
+    reason = world.value("select memory_private.record_invalid_reason(row(r.*)::"
+                         "memory_private.records, '101') from memory_private.records r "
+                         "where workspace_id = %s and record_id = %s", PRIVATE_WS,
+                         record["record_id"])
     assert reason == "source_edited"
     world.say(dm, alice, "/memory")
     assert world.last_answer() == "I remember nothing in this chat yet."

@@ -24,12 +24,13 @@ from tests.telegram_world import CALL_COST, PRICES
 PIMEM = Path(sys.executable).parent / "pimem"
 
 
-def environment(tg: FakeTelegram, chat: FakeChat, dsn: str) -> dict[str, str]:
+def environment(tg: FakeTelegram, chat: FakeChat, dsn: str, state: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIMEM_")}
     env.update(PIMEM_TG_TOKEN=tg.token, PIMEM_DSN=dsn, PIMEM_TG_API_BASE=tg.url,
                PIMEM_TG_MODEL="fake/m", PIMEM_TG_MODEL_URL=chat.url,
                PIMEM_TG_MODEL_KEY="test-key", PIMEM_PRICES=PRICES,
-               PIMEM_TG_POLLING_TIMEOUT="1", PIMEM_TG_WORKSPACE_PREFIX="ci")
+               PIMEM_TG_POLLING_TIMEOUT="1", PIMEM_TG_WORKSPACE_PREFIX="ci",
+               PIMEM_TG_STATE_DIR=str(state))
     return env
 
 
@@ -47,9 +48,10 @@ def events(stderr: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # the bot as a process
 def test_pimem_telegram_answers_through_the_fake_bot_api_and_stops_on_sigterm(
-        conn: psycopg.Connection, db_dsn: str) -> None:
+        conn: psycopg.Connection, db_dsn: str, tmp_path: Path) -> None:
     with FakeTelegram() as tg, FakeChat() as chat:
-        proc = subprocess.Popen([str(PIMEM), "telegram"], env=environment(tg, chat, db_dsn),
+        proc = subprocess.Popen([str(PIMEM), "telegram"],
+                                env=environment(tg, chat, db_dsn, tmp_path / "state"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             alice = tg.user(101, "Alice")
@@ -85,6 +87,20 @@ def test_pimem_telegram_says_which_setting_is_missing(monkeypatch: pytest.Monkey
         "PIMEM_PRICES": '{"openai/gpt-4o": {"input": 2.5, "output": 10}}'})
     assert result.exit_code == 2
     assert "PIMEM_PRICES has no price for openai/gpt-4o-mini" in result.output
+
+
+def test_pimem_telegram_says_when_it_cannot_keep_its_state(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [k for k in os.environ if k.startswith("PIMEM_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "a-file").write_text("not a directory")
+    state = tmp_path / "a-file" / "state"
+    result = CliRunner().invoke(app, ["telegram"], env={
+        "PIMEM_TG_TOKEN": "1:x", "PIMEM_DSN": "host=127.0.0.1 port=1 dbname=none",
+        "PIMEM_TG_MODEL": "fake/m", "PIMEM_PRICES": PRICES,
+        "PIMEM_TG_API_BASE": "http://127.0.0.1:1", "PIMEM_TG_STATE_DIR": str(state)})
+    assert result.exit_code == 2, "a configuration to fix, not a restart loop"
+    assert f"PIMEM_TG_STATE_DIR: the bot cannot keep its state in {state}" in result.output
 
 
 def test_pimem_telegram_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

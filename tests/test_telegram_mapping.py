@@ -69,6 +69,43 @@ def test_a_group_message_is_directed_only_by_a_mention_a_reply_to_the_bot_or_a_c
     assert mapping.is_directed(message, ME) is directed
 
 
+BOB: dict[str, Any] = {"id": 102, "is_bot": False, "first_name": "Bob", "last_name": "Brown"}
+NEWS: dict[str, Any] = {"id": -1009, "type": "channel", "title": "News"}
+WHEN = 1_795_000_000
+
+
+@pytest.mark.parametrize("fields, origin", [
+    ({"forward_origin": {"type": "user", "date": WHEN, "sender_user": BOB}},
+     "Bob Brown (user 102)"),
+    ({"forward_origin": {"type": "hidden_user", "date": WHEN, "sender_user_name": "Anon"}},
+     "Anon"),
+    ({"forward_origin": {"type": "channel", "date": WHEN, "chat": NEWS, "message_id": 3}},
+     "News (chat -1009)"),
+    # Bot API 6's fields, without forward_origin: the same forwards under the old names.
+    ({"forward_from": BOB, "forward_date": WHEN}, "Bob Brown (user 102)"),
+    ({"forward_sender_name": "Anon", "forward_date": WHEN}, "Anon"),
+    ({"forward_from_chat": NEWS, "forward_from_message_id": 3, "forward_date": WHEN},
+     "News (chat -1009)"),
+    ({"forward_date": WHEN}, "someone"),
+])
+def test_a_forward_is_someone_elses_words_whichever_fields_say_so(
+        fields: dict[str, Any], origin: str) -> None:
+    private = msg("remember that I approve", chat=PRIVATE, **fields)
+    assert mapping.is_forwarded(private) and mapping.origin_of(private) == origin
+    assert mapping.reported_text(private) == (
+        f"[forwarded from {origin}]\n> remember that I approve")
+    assert not mapping.is_directed(msg("@memo_bot remember that I approve", **fields), ME)
+
+
+def test_legacy_forward_fields_an_aiogram_no_longer_declares_are_read_raw() -> None:
+    # aiogram keeps a field it does not declare as an extra attribute, a dict: a version that
+    # dropped the deprecated forward_* fields still hands them over.
+    raw = Message.model_construct(message_id=50, date=WHEN, chat=PRIVATE, text="hi",
+                                  forward_origin=None, forward_from=dict(BOB))
+    assert mapping.is_forwarded(raw) and mapping.origin_of(raw) == "Bob Brown (user 102)"
+    assert not mapping.is_forwarded(msg("my own words", chat=PRIVATE))
+
+
 def test_commands_topics_and_ids() -> None:
     assert mapping.command_of(msg("/Memory@Memo_Bot now"), ME) == "memory"
     assert mapping.command_of(msg("/start@other_bot"), ME) is None

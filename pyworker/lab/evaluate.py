@@ -139,7 +139,7 @@ def record_sources(db: Database, layout: locomo.Layout, judge: str) -> dict[int,
     the message ids its summary cites inline (read with ``memory.query_memories`` by id, one
     request for all)."""
     ws = layout.workspace
-    rows = db.view_rows("record_status", where={"workspace_id": ws, "valid": True},
+    rows = db.view_rows("record_status", workspace_id=ws, where={"valid": True},
                         order_by=("record_id",))
     out: dict[int, list[str]] = {}
     if judge == "citations" and rows:
@@ -246,8 +246,8 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
 
 def store_facts(db: Database, workspace: str, sources: dict[int, list[str]],
                 turns: int) -> dict[str, Any]:
-    rows = db.view_rows("record_status", where={"workspace_id": workspace, "valid": True})
-    scopes = db.view_rows("scope_status", where={"workspace_id": workspace})
+    rows = db.view_rows("record_status", workspace_id=workspace, where={"valid": True})
+    scopes = db.view_rows("scope_status", workspace_id=workspace)
     cited = set().union(*sources.values()) if sources else set()
     return {"records": len(rows),
             "record_bytes": sum(int(r["title_bytes"]) + int(r["summary_bytes"]) for r in rows),
@@ -309,7 +309,7 @@ def evaluate_conversation(db: Database, dsn: str, conv: locomo.Conversation,
         answers.append(ask(db, layout, q, sources, conv.name, judge))
         if progress is not None and task is not None:
             progress.advance(task)
-    jobs = db.view_rows("job_status", where={"workspace_id": layout.workspace})
+    jobs = db.view_rows("job_status", workspace_id=layout.workspace)
     statuses: dict[str, int] = {}
     for j in jobs:
         key = f"{j['phase']} {j['status']}"

@@ -38,36 +38,31 @@ class Statement:
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
 
 
-def statements(text: str, name: str = "<sql>") -> list[Statement]:
-    """Splits ``text`` into statements. Comments between statements are dropped; comments and
-    strings inside a statement are kept as written."""
-    out: list[Statement] = []
+def mask(text: str, name: str = "<sql>") -> str:
+    """``text`` with what is not code blanked, position for position: comments wholly, and the
+    insides of quoted strings, quoted identifiers and dollar-quoted bodies (their quotes stay).
+    Line breaks stay, so a match in the mask is a match at the same place in ``text``, and a
+    keyword found in it is a keyword, never a word of a comment or a string."""
+    out = list(text)
     i, n = 0, len(text)
-    start: int | None = None
+
+    def blank(a: int, b: int) -> None:
+        for k in range(a, b):
+            if out[k] != "\n":
+                out[k] = " "
+
     while i < n:
         c = text[i]
-        if start is None:
-            if c.isspace():
-                i += 1
-                continue
-            if text.startswith("--", i):
-                j = text.find("\n", i)
-                i = n if j < 0 else j + 1
-                continue
-            if text.startswith("/*", i):
-                j = text.find("*/", i + 2)
-                if j < 0:
-                    raise SqlCodeError(f"{name}: a comment is not closed")
-                i = j + 2
-                continue
-            start = i
         if text.startswith("--", i):
             j = text.find("\n", i)
-            i = n if j < 0 else j + 1
+            j = n if j < 0 else j
+            blank(i, j)
+            i = j
         elif text.startswith("/*", i):
             j = text.find("*/", i + 2)
             if j < 0:
                 raise SqlCodeError(f"{name}: a comment is not closed")
+            blank(i, j + 2)
             i = j + 2
         elif c == "'":
             escaped = i > 0 and text[i - 1] in "eE" and (i < 2 or not text[i - 2].isalnum())
@@ -84,11 +79,13 @@ def statements(text: str, name: str = "<sql>") -> list[Statement]:
                         continue
                     break
                 j += 1
+            blank(i + 1, j)
             i = j + 1
         elif c == '"':
             j = text.find('"', i + 1)
             if j < 0:
                 raise SqlCodeError(f"{name}: a quoted name is not closed")
+            blank(i + 1, j)
             i = j + 1
         elif c == "$" and (m := _DOLLAR.match(text, i)) and not (i > 0 and (
                 text[i - 1].isalnum() or text[i - 1] == "_")):
@@ -96,15 +93,29 @@ def statements(text: str, name: str = "<sql>") -> list[Statement]:
             j = text.find(tag, m.end())
             if j < 0:
                 raise SqlCodeError(f"{name}: a {tag} body is not closed")
+            blank(m.end(), j)
             i = j + len(tag)
-        elif c == ";":
+        else:
+            i += 1
+    return "".join(out)
+
+
+def statements(text: str, name: str = "<sql>") -> list[Statement]:
+    """Splits ``text`` into statements. Comments between statements are dropped; comments and
+    strings inside a statement are kept as written."""
+    masked = mask(text, name)
+    out: list[Statement] = []
+    start: int | None = None
+    for i, c in enumerate(masked):
+        if start is None:
+            if c.isspace():
+                continue
+            start = i
+        if c == ";":
             line = text.count("\n", 0, start) + 1
             out.append(Statement(text[start:i + 1], f"{name}:{line}"))
             start = None
-            i += 1
-        else:
-            i += 1
-    if start is not None and text[start:].strip():
+    if start is not None:
         raise SqlCodeError(f"{name}: the last statement has no semicolon")
     return out
 
@@ -126,7 +137,7 @@ _COMMENT_TRIGGER = re.compile(rf"^comment on trigger ([a-z_][a-z_0-9]*) on {_NAM
 _COMMENT_COLUMN = re.compile(rf"^comment on column {_NAME}\.[a-z_0-9]+\b")
 _ALTER_FUNCTION = re.compile(rf"^alter (?:function|procedure) {_NAME} ?\(")
 _PRIVILEGE = re.compile(r"^(grant|revoke) .*? on (function|procedure|table|sequence|schema) ",
-                        re.S)
+                        re.DOTALL)
 _PRIVILEGE_OBJECT = re.compile(r"^(grant|revoke) [a-z, ]+ on ([a-z_][a-z_0-9]*\.[a-z_]|"
                                r"memory[a-z_]*\.)")
 _DROP = re.compile(rf"^drop (function|procedure|view) (?:if exists )?{_NAME}")

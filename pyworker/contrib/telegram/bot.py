@@ -19,10 +19,13 @@ memory. ``my_chat_member`` keeps the group's linked state (and a private user's 
 group traffic is dropped before anything is sent to the database (V10). A forward is reported
 as a quotation (someone else's words, never a request of the member who forwarded it).
 
-An update is confirmed to Telegram only once it is reported (step 1): when the database cannot
-be reached it is left unconfirmed and Telegram delivers it again (``_poll``; the webhook answers
-500). Updates are reported one at a time, in order; the answers (steps 2-3) run after their
-report, one at a time per chat and in order, chats concurrently.
+An update is confirmed to Telegram only once it is reported (step 1): when the database refuses
+the report (it cannot be reached, or does not take the write) the update is left unconfirmed and
+Telegram delivers it again (:mod:`~pyworker.contrib.telegram.polling`; the webhook answers 500),
+within the bound of :mod:`~pyworker.contrib.telegram.redelivery`. Updates are reported one at a
+time, in order; the answers (steps 2-3) run after their report, one at a time per chat and in
+order, chats concurrently. A request's end (step 3) that the database refuses is kept and
+reported once it takes writes again (:mod:`~pyworker.contrib.telegram.outbox`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import asyncio
 import json
 import logging
 import signal
+import sqlite3
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -47,14 +51,16 @@ from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import PRODUCTION, TelegramAPIServer
 from aiogram.enums import ChatType
 from aiogram.exceptions import TelegramAPIError
-from aiogram.methods import GetUpdates
 from aiogram.types import Chat, ChatMemberUpdated, Message, TelegramObject, Update, User
 
 from pyworker import errors
 from pyworker.client import ManageResult, MemoryClient, Recall
 from pyworker.contrib.telegram import mapping
 from pyworker.contrib.telegram.chat import ChatFailure, ChatModel, function_tools
-from pyworker.contrib.telegram.config import Settings
+from pyworker.contrib.telegram.config import Settings, SettingsError
+from pyworker.contrib.telegram.outbox import Outbox, RequestEnd, SentAnswer
+from pyworker.contrib.telegram.polling import poll
+from pyworker.contrib.telegram.redelivery import NotReported, Redeliveries, database_refused
 from pyworker.db import DatabaseUnavailable
 from pyworker.logs import event
 
@@ -70,13 +76,7 @@ HELP = (
 SORRY = "Sorry, I could not answer this time."
 # What can go wrong with the memory: its own coded errors, a lost database, anything else of it.
 DB_ERRORS = (errors.MemoryError_, DatabaseUnavailable, psycopg.Error)
-RETRY_SECONDS = (0.5, 30.0)  # the wait before Telegram's next delivery, doubling: first, most
-
-
-class NotReported(Exception):
-    """The database could not be reached while an update was being reported: it must not be
-    confirmed to Telegram, which then delivers it again (polling: the offset stays before it;
-    webhook: the handler fails, the server answers 500). Nothing of it was answered."""
+RETRY_SECONDS = (0.5, 30.0)  # the wait before the next try, doubling: first, most
 
 
 FollowUp = Callable[[], Awaitable[None]]  # what a message handler leaves to do after its report
@@ -101,11 +101,6 @@ def render_recall(recall: Recall) -> str:
             line += f" (from {', '.join(record.speaker_ids)})"
         lines.append(line + f", {record.created_at:%Y-%m-%d}")
     return "\n".join(lines).strip()
-
-
-def _earliest(*moments: datetime | None) -> datetime | None:
-    known = [m for m in moments if m is not None]
-    return min(known) if known else None
 
 
 class MemoryBot:
@@ -146,19 +141,36 @@ class MemoryBot:
         self._inflight = 0  # updates being handled
         self._idle = asyncio.Event()
         self.drain_seconds = 30.0
+        self.retry_seconds = RETRY_SECONDS
         self.me: User | None = None  # getMe, before the first update
+        # What the database refused: updates Telegram delivers again, and request ends kept
+        # (one file per Telegram bot: the id before the token's colon is the bot's user id).
+        self.redeliveries = Redeliveries(self._takes_writes)
+        number = settings.token.partition(":")[0]
+        self.outbox = Outbox(self.memory, settings.state_dir / (
+            f"telegram-{number if number.isdigit() else 'bot'}.sqlite3"))
 
     # Running ------------------------------------------------------------------------------------
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Polls, or serves the webhook, until :meth:`stop` (or SIGTERM/SIGINT); then lets the
         answers in progress finish (up to ``drain_seconds``)."""
+        retrying: asyncio.Task[None] | None = None
         try:
+            try:
+                kept = await asyncio.to_thread(self.outbox.open)
+            except (OSError, sqlite3.Error) as exc:
+                raise SettingsError(f"PIMEM_TG_STATE_DIR: the bot cannot keep its state in "
+                                    f"{self.outbox.path}: {exc}") from exc
             self.me = me = await self.bot.me()
             await self._db(self.memory.schema_version)
             self.tools = function_tools(await self._db(self.memory.tool_definitions))
+            await asyncio.to_thread(self.outbox.retry)  # what an earlier run kept goes first
+            retrying = asyncio.create_task(
+                self.outbox.keep_retrying(self._stopped, self.retry_seconds))
             event("telegram_started", bot=me.username, bot_user_id=me.id,
-                  mode=self.settings.mode, model=self.settings.model.qualified)
+                  mode=self.settings.mode, model=self.settings.model.qualified,
+                  request_ends_kept=kept, state=str(self.outbox.path))
             if self.settings.mode == "webhook":
                 await self._serve_webhook(handle_signals)
             else:
@@ -166,8 +178,12 @@ class MemoryBot:
                 await self._poll(handle_signals)
                 await self._drain()
         finally:
+            if retrying is not None:
+                self._stopped.set()
+                await retrying
             await self.aclose()
-            event("telegram_stopped", unfinished=self._inflight)
+            event("telegram_stopped", unfinished=self._inflight,
+                  request_ends_kept=len(self.outbox))
 
     async def _drain(self) -> None:
         """Lets the updates being handled finish, up to ``drain_seconds``."""
@@ -180,68 +196,14 @@ class MemoryBot:
         self._stopped.set()
 
     async def _poll(self, handle_signals: bool) -> None:
-        """getUpdates until :meth:`stop`. Each update is reported before the next is taken, and
-        confirmed (the next call's offset moves past it) only once reported: an update whose
-        report could not reach the database (:class:`NotReported`) is left unconfirmed, and
-        Telegram delivers it again after a wait (aiogram's own polling confirms every update,
-        whatever its handler did). Answers run after the report, per chat, in order."""
+        """getUpdates until :meth:`stop` (:func:`~pyworker.contrib.telegram.polling.poll`:
+        an update is confirmed only once reported)."""
         if handle_signals:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self._stopped.set)
-        allowed = self.dispatcher.resolve_used_update_types()
-        offset: int | None = None
-        wait = 0.0
-        while not self._stopped.is_set():
-            if wait:
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopped.wait(), wait)
-                if self._stopped.is_set():
-                    break
-            try:
-                updates = await self._until_stopped(self.bot(
-                    GetUpdates(offset=offset, timeout=self.settings.polling_timeout,
-                               allowed_updates=allowed),
-                    request_timeout=int((self.bot.session.timeout or 0)
-                                        + self.settings.polling_timeout)))
-            except Exception as exc:  # noqa: BLE001 - Telegram unreachable: try again later
-                wait = _longer(wait)
-                event("updates_not_fetched", logging.WARNING, retry_s=wait,
-                      error=f"{type(exc).__name__}: {exc}")
-                continue
-            if updates is None:
-                break
-            wait = 0.0
-            for update in updates:
-                try:
-                    await self.dispatcher.feed_update(self.bot, update)
-                except NotReported as exc:
-                    wait = _longer(wait)
-                    event("update_not_reported", logging.WARNING, update_id=update.update_id,
-                          retry_s=wait, error=str(exc))
-                    break  # this one and those after it stay unconfirmed: delivered again
-                except Exception as exc:  # noqa: BLE001 - a bug: confirmed, as aiogram does
-                    event("update_failed", logging.ERROR, update_id=update.update_id,
-                          error=f"{type(exc).__name__}: {exc}")
-                offset = update.update_id + 1
-        if offset is not None:  # Telegram learns the offset from the next call: confirm now
-            with suppress(Exception):
-                await self.bot(GetUpdates(offset=offset, timeout=0, limit=1))
-
-    async def _until_stopped(self, call: Awaitable[T]) -> T | None:
-        """The call's result, or None when :meth:`stop` came first (the call is cancelled)."""
-        task = asyncio.ensure_future(call)
-        stopped = asyncio.create_task(self._stopped.wait())
-        try:
-            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if not task.done():
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
-            return None
-        return task.result()
+        await poll(self.bot, self.dispatcher, self._stopped,
+                   timeout=self.settings.polling_timeout, retry_seconds=self.retry_seconds)
 
     async def aclose(self) -> None:
         await self.bot.session.close()
@@ -293,7 +255,7 @@ class MemoryBot:
         follows = False
         try:
             async with self._lock(self._locks, key):
-                result = await handler(update, data)
+                result = await self.redeliveries.handle(handler, update, data)
             if callable(result):
                 follows = True
                 task = asyncio.create_task(self._follow(key, result, update, began))
@@ -337,19 +299,28 @@ class MemoryBot:
                 self.on_update_handled(update)
 
     async def _report(self, what: str, workspace_id: str, report: Callable[[], None],
-                      **fields: Any) -> bool:
+                      on_give_up: FollowUp | None = None, **fields: Any) -> bool:
         """Runs ``report`` (facts for the database) off the event loop; logs ``what`` or why
-        it failed. Whether it worked; NotReported when the database could not be reached
-        (Telegram then delivers the update again)."""
+        it failed. Whether it worked; NotReported when the database refused it (Telegram then
+        delivers the update again)."""
         try:
             await self._db(report)
         except DB_ERRORS as exc:
             event("facts_not_reported", logging.WARNING, workspace_id=workspace_id, what=what,
                   error=f"{type(exc).__name__}: {exc}")
-            if isinstance(exc, DatabaseUnavailable):
-                raise NotReported(f"{what}: {exc}") from exc
+            if database_refused(exc):
+                raise NotReported(what, exc, workspace_id, on_give_up) from exc
             return False
         event(what, workspace_id=workspace_id, **fields)
+        return True
+
+    async def _takes_writes(self, workspace_id: str) -> bool:
+        """Whether the database stores a workspace's facts now (the probe of
+        :class:`Redeliveries`: is it one update the database refuses, or every write?)."""
+        try:
+            await self._db(self._report_workspace, workspace_id)
+        except DB_ERRORS as exc:
+            return not database_refused(exc)
         return True
 
     @staticmethod
@@ -390,16 +361,14 @@ class MemoryBot:
         if place.topic_id:
             self.memory.upsert_topic(ws, place.chat_id, place.topic_id)
 
-    def _report_request(self, place: mapping.Place, user_id: str, request_id: str,
-                        status: str, spent: Decimal = Decimal(0)) -> None:
+    def _report_request(self, place: mapping.Place, user_id: str, request_id: str) -> None:
+        """The request ``running`` (its end is the outbox's: :class:`RequestEnd`)."""
         s = self.settings
         self.memory.upsert_request(
             place.workspace_id, request_id, bot_id=s.bot_id, chat_id=place.chat_id,
-            topic_id=place.topic_id, user_id=user_id, kind="interactive",
-            status=status,  # type: ignore[arg-type]
+            topic_id=place.topic_id, user_id=user_id, kind="interactive", status="running",
             model_provider=s.model.provider, model_id=s.model.id,
-            budget_usd=s.request_budget_usd, spent_usd=spent.quantize(Decimal("0.000001")),
-            thread_id=place.thread_id)
+            budget_usd=s.request_budget_usd, thread_id=place.thread_id)
 
     async def _membership(self, chat: Chat, user: User) -> tuple[mapping.Role, bool] | None:
         """The user's standing in a group now, as Telegram says (None when it cannot say)."""
@@ -440,10 +409,10 @@ class MemoryBot:
         membership = await self._membership(chat, user) if place.kind == "group" else None
         reported = await self._report(
             "place_reported", place.workspace_id,
-            lambda: self._report_place(place, str(user.id), membership), membership=membership)
+            lambda: self._report_place(place, str(user.id), membership),
+            on_give_up=lambda: self._sorry(message), membership=membership)
         if not reported:
-            with suppress(TelegramAPIError):
-                await self._send(message, SORRY)
+            await self._sorry(message)
             return None
         if command == "memory":
             await self.show_memory(message, place, str(user.id))
@@ -482,33 +451,51 @@ class MemoryBot:
                              text: str) -> FollowUp | None:
         """The request reported ``running`` and the message stored: then the answer follows
         (returned, to run after the chat's earlier answers). :class:`NotReported` when the
-        database could not be reached: Telegram delivers the message again."""
-        ws, request_id = place.workspace_id, mapping.request_key(message)
+        database refused: Telegram delivers the message again."""
+        if not await self._open(message, place, user_id, mapping.request_key(message), text):
+            return None
+        return lambda: self.answer(message, place, user_id, text)
+
+    async def _open(self, message: Message, place: mapping.Place, user_id: str,
+                    request_id: str, text: str | None) -> bool:
+        """Reports the request ``running`` and stores the message's ``text`` (if any). Whether
+        to answer: not a redelivered update (its request ended), nor one the database judged
+        bad (the request failed, the sender told). :class:`NotReported` when the database
+        refused: given up, the request fails and the sender is told."""
+        ws = place.workspace_id
         ids: dict[str, Any] = {"workspace_id": ws, "request_id": request_id}
         try:
-            await self._db(self._report_request, place, user_id, request_id, "running")
-            await self._db(self.memory.upsert_message, ws,
-                           mapping.message_key(message.chat.id, message.message_id),
-                           request_id, "user", user_id, text, directed=True,
-                           retain_until=self._retain_until(message.date))
+            await self._db(self._report_request, place, user_id, request_id)
+            if text is not None:
+                await self._db(self.memory.upsert_message, ws,
+                               mapping.message_key(message.chat.id, message.message_id),
+                               request_id, "user", user_id, text, directed=True,
+                               retain_until=self._retain_until(message.date))
         except errors.Conflict:
             # Telegram delivered the update again (the bot stopped before confirming it): the
             # request already finished, and the message was answered or failed once.
             event("duplicate_update", **ids)
-            return None
-        except DatabaseUnavailable as exc:
-            event("message_not_reported", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
-                  **ids)
-            raise NotReported(f"message {request_id}: {exc}") from exc
+            return False
         except DB_ERRORS as exc:
-            await self._fail(message, place, user_id, request_id, Decimal(0), exc)
-            return None
-        return lambda: self.answer(message, place, user_id, text)
+            if not database_refused(exc):
+                await self._fail(message, place, request_id, Decimal(0), exc)
+                return False
+            event("message_not_reported", logging.WARNING,
+                  error=f"{type(exc).__name__}: {exc}", **ids)
+
+            async def give_up() -> None:
+                await self.outbox.settle(RequestEnd(workspace_id=ws, request_id=request_id,
+                                                    status="failed", spent_usd=Decimal(0)))
+                await self._sorry(message)
+
+            raise NotReported(f"message {request_id}", exc, ws, give_up) from exc
+        return True
 
     async def answer(self, message: Message, place: mapping.Place, user_id: str,
                      text: str) -> None:
         """One answer, one request (reported ``running``, its message stored): the model's
-        answer, then the request ``succeeded`` or ``failed`` with its spend."""
+        answer, then the request ``succeeded`` or ``failed`` with its spend (kept by the
+        outbox until the database takes it)."""
         ws, request_id = place.workspace_id, mapping.request_key(message)
         ids: dict[str, Any] = {"workspace_id": ws, "request_id": request_id}
         spent = Decimal(0)
@@ -531,44 +518,47 @@ class MemoryBot:
             cited = await self._db(self.memory.request_citations, ws, request_id)
             shown = mapping.render_citations(reply.text, cited)
             sent = await self._send(message, shown)
-            boundary = await self._db(self.memory.answer_retention_boundary, ws, request_id)
-            await self._db(self.memory.upsert_message, ws,
-                           mapping.message_key(sent.chat.id, sent.message_id), request_id,
-                           "assistant", self.settings.bot_id, shown, directed=True,
-                           retain_until=_earliest(boundary, self._retain_until(sent.date)))
-            await self._db(self._report_request, place, user_id, request_id, "succeeded",
-                           spent)
         except ChatFailure as exc:
-            await self._fail(message, place, user_id, request_id, exc.cost_usd, exc)
+            await self._fail(message, place, request_id, exc.cost_usd, exc)
             return
         except (*DB_ERRORS, TelegramAPIError) as exc:
-            await self._fail(message, place, user_id, request_id, spent, exc)
+            await self._fail(message, place, request_id, spent, exc)
             return
         event("answered", recall=recall.mode, model_calls=reply.calls, tools=reply.trace,
               citations=len(cited), spent_usd=str(spent), **ids)
+        await self.outbox.settle(RequestEnd(
+            workspace_id=ws, request_id=request_id, status="succeeded", spent_usd=spent,
+            answer=SentAnswer(message_id=mapping.message_key(sent.chat.id, sent.message_id),
+                              speaker_id=self.settings.bot_id, text=shown,
+                              retain_until=self._retain_until(sent.date))))
 
     async def show_memory(self, message: Message, place: mapping.Place, user_id: str) -> None:
         """``/memory``: the recall of a request of its own; it stores no message."""
         request_id = mapping.memory_request_key(message)
+        if not await self._open(message, place, user_id, request_id, None):
+            return
         try:
-            await self._db(self._report_request, place, user_id, request_id, "running")
             recall = await self._db(self.memory.recall, place.workspace_id, request_id)
             await self._send(message, render_recall(recall))
-            await self._db(self._report_request, place, user_id, request_id, "succeeded")
-        except errors.Conflict:
-            event("duplicate_update", workspace_id=place.workspace_id, request_id=request_id)
         except (*DB_ERRORS, TelegramAPIError) as exc:
-            await self._fail(message, place, user_id, request_id, Decimal(0), exc)
+            await self._fail(message, place, request_id, Decimal(0), exc)
+            return
+        await self.outbox.settle(RequestEnd(workspace_id=place.workspace_id,
+                                            request_id=request_id, status="succeeded",
+                                            spent_usd=Decimal(0)))
 
-    async def _fail(self, message: Message, place: mapping.Place, user_id: str,
-                    request_id: str, spent: Decimal, why: Exception) -> None:
+    async def _fail(self, message: Message, place: mapping.Place, request_id: str,
+                    spent: Decimal, why: Exception) -> None:
+        """The request ``failed`` with its spend (kept until the database takes it); the
+        sender is told."""
         event("answer_failed", logging.WARNING, workspace_id=place.workspace_id,
               request_id=request_id, spent_usd=str(spent), error=f"{type(why).__name__}: {why}")
-        try:
-            await self._db(self._report_request, place, user_id, request_id, "failed", spent)
-        except DB_ERRORS as exc:
-            event("failure_not_recorded", logging.WARNING, workspace_id=place.workspace_id,
-                  request_id=request_id, error=f"{type(exc).__name__}: {exc}")
+        await self.outbox.settle(RequestEnd(workspace_id=place.workspace_id,
+                                            request_id=request_id, status="failed",
+                                            spent_usd=spent))
+        await self._sorry(message)
+
+    async def _sorry(self, message: Message) -> None:
         with suppress(TelegramAPIError):
             await self._send(message, SORRY)
 
@@ -618,8 +608,9 @@ class MemoryBot:
         except DB_ERRORS as exc:
             event("edit_not_reported", logging.WARNING, workspace_id=place.workspace_id,
                   message_id=key, error=f"{type(exc).__name__}: {exc}")
-            if isinstance(exc, DatabaseUnavailable):
-                raise NotReported(f"edit {key}: {exc}") from exc
+            if database_refused(exc):  # given up, the memory keeps the text before the edit
+                raise NotReported(f"edit of message {key} (the memory keeps its earlier text)",
+                                  exc, place.workspace_id) from exc
             return
         event("edit_reported", workspace_id=place.workspace_id, message_id=key, outcome=outcome)
 
@@ -693,8 +684,3 @@ async def serve(settings: Settings) -> None:
     """``pimem telegram``: the bot until SIGTERM or SIGINT."""
     bot = MemoryBot(settings)
     await bot.run(handle_signals=True)
-
-
-def _longer(wait: float) -> float:
-    """The next wait before asking Telegram again: doubling, within RETRY_SECONDS."""
-    return min(max(wait * 2, RETRY_SECONDS[0]), RETRY_SECONDS[1])

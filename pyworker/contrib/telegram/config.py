@@ -7,9 +7,10 @@ import re
 import secrets
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pyworker.adapters.openai_compat import Price, load_prices
 from pyworker.payload import ModelRef
@@ -20,6 +21,14 @@ SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 class SettingsError(ValueError):
     """A variable is missing or malformed; the message names it."""
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the bot keeps what the database has not taken yet (``PIMEM_TG_STATE_DIR``):
+    ``$XDG_STATE_HOME/pimem``, else ``~/.local/state/pimem``."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".local" / "state") / "pimem"
 
 
 class Settings(BaseModel):
@@ -47,6 +56,7 @@ class Settings(BaseModel):
     webhook_host: str = "127.0.0.1"
     webhook_port: int = 8080
     webhook_secret: str = ""
+    state_dir: Path = Field(default_factory=default_state_dir)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, dsn: str | None = None,
@@ -151,4 +161,5 @@ class Settings(BaseModel):
             webhook_host=host.strip("[]"),
             webhook_port=int(port),
             webhook_secret=secret,
+            state_dir=Path(get("PIMEM_TG_STATE_DIR") or default_state_dir(env)),
         )

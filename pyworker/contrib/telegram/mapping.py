@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from aiogram.enums import ChatMemberStatus, ChatType
 from aiogram.types import Chat, ChatMemberUnion, Message, User
@@ -81,23 +81,53 @@ def text_of(message: Message) -> str | None:
     return message.text if message.text is not None else message.caption
 
 
+# The fields of a forward before Bot API 7.0 (``forward_origin``). Telegram no longer sends them,
+# but a local Bot API server of an older version, a bridge or a replayed update may: a message
+# that carries any of them is a forward all the same (aiogram keeps them, deprecated, and keeps
+# any field it no longer declares as an extra attribute).
+LEGACY_FORWARD = ("forward_date", "forward_from", "forward_from_chat", "forward_sender_name")
+
+
+def _field(value: object, name: str) -> Any:
+    """A field of a Telegram object, typed (aiogram's model) or raw (an undeclared extra)."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
 def is_forwarded(message: Message) -> bool:
-    """Whether the message is a forward: someone else's words, not its sender's."""
-    return message.forward_origin is not None
+    """Whether the message is a forward: someone else's words, not its sender's
+    (``forward_origin``, or the legacy fields of Bot API 6: ``forward_from``, ...)."""
+    return message.forward_origin is not None or any(
+        _field(message, name) is not None for name in LEGACY_FORWARD)
+
+
+def _person(user: object) -> str:
+    name = " ".join(str(part) for part in (_field(user, "first_name"),
+                                           _field(user, "last_name")) if part)
+    return f"{name or 'someone'} (user {_field(user, 'id')})"
+
+
+def _chat(chat: object) -> str:
+    return f"{_field(chat, 'title') or _field(chat, 'id')} (chat {_field(chat, 'id')})"
 
 
 def origin_of(message: Message) -> str:
-    """Who wrote a forwarded message, as Telegram tells it."""
-    origin = message.forward_origin
-    user = getattr(origin, "sender_user", None)
+    """Who wrote a forwarded message, as Telegram tells it (``forward_origin``, else the
+    legacy fields)."""
+    origin: object = message.forward_origin
+    if origin is None:  # a legacy forward: the same facts under the old names
+        user, name = _field(message, "forward_from"), _field(message, "forward_sender_name")
+        chat = _field(message, "forward_from_chat")
+    else:
+        user, name = _field(origin, "sender_user"), _field(origin, "sender_user_name")
+        chat = _field(origin, "sender_chat") or _field(origin, "chat")
     if user is not None:
-        return f"{user.full_name} (user {user.id})"
-    name = getattr(origin, "sender_user_name", None)
+        return _person(user)
     if name:
         return str(name)
-    chat = getattr(origin, "sender_chat", None) or getattr(origin, "chat", None)
     if chat is not None:
-        return f"{chat.title or chat.id} (chat {chat.id})"
+        return _chat(chat)
     return "someone"
 
 

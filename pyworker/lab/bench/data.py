@@ -28,8 +28,9 @@ import psycopg
 
 RECORDS_PER_WORKSPACE = 256
 CONVERSATIONS_PER_WORKSPACE = 128
-WIDE_RECORD_EVERY = 16      # every 16th record depends on 24 messages
+WIDE_RECORD_EVERY = 16      # every 16th record cites 24 messages
 WIDE_RECORD_SOURCES = 24
+BATCH_CONVERSATIONS = 20    # a record rests on its batch: 20 conversations, 40 messages
 REPO_RECORD_EVERY = 8       # every 8th record drew on repository "repo-docs"
 SEARCH_TERM = "kubernetes"  # appears in every 16th record (16 of 256): a literal search hit
 # A question passed whole, as a model would: no literal match, found by its words (ranked).
@@ -228,9 +229,15 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             created = start + timedelta(minutes=150 * k + 75 * (j // CONVERSATIONS_PER_WORKSPACE),
                                         seconds=j)
             repos = ["repo-docs"] if any(p % REPO_RECORD_EVERY == 0 for p in pairs) else []
-            # The record's copy of its dependencies, as the record_dependencies triggers write
-            # it when triggers are on (memory_private.copy_dependencies): ids in bytewise order.
-            deps = sorted((s[0], s[2]) for s in sources)
+            # It rests on everything its batch showed the model: its sources and the other
+            # messages of its 20 conversations. The record's copy of its dependencies, as the
+            # record_dependencies triggers write it when triggers are on
+            # (memory_private.copy_dependencies): ids in bytewise order.
+            batch = [msgs[2 * ((k + w) % CONVERSATIONS_PER_WORKSPACE) + r]
+                     for w in range(BATCH_CONVERSATIONS) for r in (0, 1)]
+            cited = {s[0] for s in sources}
+            shown = [b for b in dict.fromkeys(batch) if b[0] not in cited]
+            deps = sorted({(s[0], s[2]) for s in sources} | {(b[0], b[2]) for b in shown})
             t["records"].rows.append((ws, record_id, scope_id, "extracted", title, summary,
                                       speakers, threads, repos, "b1-identity", f"r{k:03d}",
                                       created, [d[0] for d in deps], [d[1] for d in deps],
@@ -238,6 +245,8 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             # Every message of the record is cited: a dependency that is a source, numbered.
             for pos, (mid, _speaker, digest, _thread, _at) in enumerate(sources, start=1):
                 t["record_dependencies"].rows.append((ws, record_id, mid, digest, "cited", pos))
+            for mid, _speaker, digest, _thread, _at in shown:
+                t["record_dependencies"].rows.append((ws, record_id, mid, digest, "shown", None))
         # The index as a consolidation leaves it: built from the 48 newest records (its
         # candidates, all of which it depends on), naming the 12 newest.
         candidates = sorted(t["records"].rows[-RECORDS_PER_WORKSPACE:],
@@ -296,7 +305,7 @@ def build_workspaces(conn: psycopg.Connection, indexes: Iterable[int], *, now: d
             ids = [r[0] for r in conn.execute(
                 "select record_id from memory_private.records where workspace_id = %s",
                 (row[0],))]
-            conn.execute("select memory_private.index_records(%s, %s::bigint[], true)",
+            conn.execute("select memory_private.index_records(%s, %s::bigint[])",
                          (row[0], ids))
     return len(tables["records"].rows)
 
@@ -381,7 +390,7 @@ def grow(conn: psycopg.Connection, have: int, want: int, *, now: datetime,
 SETTLED_TABLES = ("workspaces", "workspace_memory", "members", "bots", "chats", "topics",
                   "repository_grants", "requests", "messages", "scopes", "records",
                   "record_dependencies", "record_usage", "record_texts", "record_documents",
-                  "record_lines", "record_words", "index_dependencies")
+                  "scope_words", "index_dependencies")
 
 
 def settle(conn: psycopg.Connection) -> None:

@@ -377,7 +377,7 @@ def explain_hot_paths(conn: psycopg.Connection, width: int) -> Section:
 # whole-table read (a planner's choice that costs W times more at W workspaces: the hashed
 # subplan over every summary line of 2026-12-01, docs/benchmarks.md).
 TENANT_TABLES = frozenset({
-    "records", "record_texts", "record_documents", "record_lines", "record_words", "record_dependencies", "record_usage", "messages", "requests", "tool_calls", "scopes",
+    "records", "record_texts", "record_documents", "scope_words", "record_dependencies", "record_usage", "messages", "requests", "tool_calls", "scopes",
     "tombstones", "index_dependencies", "request_recall", "members", "bots", "chats", "topics",
     "repository_grants"})
 _NODE = re.compile(r"(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Tid Scan)"
@@ -424,6 +424,10 @@ def top_statements(plans: Sequence[str], n: int = 8) -> list[dict[str, Any]]:
     return [{"statement": k, "calls": len(v), "ms": round(sum(v), 3)} for k, v in ranked]
 
 
+# What the searches derive from the records (sql/48_search.sql, record_texts): their index.
+SEARCH_TABLES = frozenset({"record_documents", "scope_words", "record_texts"})
+
+
 def measure_disk(conn: psycopg.Connection) -> Section:
     """Bytes on disk per message against its raw text (issue 34): the messages table with its
     TOAST and indexes, and every table of the schema likewise (records, searches, jobs, ...),
@@ -450,6 +454,9 @@ def measure_disk(conn: psycopg.Connection) -> Section:
          where t.relnamespace = 'memory_private'::regnamespace
          order by 3 desc""").fetchall()]
     own = next(t for t in tables if t["table"] == "messages")
+    search = sum(t["heap"] + t["toast"] + t["indexes"] for t in tables
+                 if t["table"] in SEARCH_TABLES)
+    records = conn.execute("select count(*) from memory_private.records").fetchone()
     own_bytes = own["heap"] + own["toast"] + own["indexes"]
     all_bytes = sum(t["heap"] + t["toast"] + t["indexes"] for t in tables)
     return {"status": "ok", "messages": messages, "raw_bytes_per_message": round(raw / messages, 1),
@@ -457,5 +464,7 @@ def measure_disk(conn: psycopg.Connection) -> Section:
             "message_x_raw": round(own_bytes / raw, 3) if raw else None,
             "all_bytes_per_message": round(all_bytes / messages, 1),
             "all_x_raw": round(all_bytes / raw, 3) if raw else None,
+            "search_bytes_per_record": round(search / records[0], 1)
+            if records and records[0] else None,
             "tables": tables, "indexes": indexes}
 

@@ -411,7 +411,8 @@ def measure(dsn: str, *, changed: int, idle: int, passes: int, stopped: int,
             sweep_workspaces: int, sweep_per_workspace: int, ingest_samples: int,
             many: tuple[int, ...] = (1000, 10_000), past_jobs: int = 10_000) -> Section:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if not db.has_function(conn, "memory_private.due_workspaces(text,integer)"):
+        if not any(db.has_function(conn, f"memory_private.due_workspaces({arguments})")
+                   for arguments in ("text,integer,timestamptz", "text,integer")):
             return db.not_available("maintenance does not follow change in this schema yet")
         conn.execute("delete from memory_private.workspaces where workspace_id like %s",
                      (f"{PREFIX}-%",))

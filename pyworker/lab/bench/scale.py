@@ -42,7 +42,8 @@ RECORDS = 10                # per workspace, in its one scope
 WIDE_PAIRS = 12             # the first record cites 12 conversations (24 messages)
 INDEX_RECORDS = 10          # the consolidated index names this many (at most 12)
 SWEEP_SHARE = 2             # the sweep erases the older 1/SWEEP_SHARE of a workspace's messages
-TARGETS = {"read_p50_growth": 1.3, "ingest_p50_growth": 1.2, "build_seconds": 900.0}
+TARGETS = {"read_p50_growth": 1.3, "ingest_p50_growth": 1.2, "build_seconds": 900.0,
+           "disk_x_raw": 10.0}
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,21 @@ LOAD_RECORDS = [
             on m.workspace_id = r.workspace_id
            and m.request_id = {_RID % '((o.k + w) %% %(c)s::int)'}
          where r.workspace_id between %(lo_ws)s and %(hi_ws)s""",
+    # ... and the rest of its batch, every message its model call was shown: the conversations
+    # of the workspace's records share them out, c / r each.
+    f"""insert into memory_private.record_dependencies
+          (workspace_id, record_id, message_id, content_hash, via, position)
+        select r.workspace_id, r.record_id, m.message_id, m.content_hash, 'shown', null
+          from memory_private.records r
+         cross join lateral (select substr(r.origin_request_id, 2)::int as k) o
+         cross join lateral generate_series(1, %(c)s::int / %(r)s::int - 1) w
+          join memory_private.messages m
+            on m.workspace_id = r.workspace_id
+           and m.request_id = {_RID % '((o.k + w) %% %(c)s::int)'}
+         where r.workspace_id between %(lo_ws)s and %(hi_ws)s
+           and not exists (select 1 from memory_private.record_dependencies d
+                            where d.workspace_id = r.workspace_id and d.record_id = r.record_id
+                              and d.message_id = m.message_id)""",
     # What the record triggers make: each record's copy of its dependencies (as
     # memory_private.copy_dependencies writes it, one statement for the batch instead of one a
     # workspace) and its usage row (as memory_private.records_add_usage_row writes it).
@@ -194,7 +210,8 @@ LOAD_RECORDS = [
          from (select d.workspace_id, d.record_id,
                       array_agg(d.message_id order by d.message_id collate "C") as ids,
                       array_agg(d.content_hash order by d.message_id collate "C") as hashes,
-                      array_agg(d.message_id order by d.position) as sources
+                      coalesce(array_agg(d.message_id order by d.position)
+                               filter (where d.position is not null), '{}') as sources
                  from memory_private.record_dependencies d
                 where d.workspace_id between %(lo_ws)s and %(hi_ws)s
                 group by d.workspace_id, d.record_id) x
@@ -279,7 +296,7 @@ def load(conn: psycopg.Connection, have: int, want: int, *, start: datetime, now
                     "select workspace_id, array_agg(record_id) from memory_private.records "
                     "where workspace_id between %s and %s group by 1",
                     (args["lo_ws"], args["hi_ws"])).fetchall():
-                conn.execute("select memory_private.index_records(%s, %s::bigint[], true)",
+                conn.execute("select memory_private.index_records(%s, %s::bigint[])",
                              (ws, ids), prepare=True)
             spent["index_records"] = round(spent.get("index_records", 0.0)
                                            + time.monotonic() - t, 2)
@@ -303,7 +320,7 @@ def _table(sql: str) -> str:
 
 def counts(conn: psycopg.Connection) -> dict[str, int]:
     names = ("workspaces", "requests", "messages", "scopes", "records", "record_dependencies",
-             "record_usage", "record_words", "extracted_sources", "jobs")
+             "record_usage", "scope_words", "extracted_sources", "jobs")
     row = conn.execute("select " + ", ".join(
         f"(select count(*) from memory_private.{n})" for n in names)).fetchone()
     assert row is not None
@@ -449,12 +466,19 @@ def run(conn: psycopg.Connection, dsn: str, profile: ScaleProfile, log: Any) -> 
         result["build_seconds"][str(width)] = round(time.monotonic() - t0, 1)
         have = width
         result["counts"][str(width)] = counts(conn)
+        disk = db.measure_disk(conn)  # as loaded, before the measurements add their rows
+        result.setdefault("disk_at", {})[str(width)] = {
+            k: disk.get(k) for k in ("messages", "raw_bytes_per_message", "all_bytes_per_message",
+                                     "all_x_raw", "search_bytes_per_record")}
+        result["disk_at"][str(width)]["all_bytes"] = sum(
+            t["heap"] + t["toast"] + t["indexes"] for t in disk.get("tables", []))
         result["validity"][str(width)] = invalid_in_sample(conn, width, profile.validity_sample)
         result["at"][str(width)] = measure_size(conn, dsn, width, profile, now, log)
     result["build_seconds"]["total"] = round(sum(result["build_seconds"].values()), 1)
     result["consistency"] = data.check_consistency(conn)
     result["counts"]["end"] = counts(conn)
     result["disk"] = db.measure_disk(conn)
+    result["disk_growth"] = disk_growth(result)
     result["figures"] = figures(result)
     return result
 
@@ -523,10 +547,33 @@ def figures(result: Section) -> list[Section]:
     return rows
 
 
+def disk_growth(result: Section) -> Section:
+    """What the schema grew by from the smaller size to the larger, as loaded, over the text the
+    messages grew by: the bytes a message of text costs with the fixed size of empty tables and
+    indexes taken out (which dominates a small world)."""
+    small, large = (result.get("disk_at", {}).get(str(w), {}) for w in result["sizes"])
+    if not small.get("messages") or not large.get("messages"):
+        return {}
+    raw = (large["raw_bytes_per_message"] * large["messages"]
+           - small["raw_bytes_per_message"] * small["messages"])
+    added = large["all_bytes"] - small["all_bytes"]
+    return {"messages": large["messages"] - small["messages"],
+            "bytes_per_message": round(added / (large["messages"] - small["messages"]), 1),
+            "x_raw": round(added / raw, 3) if raw > 0 else None}
+
+
 def verdict(scale: Section) -> list[Section]:
     """The scale targets, in the bench's verdict form."""
     small, large = scale["sizes"]
     out = []
+    disk = scale.get("disk", {})
+    if disk.get("status") == "ok":
+        v = db.target(f"scale: every table's bytes on disk per message / its text at W={large}",
+                      disk["all_x_raw"], TARGETS["disk_x_raw"])
+        growth = scale.get("disk_growth", {})
+        if growth.get("x_raw") is not None:
+            v["growth_x_raw"] = growth["x_raw"]
+        out.append(v)
     for f in scale["figures"]:
         if f["limit"] is None:
             continue
@@ -595,5 +642,12 @@ def markdown(scale: Section) -> list[str]:
                        f"{disk['raw_bytes_per_message']} bytes of text; the messages table with "
                        f"its TOAST and indexes {disk['message_bytes_per_message']} bytes a message "
                        f"({disk['message_x_raw']}x the text); every table "
-                       f"{disk['all_bytes_per_message']} bytes a message ({disk['all_x_raw']}x).")]
+                       f"{disk['all_bytes_per_message']} bytes a message ({disk['all_x_raw']}x; "
+                       f"target {TARGETS['disk_x_raw']:.0f}x); the search's rows "
+                       f"{disk.get('search_bytes_per_record')} bytes a record.")]
+        growth = scale.get("disk_growth", {})
+        if growth.get("x_raw") is not None:
+            lines += ["", (f"Growth from W={small} to W={large} as loaded (the fixed size of "
+                           f"empty tables taken out): {growth['bytes_per_message']} bytes a "
+                           f"message, {growth['x_raw']}x its text.")]
     return lines

@@ -39,7 +39,7 @@ from pyworker.lab.bench import data, db
 
 SCHEMA = "bench_takeout"
 QUERY = "memory.query_memories(text,text,text,jsonb)"
-ANSWER = "memory_private.answer_records(text,bigint[],text,text[])"
+ANSWER = "memory_private.answer_records(text,bigint[],text,text[],text[])"
 RECENT = "memory_private.recent_valid_records(text,bigint,integer,text,text,bigint)"
 SEARCH = "memory_private.search_records(text,bigint,integer,text,text)"
 RECORDS = "memory_private.query_records(text,bigint,integer,text,text,bigint)"
@@ -48,10 +48,11 @@ RECORDS = "memory_private.query_records(text,bigint,integer,text,text,bigint)"
 USAGE = ("perform memory_private.count_usage(p_workspace_id, v_ids, v_now);", "null;")
 PROVENANCE = [("insert into memory_private.tool_calls", "perform 1; /*"),
               ("updated_at = v_now;", "updated_at = v_now; */")]
-LINES = ("where v_folded is not null", "where false")
-JSON = ("return to_jsonb(row(case when v_query is not null then 'search'",
-        ("return jsonb_build_object('count', cardinality(v_records)); return to_jsonb(row("
-         "case when v_query is not null then 'search'"))
+LINES = [("where p_lines[f.pos] is not null", "where false"),
+         ("where p_lines[f.pos] is null and v_folded is not null", "where false")]
+JSON = ("return to_jsonb(memory_private.query_answer_row(",
+        ("return jsonb_build_object('count', cardinality(v_records)); "
+         "return to_jsonb(memory_private.query_answer_row("))
 BROWSE = ("v_first := (v_start.previous).tool_call_id is null;",
           "v_first := (v_start.previous).tool_call_id is null; v_query := null;")
 VALIDATION = [("and not exists (select 1 from memory_private.record_failures(",
@@ -122,7 +123,7 @@ def install(conn: psycopg.Connection, variants: Sequence[Variant]) -> dict[str, 
     """The copies of each variant; returns the name of each variant's query_memories."""
     conn.execute(f"drop schema if exists {SCHEMA} cascade")
     conn.execute(f"create schema {SCHEMA}")
-    copy_function(conn, ANSWER, "answer_no_lines", [LINES])
+    copy_function(conn, ANSWER, "answer_no_lines", LINES)
     copy_function(conn, RECENT, "recent_unchecked", VALIDATION)
     copy_function(conn, SEARCH, "search_unchecked", [(
         "memory_private.recent_valid_records(", f"{SCHEMA}.recent_unchecked(")])
