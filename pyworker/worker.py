@@ -404,7 +404,7 @@ class Worker:
                    lost: threading.Event) -> None:
         """Extends the lease every ``lease_every`` seconds while the call runs (own connection);
         aborts the call when the lease is lost."""
-        db = Database(self.config.dsn, application_name="pimem-worker-heartbeat")
+        db = self.db.sibling("pimem-worker-heartbeat")  # the job's route, its own connection
         try:
             while not done.wait(self.config.lease_every):
                 try:

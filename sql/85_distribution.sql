@@ -262,15 +262,21 @@ begin
                                              'sql_functions_made_plpgsql', v_sql_functions,
                                              'functions',
                                              memory_private.distribute_functions(true));
-  -- A function that pins generic plans for speed on one node (recall, query_memories) gets
-  -- the default again: Citus routes a statement by its parameters' values, which a generic
-  -- plan does not have. ALTER FUNCTION reaches the workers.
+  -- Plans (a block of its own: the routing of calls to the workspace's node, docs/scaling.md).
+  -- Every function of the API plans its statements for each call on the cluster
+  -- (force_custom_plan, which reaches everything it calls): Citus routes a statement by its
+  -- parameters' values, which a generic plan pinned for speed on one node (recall,
+  -- query_memories) does not have; and on a worker node, where a routed call runs its
+  -- statements locally, Citus 13.2.2 keeps a new local plan in a generic plan at every
+  -- execution, never finding the earlier ones (about 250 kB a recall: a pooled connection grew
+  -- by gigabytes). ALTER FUNCTION reaches the workers.
   for v_function in
     select p.oid::regprocedure from pg_proc p
-     where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
-       and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
+     where p.pronamespace = 'memory'::regnamespace and p.prokind = 'f'
+       and p.prolang <> (select oid from pg_language where lanname = 'sql')
+       and not coalesce('plan_cache_mode=force_custom_plan' = any(p.proconfig), false)
   loop
-    execute format('alter function %s reset plan_cache_mode', v_function);
+    execute format('alter function %s set plan_cache_mode = force_custom_plan', v_function);
   end loop;
   -- The functions call one another inside queries (a validity rule inside a search), which
   -- Citus counts as a distributed query nested in a query on a shard and refuses by default.
@@ -285,5 +291,6 @@ comment on function memory_private.distribute() is
   'Distributes the schema on a Citus coordinator (85_distribution.sql): reference tables, '
   'tables distributed by workspace and co-located, the private views and every function on '
   'every node (SQL functions reading tables made PL/pgSQL), nested distributed '
-  'execution allowed for the database, no pinned generic plans. Idempotent: only what is not '
-  'yet on the cluster is done. MB025 without Citus. Answers the counts.';
+  'execution allowed for the database, the API''s statements planned for each call. '
+  'Idempotent: only what is not yet on the cluster is done. MB025 without Citus. Answers the '
+  'counts.';

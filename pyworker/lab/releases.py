@@ -240,7 +240,7 @@ GENERATED_END = "-- pimem:generated end"
 GENERATED_NOTE = ("-- Written by `pimem schema-bundle` from sql/ (docs/migrations.md): edit sql/, "
                   "then run it again.")
 _REGION = re.compile(rf"^{re.escape(GENERATED_BEGIN)}(?::(?P<names>[^\n]*))?\n.*?"
-                     rf"^{re.escape(GENERATED_END)}\n", re.S | re.M)
+                     rf"^{re.escape(GENERATED_END)}\n", re.DOTALL | re.MULTILINE)
 
 
 def unreleased_migration(directory: Path | None = None) -> Path | None:

@@ -126,7 +126,7 @@ _COMMENT_TRIGGER = re.compile(rf"^comment on trigger ([a-z_][a-z_0-9]*) on {_NAM
 _COMMENT_COLUMN = re.compile(rf"^comment on column {_NAME}\.[a-z_0-9]+\b")
 _ALTER_FUNCTION = re.compile(rf"^alter (?:function|procedure) {_NAME} ?\(")
 _PRIVILEGE = re.compile(r"^(grant|revoke) .*? on (function|procedure|table|sequence|schema) ",
-                        re.S)
+                        re.DOTALL)
 _PRIVILEGE_OBJECT = re.compile(r"^(grant|revoke) [a-z, ]+ on ([a-z_][a-z_0-9]*\.[a-z_]|"
                                r"memory[a-z_]*\.)")
 _DROP = re.compile(rf"^drop (function|procedure|view) (?:if exists )?{_NAME}")
