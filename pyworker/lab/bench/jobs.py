@@ -94,11 +94,13 @@ def prepare_jobs(dsn: str, tag: str, n: int) -> int:
 
 # Ours --------------------------------------------------------------------------------------------
 
-def ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
+def ours_process(dsn: str, ready: Any, go: Any, results: Any, *, route: bool = True) -> None:
+    """One worker process; ``route=False`` sends every call to the DSN given (on a Citus
+    cluster: through the coordinator), else each workspace's calls go to its node."""
     from pyworker.adapters.offline import OfflineAdapter
     from pyworker.worker import Worker, WorkerConfig
 
-    db = NoMaintenanceDatabase(dsn)
+    db = NoMaintenanceDatabase(dsn, route=route)
     worker = Worker(WorkerConfig(dsn=dsn, interval=0.1), OfflineAdapter(), db=db)
     db._connection()  # connect before the start signal, as the peer does
     # One job before it too: a session's first job compiles the functions it calls and plans
