@@ -324,13 +324,11 @@ def _load(mode: str, dsn: str, nodes: dict[str, Path], width: int, calls: int, j
     time.sleep(0.5)  # the backends' CPU is counted once they are reaped
     after = cpu_of(nodes)
     calls_cpu = {name: round(after[name] - before[name], 2) for name in before if name in after}
-    made = bench_jobs.prepare_jobs(dsn, f"ld{mode[0]}", jobs + 2)
-    before = cpu_of(nodes)
+    made = bench_jobs.prepare_jobs(dsn, f"ld{mode[0]}", jobs + 2)  # one each to warm up
     run = bench_jobs.run_processes(functools.partial(bench_jobs.ours_process,
-                                                     route=mode == "routed"), dsn, 2, None)
-    time.sleep(0.5)
-    after = cpu_of(nodes)
-    jobs_cpu = {name: round(after[name] - before[name], 2) for name in before if name in after}
+                                                     route=mode == "routed"), dsn, 2, nodes,
+                                   sample=False)
+    jobs_cpu = run["cpu_seconds_by_node"]  # from the start signal to the last job
     return {"calls": {"each": calls, "seconds": round(seconds, 2),
                       "calls_per_second": round(3 * calls / seconds, 1) if seconds else None,
                       "cpu_seconds": calls_cpu},
@@ -384,3 +382,51 @@ def verdict(result: Section) -> list[dict[str, Any]]:
             out.append(db.target(f"coordinator's share of the cluster's CPU, routed {kind}",
                                  share, TARGET_COORDINATOR_SHARE))
     return out
+
+
+def markdown(result: Section) -> list[str]:
+    """The section of bench.md."""
+    modes = ("one_server", "coordinator", "routed")
+    lines = ["", ("## Routed, through the coordinator, on one server (ms, W="
+             f"{result['workspaces']}, {result['samples']} samples each, interleaved)"), "",
+             ("| call | one server p50 | coordinator p50 | routed p50 | one server p99 | "
+             "coordinator p99 | routed p99 |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, figures in result["latency"].items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{figures[m]['p50_ms']:.3f}" for m in modes) + " | " + " | ".join(
+            f"{figures[m]['p99_ms']:.3f}" for m in modes) + " |")
+    s = result.get("summary", {})
+    lines += ["", "p50 over one server's: " + "; ".join(
+        f"{name}: coordinator {r['coordinator']}x, routed {r['routed']}x"
+        for name, r in s.get("p50_x_one_server", {}).items()) + "."]
+    lines += ["", ("A fixed load each way (CPU seconds of each node): "
+              f"{next(iter(result['load'].values()))['calls']['each']} calls each of recall, "
+              "a literal search and ingest from one client; then extraction jobs by two worker "
+              "processes."), "",
+              "| way | node | calls: CPU s | jobs: CPU s | jobs/s |", "| --- | --- | --- | --- | --- |"]
+    for mode, part in result["load"].items():
+        for node in part["calls"]["cpu_seconds"]:
+            lines.append(f"| {mode} | {node} | {part['calls']['cpu_seconds'][node]} | "
+                         f"{part['jobs']['cpu_seconds'].get(node, '')} | "
+                         f"{part['jobs']['jobs_per_second']} |")
+    lines += ["", "Cluster CPU over one server's for the same load: " + "; ".join(
+        f"{mode}: calls {v.get('calls')}x, jobs {v.get('jobs')}x"
+        for mode, v in s.get("cpu_x_one_server", {}).items()) + ". The coordinator's share of "
+        "the cluster's CPU: " + "; ".join(
+        f"{mode}: calls {v.get('calls'):.1%}, jobs {v.get('jobs'):.1%}"
+        for mode, v in s.get("coordinator_share", {}).items()
+        if v.get("calls") is not None and v.get("jobs") is not None) + "."]
+    st = result.get("statements", {})
+    if st.get("status") == "ok":
+        lines += ["", ("Statements Citus plans per call (citus_stat_counters: single- and "
+                  "multi-shard executions on every node), and the connections to another node "
+                  f"they take (mean of {st['calls_each']} calls):"), "",
+                  ("| call | statements, coordinator | connections, coordinator | "
+                  "statements, routed | connections, routed |"),
+                  "| --- | --- | --- | --- | --- |"]
+        through = st["through"]
+        for name in through.get("routed", {}):
+            c, r = through["coordinator"].get(name, {}), through["routed"][name]
+            lines.append(f"| {name} | {c.get('statements', '')} | {c.get('connections', '')} "
+                         f"| {r['statements']} | {r['connections']} |")
+    return lines
