@@ -27,7 +27,7 @@ from pyworker.adapters import make_adapter
 from pyworker.cli import app
 from pyworker.client import AsyncMemoryClient, MemoryClient
 from pyworker.lab import releases
-from pyworker.lab.servers import CitusCluster, free_port
+from pyworker.lab.servers import CitusCluster, LocalCluster, free_port
 from pyworker.routing import Node
 from pyworker.worker import Worker, WorkerConfig
 from tests.conftest import start_citus_cluster
@@ -467,13 +467,23 @@ def _holder_port(dsn: str, ws: str) -> int:
     return int(row[0])
 
 
+def _workers(cluster: Cluster, dsn: str | None = None) -> list[LocalCluster]:
+    """The worker nodes of the database's cluster (a worker another test added to another
+    database is not one of them)."""
+    with psycopg.connect(dsn or cluster.dsn) as conn:
+        ports = {int(p) for (p,) in conn.execute(
+            "select nodeport from pg_dist_node where groupid <> 0 and isactive")}
+    return [w for w in cluster.citus.workers if w.port in ports]
+
+
 def _one_per_worker(cluster: Cluster, prefix: str) -> dict[int, str]:
     """A workspace id held by each worker node: {port: workspace}."""
     found: dict[int, str] = {}
+    workers = _workers(cluster)
     for i in range(64):
         port = _holder_port(cluster.dsn, f"{prefix}-{i}")
         found.setdefault(port, f"{prefix}-{i}")
-        if len(found) == len(cluster.citus.workers):
+        if len(found) == len(workers):
             return found
     raise AssertionError("no workspace id lands on every worker")
 
@@ -490,7 +500,7 @@ def _counting(cluster: Cluster, dbname: str = "pimem_citus") -> Iterator[Callabl
         with psycopg.connect(cluster.citus.coordinator.dsn(dbname), autocommit=True) as conn:
             conn.execute(sql.SQL(f"alter database {{}} {action}").format(sql.Identifier(dbname)))
 
-    nodes = [cluster.citus.coordinator, *cluster.citus.workers]
+    nodes = [cluster.citus.coordinator, *_workers(cluster, cluster.citus.coordinator.dsn(dbname))]
 
     def take() -> Counts:
         counts: Counts = {}
@@ -521,14 +531,14 @@ def _running_request(memory: MemoryClient, ws: str, request: str) -> None:
 
 def test_the_node_of_a_workspace_is_answered_by_any_node(cluster: Cluster) -> None:
     spaces = _one_per_worker(cluster, "where")
-    for node in [cluster.citus.coordinator, *cluster.citus.workers]:
+    workers = _workers(cluster)
+    for node in [cluster.citus.coordinator, *workers]:
         with psycopg.connect(node.dsn("pimem_citus")) as conn:
             for port, ws in spaces.items():
                 assert conn.execute("select * from memory.workspace_node(%s)", (ws,)).fetchone() \
                     == ("127.0.0.1", port, port == node.port)
             nodes = conn.execute("select * from memory.workspace_nodes()").fetchall()
-            assert nodes == sorted(("127.0.0.1", w.port, w.port == node.port)
-                                   for w in cluster.citus.workers)
+            assert nodes == sorted(("127.0.0.1", w.port, w.port == node.port) for w in workers)
             with pytest.raises(psycopg.Error) as refused:
                 conn.execute("select * from memory.workspace_node(null)")
             assert refused.value.sqlstate == "MB001"
@@ -643,7 +653,7 @@ def test_claim_job_on_a_worker_node_takes_only_the_workspaces_it_holds(cluster: 
     with psycopg.connect(dsn, autocommit=True) as conn:
         _jobs_ready(conn, spaces)
     taken: dict[int, set[str]] = {}
-    for node in cluster.citus.workers:
+    for node in _workers(cluster, dsn):
         with psycopg.connect(node.dsn("claims_here"), autocommit=True) as conn:
             while (payload := conn.execute("select memory.claim_job('w')").fetchone()[0]):  # type: ignore[index]
                 taken.setdefault(node.port, set()).add(payload["workspace_id"])
@@ -702,7 +712,7 @@ def test_a_stale_route_after_a_shard_move_answers_right_and_then_refreshes(
         _running_request(memory, ws, "r1")
         old = memory.routes.want(ws)[0]
         assert old is not None and old.port == _holder_port(dsn, ws)
-        target = next(w for w in cluster.citus.workers if w.port != old.port)
+        target = next(w for w in _workers(cluster, dsn) if w.port != old.port)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("""
                 select citus_move_shard_placement(
