@@ -16,10 +16,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 from pyworker import errors
-from pyworker.client import (AsyncMemoryClient, ManageResult, MemoryClient, QueryResult, Recall,
-                             WorkspaceNode)
+from pyworker.client import (
+    AsyncMemoryClient,
+    ManageResult,
+    MemoryClient,
+    QueryResult,
+    Recall,
+    WorkspaceNode,
+)
 from pyworker.db import Database, DatabaseUnavailable
 from tests.conftest import Server
 
@@ -366,7 +373,6 @@ def test_routing_off_or_a_pool_of_ones_own_sends_everything_to_the_dsn_given(
     with MemoryClient(db_dsn, route=False) as memory:
         assert memory.upsert_workspace("plain", 1, "10") == "inserted"
         assert memory.routes.routing is False and memory._node_pools == {}
-    from psycopg_pool import ConnectionPool
     with ConnectionPool(db_dsn, kwargs={"autocommit": True}, min_size=1) as pool, \
             MemoryClient(pool=pool) as memory:
         assert memory.upsert_workspace("plain", 1, "10") == "unchanged"
