@@ -1723,8 +1723,11 @@ begin
            where not c.ok order by c.rank limit 1),
          coalesce(array_agg(r.record_id), '{}'),
          coalesce(array_agg(r.record_id) filter (
-           where exists (select 1 from memory_private.missing_grants(p_workspace_id, rd.id,
-                                                                     r.repositories))),
+           -- (no call for a record drawing on no repository: on Citus each call is planned)
+           where case when cardinality(r.repositories) > 0
+                      then exists (select 1 from memory_private.missing_grants(
+                                     p_workspace_id, rd.id, r.repositories))
+                      else false end),
            '{}')
     into v_scope_reason, v_ids, v_no_grant
     from memory_private.records r
@@ -1791,8 +1794,9 @@ begin
      and (select b.identity from memory_private.bots b
            where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
          = v_index.bot_identity
-     and not exists (select 1 from memory_private.missing_grants(p_workspace_id, v_reader,
-                                                                 v_index.repositories))
+     and (cardinality(v_index.repositories) = 0
+          or not exists (select 1 from memory_private.missing_grants(
+                           p_workspace_id, v_reader, v_index.repositories)))
      and not exists (select 1 from memory_private.index_dependencies d
                       join memory_private.messages m
                         on m.workspace_id = d.workspace_id and m.message_id = d.message_id
@@ -1962,6 +1966,7 @@ create or replace function memory_private.record_failures(
   union all
   select 'grant_revoked'
     from memory_private.missing_grants(p_workspace_id, p_reader, p_repositories)
+   where cardinality(p_repositories) > 0  -- no call without repositories (planned on Citus)
 $$;
 
 comment on function memory_private.record_failures(text, bigint, text, text, text[], text[],
@@ -2687,6 +2692,68 @@ comment on function memory_private.claim_workspace_job(text, text) is
   'Jobs found stale on the way are superseded or stopped. memory.claim_job calls it for the '
   'workspaces it picks; on Citus the call runs on the node holding the workspace.';
 
+create or replace function memory_private.on_citus_worker_node() returns boolean
+  language plpgsql stable
+  as $$
+begin
+  -- citus_is_coordinator() exists only with Citus: PL/pgSQL resolves it only when reached.
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    return false;
+  end if;
+  return not coalesce(citus_is_coordinator(), true);
+end
+$$;
+
+comment on function memory_private.on_citus_worker_node() is
+  'True on a Citus node other than the coordinator (a worker with the cluster''s metadata, which '
+  'a caller may send a workspace''s calls to: docs/scaling.md, "Routing"); false on the '
+  'coordinator and on plain PostgreSQL.';
+
+create or replace function memory_private.node_due_workspaces(p_now timestamptz) returns setof text
+  language plpgsql stable
+  as $$
+declare
+  v_query text;
+begin
+  -- The workspaces this Citus worker node holds with a job claim_job may take, by their
+  -- earliest due job: read from the node's own shards of memory_private.jobs and their
+  -- co-located shards of memory_private.workspaces, as Citus's metadata places them
+  -- (pg_dist_shard, pg_dist_placement). A read of the distributed tables would visit every
+  -- node; this one stays here. It may be stale (a shard moving away, a claim committing): the
+  -- claim itself is claim_workspace_job's, under the workspace's lock, routed by Citus.
+  select string_agg(format(
+           'select j.workspace_id, j.next_attempt_at from %s j join %s w using (workspace_id) '
+           'where j.status = ''pending'' and j.next_attempt_at <= $1 '
+           'and memory_private.job_claimable(j.claims, j.checkpoint) and not w.paused '
+           'and not exists (select 1 from %1$s r where r.workspace_id = j.workspace_id '
+           'and r.status = ''running'')',
+           shard_name('memory_private.jobs'::regclass, j.shardid),
+           shard_name('memory_private.workspaces'::regclass, w.shardid)), ' union all ')
+    into v_query
+    from pg_dist_shard j
+    join pg_dist_placement p on p.shardid = j.shardid
+    join pg_dist_shard w on w.logicalrelid = 'memory_private.workspaces'::regclass
+                        and w.shardminvalue = j.shardminvalue
+   where j.logicalrelid = 'memory_private.jobs'::regclass
+     and p.groupid = (select groupid from pg_dist_local_group);
+  if v_query is null then
+    return;
+  end if;
+  return query execute format(
+    'select d.workspace_id from (%s) d group by d.workspace_id '
+    'order by min(d.next_attempt_at), d.workspace_id', v_query)
+    using p_now;
+exception
+  when undefined_table then
+    return;  -- a shard that moved away was dropped meanwhile: the next claim reads the new map
+end
+$$;
+
+comment on function memory_private.node_due_workspaces(timestamptz) is
+  'On a Citus worker node: the workspaces it holds (its own shards, per Citus''s metadata) with '
+  'a job claim_job may take now, workspace not paused and with no running job, by their '
+  'earliest due job. May be stale; claim_workspace_job re-checks under the workspace''s lock.';
+
 create or replace function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -2713,8 +2780,21 @@ declare
      order by j.next_attempt_at, j.workspace_id;
   v_tried text[] := '{}';
   v_payload jsonb;
+  v_ws text;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
+  -- Called on a Citus worker node (a worker sending its claims to each node in turn,
+  -- docs/scaling.md), the claim picks among the workspaces that node holds, so a claim and
+  -- the calls of its job run there; the coordinator (and one server) picks among all.
+  if memory_private.on_citus_worker_node() then
+    for v_ws in select memory_private.node_due_workspaces(memory_private.clock_now()) loop
+      v_payload := memory_private.claim_workspace_job(v_ws, p_worker_id);
+      if v_payload is not null then
+        return v_payload;
+      end if;
+    end loop;
+    return null;
+  end if;
   -- The claim itself is one workspace's business (claim_workspace_job), which re-checks
   -- everything under the workspace's lock; the FROM form lets Citus run it on the workspace's
   -- node.
@@ -2738,7 +2818,8 @@ comment on function memory.claim_job(text) is
   'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
   'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
   'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
-  'opens its model call.';
+  'opens its model call. Called on a Citus worker node, it picks among the workspaces that node '
+  'holds (memory_private.node_due_workspaces); on the coordinator or one server, among all.';
 
 create or replace function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
   returns timestamptz
@@ -7063,6 +7144,84 @@ comment on function memory_private.distribute() is
   'immutable is left (sql/cluster/functions.sql is applied first); MB003 when a composite type '
   'could not reach the workers. Answers the counts.';
 
+create or replace function memory_private.is_distributed() returns boolean
+  language plpgsql stable
+  as $$
+begin
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    return false;
+  end if;
+  return exists (select 1 from pg_dist_partition
+                  where logicalrelid = 'memory_private.workspaces'::regclass);
+end
+$$;
+
+comment on function memory_private.is_distributed() is
+  'True when the schema is distributed on a Citus cluster (memory_private.workspaces is a '
+  'distributed table; every node has that metadata), false on plain PostgreSQL or before '
+  'memory_private.distribute().';
+
+create or replace function memory.workspace_node(
+  p_workspace_id text, out host text, out port integer, out here boolean
+) returns record
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  perform memory_private.check_id('workspace_id', p_workspace_id);
+  if not memory_private.is_distributed() then
+    here := true;  -- one server: it holds every workspace
+    return;
+  end if;
+  -- The node of the workspace's shard group, if it is an active primary with the metadata (a
+  -- node without it cannot plan the call); none: stay where you are.
+  select n.nodename, n.nodeport, n.groupid = (select groupid from pg_dist_local_group)
+    into host, port, here
+    from pg_dist_placement p
+    join pg_dist_node n on n.groupid = p.groupid
+   where p.shardid = get_shard_id_for_distribution_column('memory_private.workspaces',
+                                                           p_workspace_id)
+     and n.noderole = 'primary' and n.isactive and n.hasmetadata
+   order by n.groupid = (select groupid from pg_dist_local_group) desc, n.nodeid
+   limit 1;
+  here := coalesce(here, false);
+end
+$$;
+
+comment on function memory.workspace_node(text) is
+  'Where to send a workspace''s calls: on a Citus cluster, the host and port of the node '
+  'holding it (from Citus''s metadata) and whether that is the node asked (here); on one server '
+  'no host and here true. A call sent anywhere is answered right; sent there, its statements '
+  'run on that node alone. MB001 for an invalid workspace id. docs/scaling.md, "Routing".';
+
+create or replace function memory.workspace_nodes()
+  returns table (host text, port integer, here boolean)
+  language plpgsql stable security definer
+  set search_path = pg_catalog, pg_temp
+  as $$
+begin
+  if not memory_private.is_distributed() then
+    return query select null::text, null::integer, true;
+    return;
+  end if;
+  return query
+  select n.nodename::text, n.nodeport::integer,
+         n.groupid = (select groupid from pg_dist_local_group)
+    from pg_dist_node n
+   where n.noderole = 'primary' and n.isactive and n.hasmetadata
+     and exists (select 1 from pg_dist_placement p join pg_dist_shard s on s.shardid = p.shardid
+                  where p.groupid = n.groupid
+                    and s.logicalrelid = 'memory_private.workspaces'::regclass)
+   order by n.nodename, n.nodeport;
+end
+$$;
+
+comment on function memory.workspace_nodes() is
+  'The nodes that hold workspaces (on a Citus cluster: active primaries with shards of '
+  'memory_private.workspaces, host, port and whether it is the node asked); on one server a '
+  'single row with no host and here true. A worker claims on each in turn: memory.claim_job '
+  'called on a worker node picks among the workspaces it holds. docs/scaling.md, "Routing".';
+
 revoke all on function memory.schema_version() from public;
 
 grant execute on function memory.schema_version()
@@ -7182,6 +7341,13 @@ grant execute on function
   memory.set_workspace_paused(text, boolean),
   memory.explain_record(text, bigint, text)
 to memory_operator;
+
+revoke all on function memory.workspace_node(text), memory.workspace_nodes() from public;
+
+grant execute on function memory.workspace_node(text)
+  to memory_backend, memory_worker, memory_operator;
+
+grant execute on function memory.workspace_nodes() to memory_worker, memory_operator;
 
 set local check_function_bodies = on;
 

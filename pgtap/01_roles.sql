@@ -16,14 +16,14 @@ select set_eq(
         'remove_message',
         'recall', 'query_memories', 'manage_memory', 'request_citations',
         'resolve_scope', 'delete_workspace', 'answer_retention_boundary', 'schema_version',
-        'tool_definitions', 'member_memories', 'erase_member'],
+        'tool_definitions', 'member_memories', 'erase_member', 'workspace_node'],
   'memory_backend executes the ingest API and scope resolution');
 
 select set_eq(
   $$ select proname from role_functions where rolname = 'memory_worker' $$,
   array['claim_job', 'extend_lease', 'start_attempt', 'save_checkpoint', 'commit_job',
         'fail_job', 'run_maintenance', 'maintain_next_workspace', 'schema_version',
-        'waiting_status'],
+        'waiting_status', 'workspace_node', 'workspace_nodes'],
   'memory_worker executes only the job functions (and reads what waits)');
 
 select set_eq(
@@ -32,7 +32,8 @@ select set_eq(
         'retry_job', 'set_workspace_paused', 'explain_record', 'schema_version',
         'workspace_status', 'scope_status', 'record_status', 'job_status',
         'request_memory_charges', 'waiting_status',
-        'member_memories', 'erase_member'],
+        'member_memories', 'erase_member', 'workspace_node',
+        'workspace_nodes'],
   'memory_operator executes the operator functions');
 
 create role pimem_test_backend login in role memory_backend;

@@ -6,9 +6,9 @@ select is_empty($$
   select p.oid::regprocedure::text from pg_proc p join pg_namespace n on n.oid = p.pronamespace
    where n.nspname = 'memory'
      and p.proname not in ('claim_job', 'run_maintenance', 'maintain_next_workspace',
-                           'schema_version', 'tool_definitions')
+                           'schema_version', 'tool_definitions', 'workspace_nodes')
      and (p.proargnames is null or p.proargnames[1] <> 'p_workspace_id')
-$$, 'every public function but the worker''s cross-workspace pick and the two constants (schema version, tool definitions) takes the workspace first');
+$$, 'every public function but the worker''s cross-workspace pick, the two constants (schema version, tool definitions) and the list of nodes takes the workspace first');
 
 select is_empty($$
   select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace

@@ -191,6 +191,11 @@ def worker(
         help="run maintenance (off when pg_cron runs it)")] = True,
     worker_id: Annotated[str | None, typer.Option(
         help="name in claims and logs (default host:pid:rand)")] = None,
+    route: Annotated[bool, typer.Option(
+        "--route/--no-route", envvar="PIMEM_ROUTE",
+        help="on a Citus cluster, claim on each node and send a job's calls to its "
+             "workspace's node (docs/scaling.md, Routing); --no-route sends every call to "
+             "the DSN given")] = True,
     pi_models: Annotated[Path | None, typer.Option(
         help="models.json with custom Pi providers")] = None,
     pi_agent_dir: Annotated[Path | None, typer.Option(
@@ -226,8 +231,7 @@ def worker(
         console.print(f"[red]{sanitize(str(exc))}[/red]")
         raise typer.Exit(2) from None
     config = WorkerConfig(dsn=_dsn(dsn), interval=interval, tick_seconds=tick_seconds,
-                          maintenance=maintenance,
-                          workspace_id=workspace)
+                          maintenance=maintenance, workspace_id=workspace, route=route)
     if worker_id:
         config.worker_id = worker_id
     if metrics_port is not None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pyworker import errors
 from pyworker.db import DatabaseUnavailable
+from pyworker.routing import ROUTE_TTL, WHERE, Node, Routes
 from pyworker.tools import SHAPES, ToolShape, in_shape
 
 APPLICATION_NAME = "pimem-backend"
@@ -157,6 +159,15 @@ class ManageResult(Answer):
     changed: bool | None = None
 
 
+class WorkspaceNode(Answer):
+    """``memory.workspace_node``: on a Citus cluster the node holding the workspace and whether
+    it is the node asked (``here``); on one server no host and ``here`` true."""
+
+    host: str | None = None
+    port: int | None = None
+    here: bool
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What became of one tool call of the model.
@@ -205,7 +216,8 @@ class _Call(Generic[T]):
     """One call of a ``memory`` function (``query``, ``args``), and how its answer is read:
     its rows (``rows``) or its single value, given to ``parse``. An error of ``recover`` becomes
     ``on_error``'s answer instead of an exception. Without a ``query`` the answer is
-    ``parse(None)``, and the database is not asked."""
+    ``parse(None)``, and the database is not asked. A call of a ``workspace`` goes to the node
+    holding it (:mod:`pyworker.routing`)."""
 
     query: sql.Composed | None
     args: tuple[Any, ...] = ()
@@ -213,6 +225,7 @@ class _Call(Generic[T]):
     rows: bool = False
     recover: tuple[type[errors.MemoryError_], ...] = ()
     on_error: Callable[[errors.MemoryError_], T] | None = None
+    workspace: Any = None  # the workspace the call works on: sent to its node (routing)
 
     @property
     def params(self) -> tuple[Any, ...]:
@@ -259,14 +272,18 @@ def _statement(function: str, arity: int, *, table: bool = False) -> sql.Compose
     return sql.SQL("select {} as value").format(call)
 
 
-def _value(function: str, *args: Any) -> _Call[Any]:
-    """``select memory.<function>(args...)``: its single value."""
-    return _Call(_statement(function, len(args)), args)
+def _value(function: str, workspace_id: Any, *args: Any) -> _Call[Any]:
+    """``select memory.<function>(workspace_id, args...)``: its single value."""
+    return _Call(_statement(function, 1 + len(args)), (workspace_id, *args),
+                 workspace=workspace_id)
 
 
-def _table(function: str, *args: Any, parse: Callable[[list[dict[str, Any]]], T]) -> _Call[T]:
-    """``select * from memory.<function>(args...)``: its rows, read by ``parse``."""
-    return _Call(_statement(function, len(args), table=True), args, parse, rows=True)
+def _table(function: str, workspace_id: Any, *args: Any,
+           parse: Callable[[list[dict[str, Any]]], T]) -> _Call[T]:
+    """``select * from memory.<function>(workspace_id, args...)``: its rows, read by
+    ``parse``."""
+    return _Call(_statement(function, 1 + len(args), table=True), (workspace_id, *args), parse,
+                 rows=True, workspace=workspace_id)
 
 
 def _single_scope(rows: list[dict[str, Any]]) -> Scope:
@@ -304,7 +321,7 @@ def _tool_call(workspace_id: str, request_id: str, name: str,
             return _Call(None, parse=lambda _: refused("invalid_json", problem))
     return _Call(_statement(name, 4), (workspace_id, request_id, tool_call_id, Jsonb(args)),
                  lambda raw: answered(model.model_validate(raw)), recover=MODEL_ERRORS,
-                 on_error=lambda exc: refused(exc.code, exc.message))
+                 on_error=lambda exc: refused(exc.code, exc.message), workspace=workspace_id)
 
 
 class _Endpoint(Generic[P, T]):
@@ -424,7 +441,8 @@ class _MemoryApi:
     def recall(self, workspace_id: str, request_id: str) -> _Call[Recall]:
         """What a new request starts with. Frozen at the request's first call: a memory made
         later comes to the requests that start after it."""
-        return _Call(_statement("recall", 2), (workspace_id, request_id), Recall.model_validate)
+        return _Call(_statement("recall", 2), (workspace_id, request_id), Recall.model_validate,
+                     workspace=workspace_id)
 
     @endpoint
     def query_memories(self, workspace_id: str, request_id: str, tool_call_id: str,
@@ -432,7 +450,7 @@ class _MemoryApi:
         """The ``query_memories`` tool; ``args`` as the model gave them (validated there)."""
         return _Call(_statement("query_memories", 4),
                      (workspace_id, request_id, tool_call_id, Jsonb(args)),
-                     QueryResult.model_validate)
+                     QueryResult.model_validate, workspace=workspace_id)
 
     @endpoint
     def manage_memory(self, workspace_id: str, request_id: str, tool_call_id: str,
@@ -440,7 +458,7 @@ class _MemoryApi:
         """The ``manage_memory`` tool; a refusal is an answer (``status == "refused"``)."""
         return _Call(_statement("manage_memory", 4),
                      (workspace_id, request_id, tool_call_id, Jsonb(args)),
-                     ManageResult.model_validate)
+                     ManageResult.model_validate, workspace=workspace_id)
 
     @endpoint
     def request_citations(self, workspace_id: str, request_id: str) -> _Call[list[str]]:
@@ -469,6 +487,14 @@ class _MemoryApi:
         """Erases the member's statements in every scope and everything made from them, now
         (``memory.erase_member``); answers the counts."""
         return _value("erase_member", workspace_id, user_id)
+
+    @endpoint
+    def workspace_node(self, workspace_id: str) -> _Call[WorkspaceNode]:
+        """Where the workspace's calls run best (the client sends them there by itself: this
+        is for a look). Asked on the node the client routes to, so ``here`` is true once the
+        route is right."""
+        return _table("workspace_node", workspace_id,
+                      parse=lambda rows: WorkspaceNode.model_validate(rows[0]))
 
     # The model's tools ---------------------------------------------------------------------------
 
@@ -500,41 +526,77 @@ class _MemoryApi:
 PoolT = TypeVar("PoolT", ConnectionPool, AsyncConnectionPool)
 
 
-def _client_pool(factory: Callable[..., PoolT], dsn: str | None, pool: PoolT | None, *,
-                 min_size: int, max_size: int, timeout: float, application_name: str,
-                 statement_timeout_ms: int) -> tuple[PoolT, bool]:
-    """The pool a client runs on, and whether the client owns it: the caller's, or one of
-    ``factory`` made for the DSN (autocommit connections, the statement timeout), not opened."""
-    if (dsn is None) == (pool is None):
-        raise ValueError("give a dsn or a pool")
-    if pool is not None:
-        return pool, False
-    return factory(dsn, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
-                   name=application_name,
-                   kwargs={"autocommit": True, "application_name": application_name,
-                           "connect_timeout": 10,
-                           "options": f"-c statement_timeout={statement_timeout_ms}"}), True
+@dataclass(frozen=True)
+class _PoolSpec:
+    """How a client makes its pools: for the DSN given and, on a Citus cluster, for each node
+    a workspace's call goes to (the same user, database and settings)."""
+
+    min_size: int
+    max_size: int
+    timeout: float
+    application_name: str
+    statement_timeout_ms: int
+
+    def make(self, factory: Callable[..., PoolT], dsn: str) -> PoolT:
+        """A pool of ``factory`` for ``dsn`` (autocommit connections, the statement timeout),
+        not opened."""
+        return factory(dsn, min_size=self.min_size, max_size=self.max_size,
+                       timeout=self.timeout, open=False, name=self.application_name,
+                       kwargs={"autocommit": True, "application_name": self.application_name,
+                               "connect_timeout": 10,
+                               "options": f"-c statement_timeout={self.statement_timeout_ms}"})
 
 
-class MemoryClient(_MemoryApi):
+class _Routed(_MemoryApi):
+    """What both clients share: the pool of the DSN given, the routes of workspaces to nodes
+    and a pool per node (:mod:`pyworker.routing`)."""
+
+    pool: Any
+
+    def _setup(self, factory: Callable[..., PoolT], dsn: str | None, pool: PoolT | None,
+               spec: _PoolSpec, route: bool, route_ttl: float) -> None:
+        if (dsn is None) == (pool is None):
+            raise ValueError("give a dsn or a pool")
+        self._spec = spec
+        self._dsn = dsn
+        self._owns_pool = pool is None
+        self.pool = pool if pool is not None else spec.make(factory, dsn or "")
+        self.routes = Routes(route_ttl)
+        if not route or dsn is None:  # a pool of the caller's: its connections only
+            self.routes.stop("routing turned off" if dsn is not None else "a pool was given")
+        self._node_pools: dict[Node, Any] = {}
+
+
+class MemoryClient(_Routed):
     """The ``memory`` backend API over a connection pool (thread-safe; one call, one transaction).
 
     Give a DSN (the client opens and owns a pool) or a pool of your own (connections must be
     autocommit). The login role needs ``memory_backend`` only. From asyncio code (aiogram, ...)
     use :class:`AsyncMemoryClient`, which has the same methods.
+
+    On a Citus cluster, given the coordinator's DSN, each workspace's calls go to the node
+    holding it, over a pool per node (docs/scaling.md, "Routing"); ``route=False`` (or a pool of
+    your own) sends every call to the DSN given. A route is checked on its node after
+    ``route_ttl`` seconds. On one server every call goes to the DSN given.
     """
 
     def __init__(self, dsn: str | None = None, *, pool: ConnectionPool | None = None,
                  min_size: int = 1, max_size: int = 4, timeout: float = 10.0,
                  application_name: str = APPLICATION_NAME,
-                 statement_timeout_ms: int = 30_000) -> None:
-        self.pool, self._owns_pool = _client_pool(
-            ConnectionPool, dsn, pool, min_size=min_size, max_size=max_size, timeout=timeout,
-            application_name=application_name, statement_timeout_ms=statement_timeout_ms)
+                 statement_timeout_ms: int = 30_000, route: bool = True,
+                 route_ttl: float = ROUTE_TTL) -> None:
+        self._setup(ConnectionPool, dsn, pool,
+                    _PoolSpec(min_size, max_size, timeout, application_name,
+                              statement_timeout_ms), route, route_ttl)
+        self._lock = threading.Lock()
         if self._owns_pool:
             self.pool.open()
 
     def close(self) -> None:
+        with self._lock:
+            pools, self._node_pools = list(self._node_pools.values()), {}
+        for node_pool in pools:
+            node_pool.close()
         if self._owns_pool:
             self.pool.close()
 
@@ -544,22 +606,64 @@ class MemoryClient(_MemoryApi):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _pool(self, node: Node | None) -> ConnectionPool:
+        if node is None:
+            return self.pool  # type: ignore[no-any-return]
+        with self._lock:
+            found = self._node_pools.get(node)
+            if found is None:
+                found = self._node_pools[node] = self._spec.make(ConnectionPool,
+                                                                 node.dsn(self._dsn or ""))
+                found.open()
+            return found
+
+    def _locate(self, workspace_id: str, node: Node | None) -> Node | None:
+        """Asks where the workspace is (``memory.workspace_node``) on its node, or on the DSN
+        given, and answers the node to send its calls to."""
+        for asked in self.routes.askings(node):
+            try:
+                with self._pool(asked).connection() as conn:
+                    rows = conn.execute(WHERE, (workspace_id,)).fetchall()
+            except (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if self.routes.failed(asked, exc, reached=False):
+                    continue
+                return None
+            except psycopg.Error as exc:
+                if self.routes.failed(asked, exc, reached=True):
+                    continue
+                return None
+            return self.routes.learn(workspace_id, asked, rows[0] if rows else None)
+        return None
+
     def _execute(self, call: _Call[T]) -> T:
-        """Runs one call in its own autocommit transaction."""
+        """Runs one call in its own autocommit transaction, on its workspace's node."""
         if call.query is None:
             return call.parse(None)
-        try:
-            with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(call.query, call.params)
-                raw = call.fetch(cur.fetchall())
-        except (PoolTimeout, psycopg.Error) as exc:
-            return call.fail(exc)
-        return call.parse(raw)
+        node, check = self.routes.want(call.workspace)
+        if check:
+            node = self._locate(call.workspace, node)
+        for target in ([node, None] if node is not None else [None]):
+            try:
+                with self._pool(target).connection() as conn, \
+                        conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(call.query, call.params)
+                    raw = call.fetch(cur.fetchall())
+            except PoolTimeout as exc:
+                if target is not None:  # the node is not reached, nothing was sent
+                    self.routes.unreachable(target)
+                    continue
+                return call.fail(exc)
+            except psycopg.Error as exc:
+                if target is not None and isinstance(_mapped_error(exc), DatabaseUnavailable):
+                    self.routes.forget(call.workspace)
+                return call.fail(exc)
+            return call.parse(raw)
+        raise AssertionError("unreachable: the DSN given answers or fails")
 
 
-class AsyncMemoryClient(_MemoryApi):
+class AsyncMemoryClient(_Routed):
     """:class:`MemoryClient` for asyncio: the same methods, each a coroutine, over psycopg's
-    asyncio pool (``AsyncConnection``s).
+    asyncio pool (``AsyncConnection``s), routed the same way.
 
         async with AsyncMemoryClient(dsn) as memory:
             recall = await memory.recall("acme", "r9")
@@ -571,11 +675,11 @@ class AsyncMemoryClient(_MemoryApi):
     def __init__(self, dsn: str | None = None, *, pool: AsyncConnectionPool | None = None,
                  min_size: int = 1, max_size: int = 4, timeout: float = 10.0,
                  application_name: str = APPLICATION_NAME,
-                 statement_timeout_ms: int = 30_000) -> None:
-        self.pool, self._owns_pool = _client_pool(
-            AsyncConnectionPool, dsn, pool, min_size=min_size, max_size=max_size,
-            timeout=timeout, application_name=application_name,
-            statement_timeout_ms=statement_timeout_ms)
+                 statement_timeout_ms: int = 30_000, route: bool = True,
+                 route_ttl: float = ROUTE_TTL) -> None:
+        self._setup(AsyncConnectionPool, dsn, pool,
+                    _PoolSpec(min_size, max_size, timeout, application_name,
+                              statement_timeout_ms), route, route_ttl)
 
     async def open(self) -> Self:
         if self._owns_pool:
@@ -583,6 +687,9 @@ class AsyncMemoryClient(_MemoryApi):
         return self
 
     async def close(self) -> None:
+        pools, self._node_pools = list(self._node_pools.values()), {}
+        for node_pool in pools:
+            await node_pool.close()
         if self._owns_pool:
             await self.pool.close()
 
@@ -592,15 +699,55 @@ class AsyncMemoryClient(_MemoryApi):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _pool(self, node: Node | None) -> AsyncConnectionPool:
+        if node is None:
+            return self.pool  # type: ignore[no-any-return]
+        found = self._node_pools.get(node)
+        if found is None:
+            # No await between the look-up and the store: one pool per node.
+            found = self._node_pools[node] = self._spec.make(AsyncConnectionPool,
+                                                             node.dsn(self._dsn or ""))
+            await found.open()
+        return found
+
+    async def _locate(self, workspace_id: str, node: Node | None) -> Node | None:
+        """:meth:`MemoryClient._locate`, awaited."""
+        for asked in self.routes.askings(node):
+            try:
+                async with (await self._pool(asked)).connection() as conn:
+                    rows = await (await conn.execute(WHERE, (workspace_id,))).fetchall()
+            except (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if self.routes.failed(asked, exc, reached=False):
+                    continue
+                return None
+            except psycopg.Error as exc:
+                if self.routes.failed(asked, exc, reached=True):
+                    continue
+                return None
+            return self.routes.learn(workspace_id, asked, rows[0] if rows else None)
+        return None
+
     async def _execute(self, call: _Call[T]) -> T:
-        """Runs one call in its own autocommit transaction."""
+        """Runs one call in its own autocommit transaction, on its workspace's node."""
         if call.query is None:
             return call.parse(None)
-        try:
-            async with self.pool.connection() as conn, \
-                    conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(call.query, call.params)
-                raw = call.fetch(await cur.fetchall())
-        except (PoolTimeout, psycopg.Error) as exc:
-            return call.fail(exc)
-        return call.parse(raw)
+        node, check = self.routes.want(call.workspace)
+        if check:
+            node = await self._locate(call.workspace, node)
+        for target in ([node, None] if node is not None else [None]):
+            try:
+                async with (await self._pool(target)).connection() as conn, \
+                        conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(call.query, call.params)
+                    raw = call.fetch(await cur.fetchall())
+            except PoolTimeout as exc:
+                if target is not None:
+                    self.routes.unreachable(target)
+                    continue
+                return call.fail(exc)
+            except psycopg.Error as exc:
+                if target is not None and isinstance(_mapped_error(exc), DatabaseUnavailable):
+                    self.routes.forget(call.workspace)
+                return call.fail(exc)
+            return call.parse(raw)
+        raise AssertionError("unreachable: the DSN given answers or fails")

@@ -2,11 +2,19 @@
 
 Our SQLSTATE codes (class MB) become :mod:`pyworker.errors` exceptions; a lost connection
 becomes :class:`DatabaseUnavailable` and the next call reconnects.
+
+On a Citus cluster, given the coordinator's DSN, the calls of a workspace go to the node holding
+it (:mod:`pyworker.routing`), each node over a connection of its own; a claim goes to each node
+in turn (memory.claim_job called on a worker node picks among the workspaces it holds), and the
+calls of the job it gives go where it was claimed. Calls across workspaces (the maintenance
+walk, the operator views) stay on the DSN given. On one server nothing changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -17,8 +25,15 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pyworker.errors import translate
+from pyworker.routing import NODES, WHERE, Node, Routes, no_routing
 
 APPLICATION_NAME = "pimem-worker"
+
+# The functions whose first argument is the workspace their call works on: sent to its node.
+WORKSPACE_CALLS = frozenset({
+    "extend_lease", "start_attempt", "save_checkpoint", "commit_job", "fail_job",
+    "run_maintenance", "recall", "query_memories", "manage_memory", "explain_record",
+    "retry_job", "set_workspace_paused"})
 
 
 def _as_written(text: str) -> str:
@@ -29,51 +44,130 @@ class DatabaseUnavailable(Exception):
     """The connection is gone (server restart, network); the caller retries later."""
 
 
+_HOME: Any = object()  # no node pinned: a call goes where its workspace is
+
+
 class Database:
-    """One autocommit connection, opened on first use and reopened after a loss."""
+    """Autocommit connections, opened on first use and reopened after a loss: one to the DSN
+    given and, on a Citus cluster, one to each node a workspace's call went to. ``routes`` may
+    be shared with another Database of the same process (the worker's lease heartbeat);
+    ``route=False`` sends every call to the DSN given."""
 
     def __init__(self, dsn: str, *, application_name: str = APPLICATION_NAME,
-                 statement_timeout_ms: int = 30_000) -> None:
+                 statement_timeout_ms: int = 30_000, routes: Routes | None = None,
+                 route: bool = True) -> None:
         self.dsn = dsn
         self.application_name = application_name
         self.statement_timeout_ms = statement_timeout_ms
-        self._conn: psycopg.Connection[Any] | None = None
+        self.routes = routes if routes is not None else Routes()
+        if not route:
+            self.routes.stop("routing turned off")
+        self._conns: dict[Node | None, psycopg.Connection[Any]] = {}
+        self._pinned: Any = _HOME
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self.close()
+    def sibling(self, application_name: str) -> Database:
+        """Another Database of the same DSN with connections of its own, sharing the routes
+        (for another thread)."""
+        return Database(self.dsn, application_name=application_name,
+                        statement_timeout_ms=self.statement_timeout_ms, routes=self.routes)
+
+    def _connection(self, node: Node | None = None) -> psycopg.Connection[Any]:
+        conn = self._conns.get(node)
+        if conn is None or conn.closed or conn.broken:
+            self._close(node)
             try:
-                self._conn = psycopg.connect(
-                    self.dsn, autocommit=True, connect_timeout=10,
-                    application_name=self.application_name,
+                conn = psycopg.connect(
+                    self.dsn if node is None else node.dsn(self.dsn), autocommit=True,
+                    connect_timeout=10, application_name=self.application_name,
                     options=f"-c statement_timeout={self.statement_timeout_ms}")
             except psycopg.OperationalError as exc:
                 raise DatabaseUnavailable(str(exc).strip()) from exc
-        return self._conn
+            self._conns[node] = conn
+        return conn
 
-    def close(self) -> None:
-        if self._conn is not None:
+    def _close(self, node: Node | None) -> None:
+        conn = self._conns.pop(node, None)
+        if conn is not None:
             try:
-                self._conn.close()
+                conn.close()
             except psycopg.Error:
                 pass
-            self._conn = None
+
+    def close(self) -> None:
+        for node in list(self._conns):
+            self._close(node)
+
+    # Where a call goes -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _on(self, node: Node | None) -> Iterator[None]:
+        """Sends the calls made inside to ``node`` (None: the DSN given), whatever their
+        workspace."""
+        saved, self._pinned = self._pinned, node
+        try:
+            yield
+        finally:
+            self._pinned = saved
+
+    def _ask(self, node: Node | None, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of a routing question asked on ``node``."""
+        return self._connection(node).execute(query, params).fetchall()
+
+    def node_of(self, workspace_id: Any) -> Node | None:
+        """The node to send the workspace's calls to (None: the DSN given), asking where it is
+        when the route is unknown or due for a check; a node that cannot be reached is passed
+        over for a while, and a question the database cannot answer turns routing off."""
+        node, check = self.routes.want(workspace_id)
+        if not check:
+            return node
+        for asked in self.routes.askings(node):
+            try:
+                rows = self._ask(asked, WHERE, (workspace_id,))
+            except DatabaseUnavailable as exc:
+                if self.routes.failed(asked, exc, reached=False):
+                    continue
+                return None
+            except psycopg.Error as exc:
+                conn = self._conns.get(asked)
+                reached = conn is not None and not conn.broken
+                if not reached:
+                    self._close(asked)
+                if self.routes.failed(asked, exc, reached=reached):
+                    continue
+                return None
+            return self.routes.learn(workspace_id, asked, rows[0] if rows else None)
+        return None
 
     def call(self, function: str, *args: Any) -> Any:
-        """``select memory.<function>(args...)``: its single value, with our errors mapped."""
+        """``select memory.<function>(args...)``: its single value, with our errors mapped. The
+        call of a workspace goes to the node holding it (routing)."""
         if not function.replace("_", "").isalnum():
             raise ValueError(f"not an API function name: {function}")
         # dicts go as jsonb, floats as numeric (no implicit float -> numeric cast); lists stay
         # arrays (text[]); wrap a JSON list in Jsonb yourself.
         params = tuple(Jsonb(a) if isinstance(a, dict) else Decimal(str(a))
                        if isinstance(a, float) else a for a in args)
-        sql = f"select memory.{function}({', '.join(['%s'] * len(params))})"
-        conn = self._connection()
+        query = f"select memory.{function}({', '.join(['%s'] * len(params))})"
+        if self._pinned is not _HOME:
+            node = self._pinned
+        elif function in WORKSPACE_CALLS and args:
+            node = self.node_of(args[0])
+        else:
+            node = None
         try:
-            row = conn.execute(sql.encode(), params).fetchone()
+            conn = self._connection(node)
+        except DatabaseUnavailable:
+            if node is None or self._pinned is not _HOME:
+                raise
+            self.routes.unreachable(node)  # nothing was sent: the DSN given takes the call
+            node, conn = None, self._connection(None)
+        try:
+            row = conn.execute(query.encode(), params).fetchone()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if conn.broken or conn.closed:
-                self.close()
+                self._close(node)
+                if node is not None and args and isinstance(args[0], str):
+                    self.routes.forget(args[0])
                 raise DatabaseUnavailable(str(exc).strip()) from exc
             raise translate(exc) from exc
         except psycopg.Error as exc:
@@ -107,8 +201,43 @@ class Database:
                     total[key] = total.get(key, 0) + value
         return {**total, "maintained": maintained}
 
+    def claim_nodes(self) -> list[Node | None]:
+        """The nodes to claim on, in this claim's order (None: the DSN given): on a Citus
+        cluster every node holding workspaces (``memory.workspace_nodes``, asked again every
+        ``ttl`` seconds), each claim starting at the next one; on one server the DSN given."""
+        if self.routes.stale_nodes():
+            try:
+                self.routes.learn_nodes(self._ask(None, NODES))
+            except psycopg.Error as exc:
+                if no_routing(exc):
+                    self.routes.stop(f"memory.workspace_nodes: {exc.sqlstate}")
+                else:
+                    raise translate(exc) from exc
+        return self.routes.claim_order()
+
     def claim_job(self, worker_id: str) -> dict[str, Any] | None:
-        return self.call("claim_job", worker_id)  # type: ignore[no-any-return]
+        """One job, claimed on each node in turn until one gives a job; its workspace's calls
+        then go to the node that gave it. A node that cannot be reached is passed over; when
+        none can, :class:`DatabaseUnavailable`."""
+        unavailable: DatabaseUnavailable | None = None
+        answered = False
+        for node in self.claim_nodes():
+            with self._on(node):
+                try:
+                    payload = self.call("claim_job", worker_id)
+                except DatabaseUnavailable as exc:
+                    if node is None:
+                        raise
+                    self.routes.unreachable(node)
+                    unavailable = exc
+                    continue
+            answered = True
+            if payload is not None:
+                self.routes.claimed_on(str(payload.get("workspace_id")), node)
+                return payload  # type: ignore[no-any-return]
+        if unavailable is not None and not answered:
+            raise unavailable
+        return None
 
     def extend_lease(self, workspace_id: str, job_id: int, token: str) -> datetime:
         return self.call("extend_lease", workspace_id, job_id, token)  # type: ignore[no-any-return]

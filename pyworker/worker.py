@@ -41,6 +41,7 @@ class WorkerConfig:
     lease_every: float = 30.0  # heartbeat period (the lease is two minutes)
     workspace_id: str | None = None  # maintenance of one workspace only (default: all)
     maintenance: bool = True  # False when pg_cron runs maintenance (docs/operations.md)
+    route: bool = True  # on Citus, calls to the workspace's node (docs/scaling.md, Routing)
     worker_id: str = field(default_factory=lambda: (
         f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"))
 
@@ -63,7 +64,7 @@ class Worker:
                  db: Database | None = None) -> None:
         self.config = config
         self.adapter = adapter
-        self.db = db or Database(config.dsn)
+        self.db = db or Database(config.dsn, route=config.route)
         self.stop = threading.Event()
         self._abort = threading.Event()  # aborts the call in flight
         self._signals = 0
@@ -418,7 +419,7 @@ class Worker:
                    lost: threading.Event) -> None:
         """Extends the lease every ``lease_every`` seconds while the call runs (own connection);
         aborts the call when the lease is lost."""
-        db = Database(self.config.dsn, application_name="pimem-worker-heartbeat")
+        db = self.db.sibling("pimem-worker-heartbeat")  # the job's route, its own connection
         try:
             while not done.wait(self.config.lease_every):
                 try:

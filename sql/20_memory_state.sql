@@ -895,8 +895,11 @@ begin
            where not c.ok order by c.rank limit 1),
          coalesce(array_agg(r.record_id), '{}'),
          coalesce(array_agg(r.record_id) filter (
-           where exists (select 1 from memory_private.missing_grants(p_workspace_id, rd.id,
-                                                                     r.repositories))),
+           -- (no call for a record drawing on no repository: on Citus each call is planned)
+           where case when cardinality(r.repositories) > 0
+                      then exists (select 1 from memory_private.missing_grants(
+                                     p_workspace_id, rd.id, r.repositories))
+                      else false end),
            '{}')
     into v_scope_reason, v_ids, v_no_grant
     from memory_private.records r
@@ -962,8 +965,9 @@ begin
      and (select b.identity from memory_private.bots b
            where b.workspace_id = p_workspace_id and b.bot_id = v_scope.bot_id)
          = v_index.bot_identity
-     and not exists (select 1 from memory_private.missing_grants(p_workspace_id, v_reader,
-                                                                 v_index.repositories))
+     and (cardinality(v_index.repositories) = 0
+          or not exists (select 1 from memory_private.missing_grants(
+                           p_workspace_id, v_reader, v_index.repositories)))
      and not exists (select 1 from memory_private.index_dependencies d
                       join memory_private.messages m
                         on m.workspace_id = d.workspace_id and m.message_id = d.message_id
@@ -1128,6 +1132,7 @@ create function memory_private.record_failures(
   union all
   select 'grant_revoked'
     from memory_private.missing_grants(p_workspace_id, p_reader, p_repositories)
+   where cardinality(p_repositories) > 0  -- no call without repositories (planned on Citus)
 $$;
 comment on function memory_private.record_failures(text, bigint, text, text, text[], text[],
                                                    text[], text, timestamptz) is

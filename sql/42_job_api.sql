@@ -82,6 +82,66 @@ comment on function memory_private.claim_workspace_job(text, text) is
   'Jobs found stale on the way are superseded or stopped. memory.claim_job calls it for the '
   'workspaces it picks; on Citus the call runs on the node holding the workspace.';
 
+create function memory_private.on_citus_worker_node() returns boolean
+  language plpgsql stable
+  as $$
+begin
+  -- citus_is_coordinator() exists only with Citus: PL/pgSQL resolves it only when reached.
+  if not exists (select 1 from pg_extension where extname = 'citus') then
+    return false;
+  end if;
+  return not coalesce(citus_is_coordinator(), true);
+end
+$$;
+comment on function memory_private.on_citus_worker_node() is
+  'True on a Citus node other than the coordinator (a worker with the cluster''s metadata, which '
+  'a caller may send a workspace''s calls to: docs/scaling.md, "Routing"); false on the '
+  'coordinator and on plain PostgreSQL.';
+
+create function memory_private.node_due_workspaces(p_now timestamptz) returns setof text
+  language plpgsql stable
+  as $$
+declare
+  v_query text;
+begin
+  -- The workspaces this Citus worker node holds with a job claim_job may take, by their
+  -- earliest due job: read from the node's own shards of memory_private.jobs and their
+  -- co-located shards of memory_private.workspaces, as Citus's metadata places them
+  -- (pg_dist_shard, pg_dist_placement). A read of the distributed tables would visit every
+  -- node; this one stays here. It may be stale (a shard moving away, a claim committing): the
+  -- claim itself is claim_workspace_job's, under the workspace's lock, routed by Citus.
+  select string_agg(format(
+           'select j.workspace_id, j.next_attempt_at from %s j join %s w using (workspace_id) '
+           'where j.status = ''pending'' and j.next_attempt_at <= $1 '
+           'and memory_private.job_claimable(j.claims, j.checkpoint) and not w.paused '
+           'and not exists (select 1 from %1$s r where r.workspace_id = j.workspace_id '
+           'and r.status = ''running'')',
+           shard_name('memory_private.jobs'::regclass, j.shardid),
+           shard_name('memory_private.workspaces'::regclass, w.shardid)), ' union all ')
+    into v_query
+    from pg_dist_shard j
+    join pg_dist_placement p on p.shardid = j.shardid
+    join pg_dist_shard w on w.logicalrelid = 'memory_private.workspaces'::regclass
+                        and w.shardminvalue = j.shardminvalue
+   where j.logicalrelid = 'memory_private.jobs'::regclass
+     and p.groupid = (select groupid from pg_dist_local_group);
+  if v_query is null then
+    return;
+  end if;
+  return query execute format(
+    'select d.workspace_id from (%s) d group by d.workspace_id '
+    'order by min(d.next_attempt_at), d.workspace_id', v_query)
+    using p_now;
+exception
+  when undefined_table then
+    return;  -- a shard that moved away was dropped meanwhile: the next claim reads the new map
+end
+$$;
+comment on function memory_private.node_due_workspaces(timestamptz) is
+  'On a Citus worker node: the workspaces it holds (its own shards, per Citus''s metadata) with '
+  'a job claim_job may take now, workspace not paused and with no running job, by their '
+  'earliest due job. May be stale; claim_workspace_job re-checks under the workspace''s lock.';
+
 create function memory.claim_job(p_worker_id text) returns jsonb
   language plpgsql volatile security definer
   set search_path = pg_catalog, pg_temp
@@ -108,8 +168,21 @@ declare
      order by j.next_attempt_at, j.workspace_id;
   v_tried text[] := '{}';
   v_payload jsonb;
+  v_ws text;
 begin
   perform memory_private.check_id('worker_id', p_worker_id);
+  -- Called on a Citus worker node (a worker sending its claims to each node in turn,
+  -- docs/scaling.md), the claim picks among the workspaces that node holds, so a claim and
+  -- the calls of its job run there; the coordinator (and one server) picks among all.
+  if memory_private.on_citus_worker_node() then
+    for v_ws in select memory_private.node_due_workspaces(memory_private.clock_now()) loop
+      v_payload := memory_private.claim_workspace_job(v_ws, p_worker_id);
+      if v_payload is not null then
+        return v_payload;
+      end if;
+    end loop;
+    return null;
+  end if;
   -- The claim itself is one workspace's business (claim_workspace_job), which re-checks
   -- everything under the workspace's lock; the FROM form lets Citus run it on the workspace's
   -- node.
@@ -132,7 +205,8 @@ comment on function memory.claim_job(text) is
   'phase, scope, origin request, pinned model, budget left (decimal strings), limits, redacted '
   'input, and the checkpoint when one exists (then commit without calling the model). Jobs '
   'found stale on the way are superseded or stopped. The claim counts only once start_attempt '
-  'opens its model call.';
+  'opens its model call. Called on a Citus worker node, it picks among the workspaces that node '
+  'holds (memory_private.node_due_workspaces); on the coordinator or one server, among all.';
 
 create function memory.extend_lease(p_workspace_id text, p_job_id bigint, p_token text)
   returns timestamptz

@@ -9,6 +9,8 @@ the tests that add a worker and move shards start one each.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import shutil
 import threading
@@ -20,13 +22,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from typer.testing import CliRunner
 
 from pyworker import schema
 from pyworker.adapters import make_adapter
 from pyworker.cli import app
+from pyworker.client import AsyncMemoryClient, MemoryClient
 from pyworker.lab import cluster_code, releases, sqlcode
-from pyworker.lab.servers import CitusCluster, LocalCluster
+from pyworker.lab.servers import CitusCluster, LocalCluster, free_port
+from pyworker.routing import Node
 from pyworker.worker import Worker, WorkerConfig
 from tests.conftest import start_citus_cluster
 from tests.factory import World
@@ -142,7 +147,7 @@ FUNCTION_FACTS = """
     select p.oid::regprocedure::text, l.lanname, p.provolatile, p.prosecdef, p.proisstrict,
            p.proparallel, p.procost, p.prorows, p.proleakproof,
            array(select c from unnest(p.proconfig) c
-                  where c <> 'plan_cache_mode=force_generic_plan' order by c),
+                  where c not like 'plan_cache_mode=%%' order by c),
            obj_description(p.oid, 'pg_proc'), p.proacl::text, p.prosrc
       from pg_proc p join pg_language l on l.oid = p.prolang
      where p.pronamespace in ('memory'::regnamespace, 'memory_private'::regnamespace)
@@ -156,8 +161,8 @@ def test_every_node_runs_the_cluster_file_with_the_attributes_sql_gives(
     # conn: one PostgreSQL server with the schema of sql/ (the main suite's database)
     text = schema.cluster_code_file().read_text()
     names = re.findall(r"^create or replace function [a-z_]+\.([a-z_]+)\(", text, re.MULTILINE)
-    generic = re.findall(r"^alter function [a-z_]+\.([a-z_]+) reset plan_cache_mode;", text,
-                         re.MULTILINE)
+    generic = re.findall(r"^alter function [a-z_]+\.([a-z_]+) set plan_cache_mode = "
+                         r"force_custom_plan;", text, re.MULTILINE)
     assert len(names) >= 15 and "recall" in generic
     one_server = {r[0]: r for r in conn.execute(FUNCTION_FACTS, (names + generic,))}
     assert {r[1] for n, r in one_server.items() if n.split("(")[0].split(".")[1] in names} == {
@@ -181,11 +186,11 @@ def test_every_node_runs_the_cluster_file_with_the_attributes_sql_gives(
                     assert facts[1] == "plpgsql", (dsn, name)
                     assert facts[12] == bodies[short], (dsn, name)  # the file's body
                 else:
-                    assert facts[12] == base[12], (dsn, name)  # only its generic plans reset
+                    assert facts[12] == base[12], (dsn, name)  # only its plans, for each call
                     config = node.execute("select proconfig from pg_proc where oid = %s::regprocedure",
                                           (name,)).fetchone()
                     assert config is not None
-                    assert not any(c.startswith("plan_cache_mode") for c in config[0] or []), name
+                    assert "plan_cache_mode=force_custom_plan" in (config[0] or []), name
 
 
 def test_migrate_again_changes_nothing_and_says_the_database_is_distributed(
@@ -782,3 +787,308 @@ def test_a_conversation_acknowledged_just_before_a_move_blocks_writes_reaches_th
     assert now == (target.port,)
     missing = _missing(cluster, acknowledged)
     assert not missing, "acknowledged, then lost:\n" + "\n".join(missing)
+# Routing: each workspace's calls on the node holding it (docs/scaling.md, "Routing") ----------
+
+def _holder_port(dsn: str, ws: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("""
+            select n.nodeport from pg_dist_placement p join pg_dist_node n using (groupid)
+             where p.shardid = get_shard_id_for_distribution_column(
+                                 'memory_private.workspaces', %s::text)""", (ws,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _workers(cluster: Cluster, dsn: str | None = None) -> list[LocalCluster]:
+    """The worker nodes of the database's cluster (a worker another test added to another
+    database is not one of them)."""
+    with psycopg.connect(dsn or cluster.dsn) as conn:
+        ports = {int(p) for (p,) in conn.execute(
+            "select nodeport from pg_dist_node where groupid <> 0 and isactive")}
+    return [w for w in cluster.citus.workers if w.port in ports]
+
+
+def _one_per_worker(cluster: Cluster, prefix: str) -> dict[int, str]:
+    """A workspace id held by each worker node: {port: workspace}."""
+    found: dict[int, str] = {}
+    workers = _workers(cluster)
+    for i in range(64):
+        port = _holder_port(cluster.dsn, f"{prefix}-{i}")
+        found.setdefault(port, f"{prefix}-{i}")
+        if len(found) == len(workers):
+            return found
+    raise AssertionError("no workspace id lands on every worker")
+
+
+Counts = dict[int, dict[str, int]]
+
+
+@contextlib.contextmanager
+def _counting(cluster: Cluster, dbname: str = "pimem_citus") -> Iterator[Callable[[], Counts]]:
+    """Citus's statement and connection counters of each node (citus_stat_counters), kept by
+    the connections opened inside the block. Yields ``take``: the counts since the block began
+    or the last ``take`` ({port: counters}), starting again from zero."""
+    def alter(action: str) -> None:
+        with psycopg.connect(cluster.citus.coordinator.dsn(dbname), autocommit=True) as conn:
+            conn.execute(sql.SQL(f"alter database {{}} {action}").format(sql.Identifier(dbname)))
+
+    nodes = [cluster.citus.coordinator, *_workers(cluster, cluster.citus.coordinator.dsn(dbname))]
+
+    def take() -> Counts:
+        counts: Counts = {}
+        for node in nodes:
+            with psycopg.connect(node.dsn(dbname), autocommit=True) as conn:
+                row = conn.execute("""
+                    select query_execution_single_shard + query_execution_multi_shard,
+                           connection_establishment_succeeded + connection_reused
+                      from citus_stat_counters where name = current_database()""").fetchone()
+                conn.execute("select citus_stat_counters_reset()")
+                assert row is not None
+                counts[node.port] = {"statements": int(row[0]), "connections": int(row[1])}
+        return counts
+
+    alter("set citus.enable_stat_counters = on")
+    try:
+        take()
+        yield take
+    finally:
+        alter("reset citus.enable_stat_counters")
+
+
+def _running_request(memory: MemoryClient, ws: str, request: str) -> None:
+    memory.upsert_request(ws, request, bot_id="bot1", chat_id="dm-alice", topic_id=0,
+                          user_id="alice", kind="interactive", status="running",
+                          model_provider="fake", model_id="m", budget_usd="1")
+
+
+def test_the_node_of_a_workspace_is_answered_by_any_node(cluster: Cluster) -> None:
+    spaces = _one_per_worker(cluster, "where")
+    workers = _workers(cluster)
+    for node in [cluster.citus.coordinator, *workers]:
+        with psycopg.connect(node.dsn("pimem_citus")) as conn:
+            for port, ws in spaces.items():
+                assert conn.execute("select * from memory.workspace_node(%s)", (ws,)).fetchone() \
+                    == ("127.0.0.1", port, port == node.port)
+            nodes = conn.execute("select * from memory.workspace_nodes()").fetchall()
+            assert nodes == sorted(("127.0.0.1", w.port, w.port == node.port) for w in workers)
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute("select * from memory.workspace_node(null)")
+            assert refused.value.sqlstate == "MB001"
+
+
+def test_a_client_sends_each_workspaces_calls_to_its_node_and_the_coordinator_does_nothing(
+    cluster: Cluster,
+) -> None:
+    spaces = _one_per_worker(cluster, "routed")
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        w = World(conn)
+        for ws in spaces.values():
+            w.basic(ws)
+            w.conversation(ws, "r0", chat="dm-alice", user="alice",
+                           user_text="Please remember that I prefer tea.", reply="Noted.")
+    with _counting(cluster) as take, MemoryClient(cluster.dsn) as memory:
+        for ws in spaces.values():
+            _running_request(memory, ws, "r1")
+            assert memory.upsert_message(ws, "m1", "r1", "user", "alice", "hello") == "inserted"
+            assert memory.recall(ws, "r1").mode == "none"
+            assert memory.query_memories(ws, "r1", "c1", {}).mode == "browse"
+            assert memory.workspace_node(ws).here
+        routes = {ws: memory.routes.want(ws)[0] for ws in spaces.values()}
+        counts = take()
+    assert {ws: node.port if node else None for ws, node in routes.items()} == {
+        ws: port for port, ws in spaces.items()}
+    coordinator = cluster.citus.coordinator.port
+    assert counts[coordinator] == {"statements": 0, "connections": 0}, counts
+    for port in spaces:
+        # every statement of the calls ran on the node, locally: no connection to another node
+        assert counts[port]["statements"] >= 20 and counts[port]["connections"] == 0, counts
+
+
+def test_the_async_client_routes_the_same_way(cluster: Cluster) -> None:
+    spaces = _one_per_worker(cluster, "async")
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        for ws in spaces.values():
+            World(conn).basic(ws)
+
+    async def calls() -> dict[str, int | None]:
+        async with AsyncMemoryClient(cluster.dsn) as memory:
+            for ws in spaces.values():
+                await memory.upsert_request(ws, "r1", bot_id="bot1", chat_id="dm-alice",
+                                            topic_id=0, user_id="alice", kind="interactive",
+                                            status="running", model_provider="fake",
+                                            model_id="m", budget_usd="1")
+                assert (await memory.recall(ws, "r1")).mode == "none"
+            return {ws: (n.port if (n := memory.routes.want(ws)[0]) else None)
+                    for ws in spaces.values()}
+
+    with _counting(cluster) as take:
+        routes = asyncio.run(calls())
+        counts = take()
+    assert routes == {ws: port for port, ws in spaces.items()}
+    assert counts[cluster.citus.coordinator.port]["statements"] == 0, counts
+
+
+def test_a_backend_role_routes_with_its_own_grants(cluster: Cluster) -> None:
+    # The roles reach every node (Citus propagates them): a backend's login routes too.
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute("drop role if exists routed_bot")
+        conn.execute("create role routed_bot login in role memory_backend")
+        World(conn).basic("role-routed")
+    dsn = psycopg.conninfo.make_conninfo(cluster.dsn, user="routed_bot")
+    with MemoryClient(dsn) as memory:
+        _running_request(memory, "role-routed", "r1")
+        assert memory.recall("role-routed", "r1").mode == "none"
+        node = memory.routes.want("role-routed")[0]
+    assert node is not None and node.port == _holder_port(cluster.dsn, "role-routed")
+
+
+def test_a_connection_on_a_worker_node_keeps_its_memory_over_many_calls(
+    cluster: Cluster,
+) -> None:
+    # Citus 13.2.2 kept a new local plan at every execution of a generic plan on the node
+    # holding the shard (about 250 kB a recall); the API's functions plan for each call there.
+    ws = next(iter(_one_per_worker(cluster, "memory").values()))
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        World(conn).basic(ws)
+        World(conn).request(ws, "r1", chat="dm-alice", user="alice", status="running")
+    node = next(w for w in cluster.citus.workers if w.port == _holder_port(cluster.dsn, ws))
+    with psycopg.connect(node.dsn("pimem_citus"), autocommit=True) as conn:
+        def used() -> int:
+            row = conn.execute("select sum(total_bytes) from pg_backend_memory_contexts"
+                               ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        conn.execute(f"do $$ begin for i in 1..20 loop perform memory.recall('{ws}', 'r1'); "
+                     "end loop; end $$")
+        before = used()
+        conn.execute(f"do $$ begin for i in 1..200 loop perform memory.recall('{ws}', 'r1'); "
+                     "end loop; end $$")
+        assert used() - before < 4 * 1024 * 1024, (before, used())
+
+
+def _jobs_ready(conn: psycopg.Connection, spaces: list[str]) -> None:
+    w = World(conn)
+    for ws in spaces:
+        w.basic(ws)
+        w.conversation(ws, "r0", chat="dm-alice", user="alice",
+                       user_text="Please remember that I prefer tea.", reply="Noted: tea.")
+    conn.execute("select memory_private.advance_clock('31 minutes')")
+    for ws in spaces:
+        conn.execute("select memory.run_maintenance(%s)", (ws,))
+
+
+def test_claim_job_on_a_worker_node_takes_only_the_workspaces_it_holds(cluster: Cluster) -> None:
+    dsn = cluster.citus.create_database("claims_here")
+    schema.migrate(dsn)
+    spaces = [f"here-{i}" for i in range(8)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _jobs_ready(conn, spaces)
+    taken: dict[int, set[str]] = {}
+    for node in _workers(cluster, dsn):
+        with psycopg.connect(node.dsn("claims_here"), autocommit=True) as conn:
+            while (payload := conn.execute("select memory.claim_job('w')").fetchone()[0]):  # type: ignore[index]
+                taken.setdefault(node.port, set()).add(payload["workspace_id"])
+    assert {port: sorted(ws) for port, ws in taken.items()} == {
+        port: sorted(ws for ws in spaces if _holder_port(dsn, ws) == port)
+        for port in {_holder_port(dsn, ws) for ws in spaces}}
+
+
+def test_workers_claim_on_every_node_and_run_each_job_there_once(cluster: Cluster) -> None:
+    dsn = cluster.citus.create_database("routed_jobs")
+    schema.migrate(dsn)
+    spaces = [f"job-{i}" for i in range(10)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _jobs_ready(conn, spaces)
+
+    def work(i: int) -> None:
+        worker = Worker(WorkerConfig(dsn=dsn, interval=0, maintenance=False,
+                                     worker_id=f"routed-{i}"), make_adapter("offline"))
+        try:
+            while worker.tick().status != "idle":
+                pass
+        finally:
+            worker.adapter.close()
+            worker.db.close()
+
+    with _counting(cluster, "routed_jobs") as take:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        counts = take()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        jobs = conn.execute("select workspace_id, status, claims from memory_private.jobs"
+                            ).fetchall()
+        attempts = conn.execute("select count(*) from memory_private.job_attempts").fetchone()
+    assert sorted(ws for ws, _, _ in jobs) == spaces
+    assert {(status, claims) for _, status, claims in jobs} == {("succeeded", 1)}
+    assert attempts == (len(spaces),)  # each job claimed and called once
+    assert counts[cluster.citus.coordinator.port]["statements"] == 0, counts
+    holders = {_holder_port(dsn, ws) for ws in spaces}
+    assert all(counts[port]["statements"] > 0 for port in holders), counts
+
+
+def test_a_stale_route_after_a_shard_move_answers_right_and_then_refreshes(
+    cluster: Cluster,
+) -> None:
+    dsn = cluster.citus.create_database("moved")
+    schema.migrate(dsn)
+    ws = "moving"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        World(conn).basic(ws)
+    now = [0.0]
+    with _counting(cluster, "moved") as take, MemoryClient(dsn) as memory:
+        memory.routes.clock = lambda: now[0]
+        _running_request(memory, ws, "r1")
+        old = memory.routes.want(ws)[0]
+        assert old is not None and old.port == _holder_port(dsn, ws)
+        target = next(w for w in _workers(cluster, dsn) if w.port != old.port)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("""
+                select citus_move_shard_placement(
+                         get_shard_id_for_distribution_column('memory_private.workspaces',
+                                                              %s::text),
+                         '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')
+            """, (ws, old.port, target.port))
+        assert _holder_port(dsn, ws) == target.port
+        # The route is stale: the call goes to the old node, which answers right through the
+        # new one.
+        take()
+        assert memory.upsert_message(ws, "m1", "r1", "user", "alice", "tea") == "inserted"
+        assert memory.routes.want(ws) == (old, False)
+        stale = take()
+        # (the old node planned the statements and sent them on to the new one's shards)
+        assert stale[old.port]["statements"] > 0 and stale[old.port]["connections"] > 0
+        # Once the route is due for a check, the old node says where the workspace is now.
+        now[0] += memory.routes.ttl
+        assert memory.upsert_message(ws, "m2", "r1", "user", "alice", "more tea") == "inserted"
+        fresh = take()
+        assert memory.routes.want(ws) == (Node("127.0.0.1", target.port), False)
+        assert fresh[old.port]["statements"] == 0 and fresh[target.port]["connections"] == 0
+        assert fresh[target.port]["statements"] > 0
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("select message_id from memory_private.messages "
+                            "where workspace_id = %s order by 1", (ws,)).fetchall() == [
+            ("m1",), ("m2",)]
+
+
+def test_a_worker_node_that_cannot_be_reached_sends_its_calls_to_the_coordinator(
+    cluster: Cluster,
+) -> None:
+    spaces = _one_per_worker(cluster, "unreachable")
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        for ws in spaces.values():
+            World(conn).basic(ws)
+    ws = next(iter(spaces.values()))
+    with MemoryClient(cluster.dsn, timeout=2) as memory:
+        _running_request(memory, ws, "r1")
+        node = memory.routes.want(ws)[0]
+        assert node is not None
+        # A route to a port where nothing listens (a node gone from the network): the call is
+        # not lost, the coordinator takes it.
+        gone = Node(node.host, free_port())
+        memory.routes.claimed_on(ws, gone)
+        assert memory.recall(ws, "r1").mode == "none"
+        assert memory.routes.want(ws)[0] is None

@@ -16,10 +16,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 from pyworker import errors
-from pyworker.client import AsyncMemoryClient, ManageResult, MemoryClient, QueryResult, Recall
-from pyworker.db import DatabaseUnavailable
+from pyworker.client import (
+    AsyncMemoryClient,
+    ManageResult,
+    MemoryClient,
+    QueryResult,
+    Recall,
+    WorkspaceNode,
+)
+from pyworker.db import Database, DatabaseUnavailable
 from tests.conftest import Server
 
 
@@ -330,3 +338,44 @@ def test_the_async_client_says_when_the_database_is_unreachable() -> None:
 
     with pytest.raises(DatabaseUnavailable):
         asyncio.run(ask())
+
+
+@pytest.mark.no_citus("one server: on the cluster the client routes (tests/test_citus.py)")
+def test_on_one_server_every_call_goes_to_the_dsn_given(memory: MemoryClient,
+                                                         db_dsn: str) -> None:
+    private_request(memory)
+    assert memory.recall("acme", "r1").mode in ("none", "directory", "index")
+    # One question, the first call's: the server holds every workspace, nothing to route.
+    assert memory.routes.routing is False and memory._node_pools == {}
+    assert memory.workspace_node("acme") == WorkspaceNode(host=None, port=None, here=True)
+    db = Database(db_dsn)
+    try:
+        assert db.claim_nodes() == [None] and db.routes.routing is False
+        assert db.claim_job("w1") is None  # nothing due: claimed as before, on the DSN given
+        assert db._conns.keys() == {None}
+    finally:
+        db.close()
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("select * from memory.workspace_nodes()").fetchall() == [
+            (None, None, True)]
+
+
+@pytest.mark.no_citus("one server: on the cluster the client routes (tests/test_citus.py)")
+def test_the_async_client_on_one_server_routes_nothing(db_dsn: str) -> None:
+    async def calls() -> tuple[bool | None, int]:
+        async with AsyncMemoryClient(db_dsn) as memory:
+            await memory.upsert_workspace("solo", 1, "10")
+            return memory.routes.routing, len(memory._node_pools)
+
+    assert asyncio.run(calls()) == (False, 0)
+
+
+def test_routing_off_or_a_pool_of_ones_own_sends_everything_to_the_dsn_given(
+        db_dsn: str) -> None:
+    with MemoryClient(db_dsn, route=False) as memory:
+        assert memory.upsert_workspace("plain", 1, "10") == "inserted"
+        assert memory.routes.routing is False and memory._node_pools == {}
+    with ConnectionPool(db_dsn, kwargs={"autocommit": True}, min_size=1) as pool, \
+            MemoryClient(pool=pool) as memory:
+        assert memory.upsert_workspace("plain", 1, "10") == "unchanged"
+        assert memory.routes.routing is False and memory._node_pools == {}

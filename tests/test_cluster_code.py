@@ -46,7 +46,9 @@ def test_the_file_converts_every_sql_function_that_is_not_immutable_and_nothing_
     assert {"memory_private.scope_checks", "memory_private.record_reasons",
             "memory_private.extraction_candidates", "memory_private.fuzzy_candidates"} <= converted
     assert "language sql" not in text.lower().replace("-- ", "")
-    assert "alter function memory.recall reset plan_cache_mode;" in text
+    # every function of the API plans for each call on the cluster (docs/scaling.md, Routing)
+    assert "alter function memory.recall set plan_cache_mode = force_custom_plan;" in text
+    assert "alter function memory.upsert_message set plan_cache_mode = force_custom_plan;" in text
 
 
 # The conversion, on plain PostgreSQL ------------------------------------------------------------

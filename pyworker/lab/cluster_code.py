@@ -18,9 +18,13 @@ transaction of the migrations (``pyworker.schema.migrate``):
   the language, and its one statement returned by ``return query`` (a set) or ``return (...)``
   (one value), columns winning over variables of the same name as in SQL. ``create or replace``
   keeps the function's owner, comment and grants;
-- every function that pins generic plans (``set plan_cache_mode = force_generic_plan``, for
-  speed on one server) gets the default back (``alter function ... reset plan_cache_mode``):
-  Citus routes a statement by its parameters' values, which a generic plan lacks.
+- every function of the API (schema ``memory``) that is not SQL plans its statements for each
+  call on the cluster (``alter function ... set plan_cache_mode = force_custom_plan``, which
+  reaches everything it calls; also over a generic plan pinned for speed on one server): Citus
+  routes a statement by its parameters' values, which a generic plan lacks, and on a worker
+  node, where a routed call runs its statements locally, Citus 13.2.2 keeps a new local plan
+  in a cached generic plan at every execution, never finding the earlier ones (about 250 kB a
+  recall: a pooled connection grew without limit; docs/scaling.md, Routing).
 
 Nothing is guessed: a shape the conversion would change is refused with
 :class:`~pyworker.lab.sqlcode.SqlCodeError` naming the function and the place (a body of
@@ -255,12 +259,12 @@ def cluster_code(files: list[Path] | None = None) -> str:
                 raise d.refuse(f"{later[0].source} alters it after its definition, which "
                                "create or replace would undo")
             converted.append(f"-- {name} ({d.source})\n{convert(definition, sets)}")
-        if re.search(r"\bset\s+plan_cache_mode\b", d.attributes):
-            generic.append(f"alter function {name} reset plan_cache_mode;")
+        if name.startswith("memory.") and d.language != "sql":
+            generic.append(f"alter function {name} set plan_cache_mode = force_custom_plan;")
     parts = [HEADER, *converted]
     if generic:
-        parts.append("-- Generic plans pinned on one server: the default on the cluster.\n"
-                     + "\n".join(generic))
+        parts.append("-- The API plans its statements for each call on the cluster (docs/scaling.md, "
+                     "Routing).\n" + "\n".join(generic))
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 

@@ -192,7 +192,7 @@ begin
 end
 $$;
 
--- memory_private.record_invalid_reason (20_memory_state.sql:986)
+-- memory_private.record_invalid_reason (20_memory_state.sql:990)
 create or replace function memory_private.record_invalid_reason(
   p_record memory_private.records, p_requester text
 ) returns text
@@ -209,7 +209,7 @@ begin
 end
 $$;
 
--- memory_private.record_failures (20_memory_state.sql:1114)
+-- memory_private.record_failures (20_memory_state.sql:1118)
 create or replace function memory_private.record_failures(
   p_workspace_id text, p_scope_id bigint, p_bot_identity text, p_record_identity text,
   p_dependency_ids text[], p_dependency_hashes text[], p_repositories text[], p_reader text,
@@ -229,7 +229,9 @@ begin
                                     p_now) x
   union all
   select 'grant_revoked'
-    from memory_private.missing_grants(p_workspace_id, p_reader, p_repositories);
+    from memory_private.missing_grants(p_workspace_id, p_reader, p_repositories)
+   where cardinality(p_repositories) > 0  -- no call without repositories (planned on Citus)
+  ;
 end
 $$;
 
@@ -519,12 +521,42 @@ begin
 end
 $$;
 
--- Generic plans pinned on one server: the default on the cluster.
-alter function memory.claim_job reset plan_cache_mode;
-alter function memory.extend_lease reset plan_cache_mode;
-alter function memory.start_attempt reset plan_cache_mode;
-alter function memory.save_checkpoint reset plan_cache_mode;
-alter function memory.commit_job reset plan_cache_mode;
-alter function memory.fail_job reset plan_cache_mode;
-alter function memory.recall reset plan_cache_mode;
-alter function memory.query_memories reset plan_cache_mode;
+-- The API plans its statements for each call on the cluster (docs/scaling.md, Routing).
+alter function memory.upsert_workspace set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_member set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_bot set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_chat set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_topic set plan_cache_mode = force_custom_plan;
+alter function memory.set_repository_grant set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_request set plan_cache_mode = force_custom_plan;
+alter function memory.finish_request set plan_cache_mode = force_custom_plan;
+alter function memory.upsert_message set plan_cache_mode = force_custom_plan;
+alter function memory.remove_message set plan_cache_mode = force_custom_plan;
+alter function memory.resolve_scope set plan_cache_mode = force_custom_plan;
+alter function memory.claim_job set plan_cache_mode = force_custom_plan;
+alter function memory.extend_lease set plan_cache_mode = force_custom_plan;
+alter function memory.start_attempt set plan_cache_mode = force_custom_plan;
+alter function memory.save_checkpoint set plan_cache_mode = force_custom_plan;
+alter function memory.commit_job set plan_cache_mode = force_custom_plan;
+alter function memory.fail_job set plan_cache_mode = force_custom_plan;
+alter function memory.recall set plan_cache_mode = force_custom_plan;
+alter function memory.query_memories set plan_cache_mode = force_custom_plan;
+alter function memory.request_citations set plan_cache_mode = force_custom_plan;
+alter function memory.manage_memory set plan_cache_mode = force_custom_plan;
+alter function memory.delete_workspace set plan_cache_mode = force_custom_plan;
+alter function memory.answer_retention_boundary set plan_cache_mode = force_custom_plan;
+alter function memory.member_memories set plan_cache_mode = force_custom_plan;
+alter function memory.erase_member set plan_cache_mode = force_custom_plan;
+alter function memory.run_maintenance set plan_cache_mode = force_custom_plan;
+alter function memory.maintain_next_workspace set plan_cache_mode = force_custom_plan;
+alter function memory.record_status set plan_cache_mode = force_custom_plan;
+alter function memory.scope_status set plan_cache_mode = force_custom_plan;
+alter function memory.workspace_status set plan_cache_mode = force_custom_plan;
+alter function memory.waiting_status set plan_cache_mode = force_custom_plan;
+alter function memory.job_status set plan_cache_mode = force_custom_plan;
+alter function memory.request_memory_charges set plan_cache_mode = force_custom_plan;
+alter function memory.retry_job set plan_cache_mode = force_custom_plan;
+alter function memory.set_workspace_paused set plan_cache_mode = force_custom_plan;
+alter function memory.explain_record set plan_cache_mode = force_custom_plan;
+alter function memory.workspace_node set plan_cache_mode = force_custom_plan;
+alter function memory.workspace_nodes set plan_cache_mode = force_custom_plan;

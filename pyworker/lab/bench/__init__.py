@@ -305,6 +305,14 @@ def run(profile: Profile, *, dsn: str | None, out_dir: Path,
                 name: round(after[name] - start, 1)  # type: ignore[operator]
                 for name, start in cpu_before.items()
                 if start is not None and after.get(name) is not None}
+        if on_citus and len(target.nodes) > 1:  # a cluster the bench started: its CPU is known
+            from pyworker.lab.bench import routing
+
+            log("routing: calls routed to the workspace's node, through the coordinator, and "
+                "on one server")
+            result["routing"] = guarded(lambda: routing.measure(
+                target.dsn, target.nodes, have, samples=max(60, profile.recall_samples // 2),
+                jobs=profile.jobs, log=log))
     finally:
         target.cleanup()
     result["growth"] = growth(result)
@@ -506,6 +514,10 @@ def verdict(result: Section) -> list[dict[str, Any]]:
         out.append({"name": "job machinery", "met": None,
                     "note": jobs.get("reason", "not available yet")})
     out += maintenance.verdict(result.get("maintenance", {}))
+    if result.get("routing", {}).get("status") == "ok":
+        from pyworker.lab.bench import routing
+
+        out += routing.verdict(result["routing"])
     over = result.get("worker_overhead", {})
     if over.get("status") == "ok" and over.get("pi_added_ms") is not None:
         out.append(db.target("Pi RPC added ms per call vs a bare HTTP call (p50)",
@@ -782,6 +794,10 @@ def markdown(result: Section) -> str:
                      f"table: {len(found)}"
                      + "".join(f"\n- {name}: {n['node']} on {n['table']}, {n['rows']:.0f} rows"
                                for name, n in found))
+    if result.get("routing", {}).get("status") == "ok":
+        from pyworker.lab.bench import routing
+
+        lines += routing.markdown(result["routing"])
     ds = result.get("dataset", {})
     lines += ["", "## Dataset", "",
               (f"{ds.get('records_per_workspace')} records per workspace; sizes "

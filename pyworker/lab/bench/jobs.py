@@ -15,6 +15,7 @@ time per job is spent in the database.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -159,11 +160,13 @@ def commit_bound(dsn: str, samples: int) -> dict[str, Any]:
 
 # Ours --------------------------------------------------------------------------------------------
 
-def ours_process(dsn: str, ready: Any, go: Any, results: Any) -> None:
+def ours_process(dsn: str, ready: Any, go: Any, results: Any, *, route: bool = True) -> None:
+    """One worker process; ``route=False`` sends every call to the DSN given (on a Citus
+    cluster: through the coordinator), else each workspace's calls go to its node."""
     from pyworker.adapters.offline import OfflineAdapter
     from pyworker.worker import Worker, WorkerConfig
 
-    db = NoMaintenanceDatabase(dsn)
+    db = NoMaintenanceDatabase(dsn, route=route)
     worker = Worker(WorkerConfig(dsn=dsn, interval=0.1), OfflineAdapter(), db=db)
     db._connection()  # connect before the start signal, as the peer does
     # One job before it too: a session's first job compiles the functions it calls and plans
@@ -327,7 +330,12 @@ def cpu_seconds(nodes: dict[str, Path] | None) -> float | None:
 # Running N processes against one queue -----------------------------------------------------------
 
 def run_processes(target: Any, dsn: str, workers: int,
-                  nodes: dict[str, Path] | None = None) -> dict[str, Any]:
+                  nodes: dict[str, Path] | None = None, *, sample: bool = True
+                  ) -> dict[str, Any]:
+    """``workers`` processes of ``target`` against one queue, started together once each is
+    connected; the jobs they did, how fast, and (``nodes``) the CPU each server spent from the
+    start to the end. ``sample``: what the busy backends of ``dsn`` wait on, sampled by a
+    backend of its own (off when each node's CPU must be the workers' alone)."""
     ctx = mp.get_context("fork")  # no connection or thread is open in this process here
     ready = ctx.Semaphore(0)
     go = ctx.Event()
@@ -339,7 +347,9 @@ def run_processes(target: Any, dsn: str, workers: int,
         if not ready.acquire(timeout=60):
             raise RuntimeError("a benchmark worker did not start")
     cpu_before = cpu_seconds(nodes)
-    with ActivitySampler(dsn) as activity:
+    by_node_before = _by_node(nodes)
+    activity = ActivitySampler(dsn)
+    with activity if sample else contextlib.nullcontext(activity):
         t0 = time.perf_counter()
         go.set()
         parts: list[dict[str, Any]] = []
@@ -354,9 +364,12 @@ def run_processes(target: Any, dsn: str, workers: int,
     for p in procs:
         p.join(30)
     cpu_ms = None
+    by_node: dict[str, float] = {}
     if cpu_before is not None:
         time.sleep(0.5)  # the workers' backends exit and are reaped: their CPU is counted then
         after = cpu_seconds(nodes)
+        by_node = {name: round(spent - by_node_before[name], 2)
+                   for name, spent in _by_node(nodes).items() if name in by_node_before}
         if after is not None:  # the sampler's own backend does not count
             cpu_ms = (after - cpu_before - (activity.cpu_seconds or 0.0)) * 1000
     times = [t for part in parts for t in part["times"]]
@@ -379,8 +392,16 @@ def run_processes(target: Any, dsn: str, workers: int,
             # time inside the calls, it does not grow with the wait for a CPU.
             "server_cpu_ms_per_job": round(cpu_ms / jobs, 3) if jobs and cpu_ms is not None
             else None,
-            "activity": activity.summary(),
+            "cpu_seconds_by_node": by_node,
+            "activity": activity.summary() if sample else {},
             "outcomes": dict(statuses)}
+
+
+def _by_node(nodes: dict[str, Path] | None) -> dict[str, float]:
+    from pyworker.lab.servers import server_cpu_seconds
+
+    spent = {name: server_cpu_seconds(path) for name, path in (nodes or {}).items()}
+    return {name: value for name, value in spent.items() if value is not None}
 
 
 def measure(dsn: str, *, jobs: int, peer_jobs: int,
