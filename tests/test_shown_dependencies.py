@@ -124,8 +124,8 @@ COPIES = {
                                         "4711-zebra [c2-u]"),
     "split across lines": (PIN, "Vault", "the vault code\nis 4711-\nzebra [c2-u]",
                            "zebra [c2-u]"),
-    "a paraphrase": (PIN, "Alice", "Alice, who keeps 4 7 1 1 zebra as her vault combination, "
-                     "moved to Berlin [c2-u]", "vault combination"),
+    "a paraphrase": (PIN, "Alice", ("Alice, who keeps 4 7 1 1 zebra as her vault combination, "
+                     "moved to Berlin [c2-u]"), "vault combination"),
 }
 
 
