@@ -101,19 +101,31 @@ def w(conn: psycopg.Connection) -> World:
 
 
 # The attacks -----------------------------------------------------------------------------------
-# (title, summary, the text to look for afterwards); each cites only c2's harmless messages.
+# (the secret message, the record's title and summary, the text to look for afterwards); each
+# summary cites only c2's harmless message.
+PHONE = "call me on +49 151 2345 6789 after six"
+URL = "the staging board is at https://board.example.org/s/7f3a9 for now"
 COPIES = {
-    "a homoglyph (Cyrillic o and e)": ("Vault", "the vault cоde is 4711-zеbra [c2-u]", "zеbra"),
-    "a non-breaking hyphen": ("Vault", "the vault code is 4711\u2011zebra [c2-u]", "4711\u2011"),
-    "a combining mark inside": ("Vault", "the vault code is 47\u030111-zebra [c2-u]", "\u0301"),
+    "a homoglyph (Cyrillic o and e)": (PIN, "Vault", "the vault cоde is 4711-zеbra [c2-u]",
+                                       "zеbra"),
+    "a non-breaking hyphen": (PIN, "Vault", "the vault code is 4711\u2011zebra [c2-u]",
+                              "4711\u2011"),
+    "a combining mark inside": (PIN, "Vault", "the vault code is 47\u030111-zebra [c2-u]",
+                                "\u0301"),
+    "a phone number re-formatted": (PHONE, "Phone", "Alice's number: 0049-151-23456789 [c2-u]",
+                                    "0049-151-23456789"),
+    "a URL without its scheme": (URL, "Board", "board.example.org/s/7f3a9 is the board [c2-u]",
+                                 "example.org/s/7f3a9 is"),
     "seven-word runs joined by a filler": (
-        "Vault", "the vault code is 4711-zebra so it is [c2-u]", "4711-zebra"),
+        PIN, "Vault", "the vault code is 4711-zebra so it is [c2-u]", "4711-zebra so"),
     "three-word pieces in another order": (
-        "Vault", "4711-zebra is it; the vault code [c2-u]", "4711-zebra is it"),
-    "split between title and summary": ("the vault code is", "4711-zebra [c2-u]", "4711-zebra"),
-    "split across lines": ("Vault", "the vault code\nis 4711-\nzebra [c2-u]", "zebra [c2-u]"),
-    "a paraphrase": ("Alice", "Alice, who keeps 4 7 1 1 zebra as her vault combination, moved "
-                     "to Berlin [c2-u]", "vault combination"),
+        PIN, "Vault", "4711-zebra is it; the vault code [c2-u]", "4711-zebra is it"),
+    "split between title and summary": (PIN, "the vault code is", "4711-zebra [c2-u]",
+                                        "4711-zebra [c2-u]"),
+    "split across lines": (PIN, "Vault", "the vault code\nis 4711-\nzebra [c2-u]",
+                           "zebra [c2-u]"),
+    "a paraphrase": (PIN, "Alice", ("Alice, who keeps 4 7 1 1 zebra as her vault combination, "
+                     "moved to Berlin [c2-u]"), "vault combination"),
 }
 
 
@@ -121,10 +133,10 @@ COPIES = {
 @pytest.mark.parametrize("attack", sorted(COPIES))
 def test_a_record_restating_what_it_was_shown_goes_with_it_in_any_spelling(
         conn: psycopg.Connection, w: World, attack: str, how: str) -> None:
-    title, summary, needle = COPIES[attack]
-    w.conversation("ws1", "c1", chat="dm-alice", user="alice", user_text=PIN, reply="noted")
+    secret, title, summary, needle = COPIES[attack]
+    w.conversation("ws1", "c1", chat="dm-alice", user="alice", user_text=secret, reply="noted")
     if how == "expired":
-        w.message("ws1", "c1-u", "c1", "user", "alice", PIN,
+        w.message("ws1", "c1-u", "c1", "user", "alice", secret,
                   retain_until=value(conn, "select memory_private.clock_now()")
                   + timedelta(days=1))
     w.conversation("ws1", "c2", chat="dm-alice", user="alice",
@@ -152,6 +164,8 @@ def test_a_record_restating_what_it_was_shown_goes_with_it_in_any_spelling(
     if how == "forgotten":  # a forget keeps the original chat message (T8)
         assert held.pop("messages", 0) <= 1
     assert held == {}, "no table holds the copy after the sweep"
+    if how != "forgotten":
+        assert rows_holding(conn, secret) == {}, "nor the secret itself"
 
 
 def test_a_fact_restated_by_earlier_records_goes_with_its_source_however_many_restate_it(

@@ -343,8 +343,8 @@ def test_offline_extraction_says_at_most_600_bytes_of_a_turn() -> None:
         {"id": "l2", "role": "assistant", "speaker_id": "bot1", "text": answer}], existing=[])
     out = offline_reply(p)
     lines = summary_lines(out)
-    assert lines[0] == ("fact", "alice", "I moved to the Lisbon office in March. "
-                        "My desk is by the window.", "l1")
+    assert lines[0] == ("fact", "alice", ("I moved to the Lisbon office in March. "
+                        "My desk is by the window."), "l1")
     kind, speaker, said, mid = lines[1]
     assert (kind, speaker, mid) == ("fact", "bot1", "l2") and said in answer
     assert 550 < utf8_len(said) <= 600 and utf8_len(out["summary"]) < 1000
