@@ -156,19 +156,20 @@ def test_each_hostile_reply_closes_its_attempt_with_its_code_within_the_reserve(
     conn.execute("select memory_private.advance_clock('31 minutes')")
     conn.execute("select memory.run_maintenance()")
     # Maintenance made the jobs; without more of it, and with the clock still, the worker
-    # claims them in workspace order, each once (a failed one backs off an hour).
+    # claims each once (a failed one backs off an hour), in an order of the server's (on a
+    # Citus cluster, node by node), and the model answers the next hostile reply in turn.
     worker = Worker(WorkerConfig(dsn=db_dsn, interval=0.01, worker_id="hostile",
                                  maintenance=False), openai_adapter(model))
+    model.mode = "hostile"
     try:
-        for n, name in enumerate(HOSTILE):
-            ws = f"h{n:02d}"
-            model.mode = f"hostile:{name}"
+        for name in HOSTILE:
             result = worker.tick()
             assert result.phase == "extract", name
+            assert model.hostile_served[name] == 1, name
             [att] = rows(conn, """select a.outcome, a.error, a.cost_usd, a.reserved_usd,
                                          a.reported_cost_usd
                                     from memory_private.job_attempts a
-                                   where a.workspace_id = %s""", ws)
+                                   where a.job_id = %s""", result.job_id)
             outcome, code, charge = EXPECTED[name]
             assert (att["outcome"], att["error"]) == (outcome, code), name
             expected_cost = {"reported": CALL_COST, "reserve": att["reserved_usd"],

@@ -45,6 +45,12 @@ from tests.fake_chat import say
 from tests.fake_telegram import JsonDict
 from tests.telegram_world import CALL_COST, World, telegram_world
 
+pytestmark = pytest.mark.no_citus(
+    "it makes the database refuse writes and go away by altering it, terminating its sessions "
+    "and a trigger on messages: on a cluster the workspace's statements run on its worker node, "
+    "which the coordinator's database settings do not reach, and Citus takes no trigger on a "
+    "distributed table (the bot's handling does not depend on the engine)")
+
 ALICE_WS = "tg:user:101"
 SORRY = "Sorry, I could not answer this time."
 
