@@ -6303,9 +6303,11 @@ begin
              v.reason is null, v.reason
         from memory_private.scope_validity(v_ws, v_scope) v
         join memory_private.records r on r.workspace_id = v_ws and r.record_id = v.record_id
-        join memory_private.scopes s on s.workspace_id = v_ws and s.scope_id = v_scope
+        join memory_private.scopes s on s.workspace_id = r.workspace_id and s.scope_id = v_scope
+        -- joined on the workspace column, not the constant: Citus takes an outer join of its
+        -- tables only co-located on their distribution column
         left join memory_private.scope_indexes i
-          on i.workspace_id = v_ws and i.scope_id = v_scope
+          on i.workspace_id = s.workspace_id and i.scope_id = s.scope_id
         left join memory_private.record_usage u
           on u.workspace_id = r.workspace_id and u.record_id = r.record_id
        where r.workspace_id = v_ws
