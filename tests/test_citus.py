@@ -93,7 +93,7 @@ def test_migrate_on_the_coordinator_distributes_every_table_and_workspace_functi
         """).fetchall())
         # global configuration is replicated; every table with a workspace_id is hash-distributed
         assert {t for t, k in kinds.items() if k == "n"} == {
-            "clock", "redaction_patterns", "invalid_reasons"}
+            "clock", "redaction_patterns", "invalid_reasons", "waiting_reasons"}
         workspace_tables = {r[0] for r in conn.execute("""
             select c.relname from pg_class c join pg_attribute a on a.attrelid = c.oid
              where c.relnamespace = 'memory_private'::regnamespace and c.relkind = 'r'
