@@ -239,9 +239,9 @@ create function memory_private.extraction_candidates(
            order by w.rank limit 1),
          g.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
          a.last_activity, a.last_activity + ws.idle_window
-    from unnest(p_scope_ids) as x(scope_id)
-    join memory_private.scopes s
-      on s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+    -- the scopes by their key (an index condition: a join with unnest(p_scope_ids) let a
+    -- cached plan read the workspace's every scope, and the gate's, for each)
+    from memory_private.scopes s
     join memory_private.workspaces ws on ws.workspace_id = p_workspace_id
    cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
     join memory_private.requests r
@@ -275,7 +275,7 @@ create function memory_private.extraction_candidates(
        from memory_private.messages m
       where m.workspace_id = p_workspace_id and m.request_id = r.request_id
    ) a
-   where u.fresh > 0
+   where s.workspace_id = p_workspace_id and s.scope_id = any(p_scope_ids) and u.fresh > 0
 $$;
 comment on function memory_private.extraction_candidates(text, bigint[], timestamptz) is
   'The conversations of the given scopes not yet handled (an interactive request with a '

@@ -309,9 +309,9 @@ begin
            order by w.rank limit 1),
          g.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
          a.last_activity, a.last_activity + ws.idle_window
-    from unnest(p_scope_ids) as x(scope_id)
-    join memory_private.scopes s
-      on s.workspace_id = p_workspace_id and s.scope_id = x.scope_id
+    -- the scopes by their key (an index condition: a join with unnest(p_scope_ids) let a
+    -- cached plan read the workspace's every scope, and the gate's, for each)
+    from memory_private.scopes s
     join memory_private.workspaces ws on ws.workspace_id = p_workspace_id
    cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
     join memory_private.requests r
@@ -345,7 +345,7 @@ begin
        from memory_private.messages m
       where m.workspace_id = p_workspace_id and m.request_id = r.request_id
    ) a
-   where u.fresh > 0;
+   where s.workspace_id = p_workspace_id and s.scope_id = any(p_scope_ids) and u.fresh > 0;
 end
 $$;
 
