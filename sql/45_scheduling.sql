@@ -228,22 +228,28 @@ create function memory_private.extraction_candidates(
   -- waiting_reasons that keeps it from qualifying (the scope gate, its request, its messages,
   -- its idle window), or none. Each scope's requests are read through requests_scope_idx, then
   -- the messages of each (messages_request_idx).
+  -- The changed scopes by their key, each with its gate, first and once (materialized: joined
+  -- in one plan, a cached plan read the workspace's every scope for the gate of each scope,
+  -- and the requests of each again: a tick after 10,000 conversations in 100 topics took 16 s).
+  with gated as materialized (
+    select s.scope_id, s.kind, s.bot_id, s.chat_id, s.topic_id, g.reason, g.bot_identity
+      from memory_private.scopes s
+     cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
+     where s.workspace_id = p_workspace_id and s.scope_id = any(p_scope_ids)
+  )
   select s.scope_id, r.request_id,
          (select w.reason from memory_private.waiting_reasons w
-           where w.reason = g.reason
+           where w.reason = s.reason
               or (w.reason = 'request_not_finished' and r.status not in ('succeeded', 'failed'))
               or (w.reason = 'request_failed' and r.status = 'failed')
               or (w.reason = 'no_user_message' and u.users = 0)
               or (w.reason = 'no_assistant_message' and u.assistants = 0)
               or (w.reason = 'idle_window' and a.last_activity + ws.idle_window > p_now)
            order by w.rank limit 1),
-         g.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
+         s.bot_identity, r.finished_at, r.created_at, u.fresh, u.bytes, u.sources,
          a.last_activity, a.last_activity + ws.idle_window
-    -- the scopes by their key (an index condition: a join with unnest(p_scope_ids) let a
-    -- cached plan read the workspace's every scope, and the gate's, for each)
-    from memory_private.scopes s
+    from gated s
     join memory_private.workspaces ws on ws.workspace_id = p_workspace_id
-   cross join lateral memory_private.scope_gate(p_workspace_id, s.scope_id) g
     join memory_private.requests r
       on r.workspace_id = p_workspace_id and r.bot_id = s.bot_id and r.chat_id = s.chat_id
      -- a topic scope's own topic, a private scope (no topic) every topic of its chat: a range
@@ -275,7 +281,7 @@ create function memory_private.extraction_candidates(
        from memory_private.messages m
       where m.workspace_id = p_workspace_id and m.request_id = r.request_id
    ) a
-   where s.workspace_id = p_workspace_id and s.scope_id = any(p_scope_ids) and u.fresh > 0
+   where u.fresh > 0
 $$;
 comment on function memory_private.extraction_candidates(text, bigint[], timestamptz) is
   'The conversations of the given scopes not yet handled (an interactive request with a '
