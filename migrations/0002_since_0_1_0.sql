@@ -2421,14 +2421,15 @@ begin
    where workspace_id = p_workspace_id;
   for v_job in
     -- The open jobs alone, read from their partial index (jobs_one_open_per_scope_phase): a
-    -- workspace's finished and stopped jobs are history a tick does not read.
+    -- workspace's finished and stopped jobs are history a tick does not read. (No OR of the
+    -- two statuses: a plan would read each from its own partial index, the pending ones from
+    -- the claimable jobs' index, by due time, whose every entry it would then walk.)
     select j.* from memory_private.jobs j
      where j.workspace_id = p_workspace_id and j.status in ('pending', 'running')
-       and (j.status = 'pending'
-            or (j.status = 'running'
-                and not exists (select 1 from memory_private.job_attempts a
-                                 where a.workspace_id = p_workspace_id and a.job_id = j.job_id
-                                   and a.outcome = 'open')))
+       and not (j.status = 'running'
+                and exists (select 1 from memory_private.job_attempts a
+                             where a.workspace_id = p_workspace_id and a.job_id = j.job_id
+                               and a.outcome = 'open'))
      order by j.job_id
        for update
   loop
